@@ -1,0 +1,1 @@
+//! The hourglass agent library.

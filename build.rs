@@ -1,0 +1,14 @@
+//! Generates the gRPC code of proto/hourglass/v1 into OUT_DIR with the vendored protoc,
+//! so a fresh machine needs no system protobuf compiler.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let protos = ["proto/hourglass/v1/sketch.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    tonic_prost_build::configure().compile_protos(&protos, &["proto"])?;
+    Ok(())
+}

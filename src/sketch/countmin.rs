@@ -1,0 +1,1 @@
+//! The countmin module; filled by its own change.

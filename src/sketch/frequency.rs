@@ -1,0 +1,1 @@
+//! The frequency module; filled by its own change.

@@ -1,0 +1,1 @@
+//! The frequent module; filled by its own change.

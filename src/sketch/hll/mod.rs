@@ -1,0 +1,1 @@
+//! HyperLogLog; filled by its own change.
