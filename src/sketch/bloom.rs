@@ -461,7 +461,7 @@ mod tests {
         assert_eq!(hex, GOLDEN_BLOOM);
     }
 
-    const GOLDEN_BLOOM: &str = "4847534b01030000210000000a000000000000009a9999999999b93f400000000000000004a01050100002002d6198881633beb1c5";
+    const GOLDEN_BLOOM: &str = "4847534b01030000210000000a000000000000009a9999999999b93f400000000000000004c480040311080022bd7e2d9c99f8f996";
 
     fn decode_err(body: &[u8]) -> DecodeError {
         Bloom::decode(&encode_frame(Kind::Membership, body)).unwrap_err()
