@@ -115,7 +115,7 @@ fn run_trials(
             }
         }
         let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-        if finished % (args.trials / 10).max(1) == 0 {
+        if finished.is_multiple_of((args.trials / 10).max(1)) {
             eprintln!("{finished}/{} trials", args.trials);
         }
         trial += step;
