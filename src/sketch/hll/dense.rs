@@ -40,7 +40,9 @@ pub(super) fn max_into(dst: &mut [u8], src: &[u8]) {
 /// they alone decide the rank (`leading zeros of low within d bits + 1`, whatever the
 /// register held); if all are zero, the rank is `d` plus the register's own value.
 pub(super) fn fold_into(dst: &mut [u8], src: &[u8]) {
-    let group = src.len() / dst.len().max(1);
+    // A `src` shorter than `dst` never reaches here; `max(1)` keeps even that from
+    // panicking in `chunks_exact`.
+    let group = (src.len() / dst.len().max(1)).max(1);
     let dropped = group.trailing_zeros();
     if dropped == 0 {
         max_into(dst, src);
