@@ -435,7 +435,10 @@ impl Progress {
     fn tick(&mut self, items: u64, bytes: usize) {
         self.bytes += bytes as u64;
         // Checking the clock every item would cost more than the sketch update.
-        if !self.enabled || items % 65_536 != 0 || self.last.elapsed() < Duration::from_secs(1) {
+        if !self.enabled
+            || !items.is_multiple_of(65_536)
+            || self.last.elapsed() < Duration::from_secs(1)
+        {
             return;
         }
         self.last = Instant::now();

@@ -1,7 +1,7 @@
 //! Helpers for running the real `hourglass` binary.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 /// What a finished command left behind.
@@ -77,10 +77,6 @@ impl TempDir {
         ));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
     }
 
     /// A path inside the directory, as a string for command lines.
