@@ -5,7 +5,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
     unsafe { std::env::set_var("PROTOC", protoc) };
-    let protos = ["proto/hourglass/v1/sketch.proto"];
+    let protos = [
+        "proto/hourglass/v1/sketch.proto",
+        "proto/hourglass/v1/collector.proto",
+        "proto/hourglass/v1/query.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
