@@ -13,6 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
-    tonic_prost_build::configure().compile_protos(&protos, &["proto"])?;
+    // The descriptor set lets the aggregator serve gRPC reflection (grpcurl without .proto).
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("hourglass_descriptor.bin");
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(&protos, &["proto"])?;
     Ok(())
 }
