@@ -1,0 +1,311 @@
+//! [`MemoryStore`]: the [`Store`] semantics on ordered maps in memory, for tests of
+//! everything above storage (the planner, the services) and as the reference the RocksDB
+//! store is tested against.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard};
+
+use super::{
+    DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError, StoredSketch, check_frame,
+    is_empty_range, sorted_labels,
+};
+use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
+
+/// A store that keeps everything in `BTreeMap`s behind one mutex. Nothing is persisted.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    hourly: BTreeMap<HourKey, StoredSketch>,
+    rollups: BTreeMap<DayKey, Vec<u8>>,
+    series_by_name: HashMap<SeriesName, SeriesId>,
+    series_by_id: BTreeMap<SeriesId, SeriesName>,
+    servers_by_name: HashMap<String, ServerId>,
+    servers_by_id: BTreeMap<ServerId, ServerEntry>,
+    // Ordered (day, series), like the RocksDB store's keys, so a take is oldest day first.
+    /// (day, series) → the mark of its latest stored snapshot.
+    dirty: BTreeMap<(Day, SeriesId), u64>,
+    /// (day, series) → the mark its rollups were built from.
+    built: BTreeMap<(Day, SeriesId), u64>,
+    live: BTreeSet<(ServerId, Hour)>,
+    next_mark: u64,
+}
+
+impl Inner {
+    fn mark(&mut self, series: SeriesId, day: Day) {
+        self.next_mark += 1;
+        self.dirty.insert((day, series), self.next_mark);
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied write: every method
+        // validates before it mutates. So a poisoned lock still guards consistent maps.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Store for MemoryStore {
+    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+        for (i, (key, _, sketch)) in batch.iter().enumerate() {
+            check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
+        }
+        let mut inner = self.lock();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (key, version, sketch) in batch {
+            let held = inner.hourly.get(key).map(|s| s.version);
+            match held {
+                Some(held) if held >= *version => outcomes.push(PutOutcome::Stale { held }),
+                _ => {
+                    inner.hourly.insert(
+                        *key,
+                        StoredSketch {
+                            version: *version,
+                            sketch: sketch.clone(),
+                        },
+                    );
+                    inner.mark(key.series, key.hour.day());
+                    outcomes.push(PutOutcome::Stored);
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn scan_hourly(
+        &self,
+        series: SeriesId,
+        hours: Range<Hour>,
+        visit: &mut dyn FnMut(HourKey, &StoredSketch) -> bool,
+    ) -> Result<(), StoreError> {
+        if is_empty_range(&hours) {
+            return Ok(());
+        }
+        // Copy out first: `visit` may call back into the store, which would deadlock on
+        // the mutex if it were still held.
+        let rows: Vec<(HourKey, StoredSketch)> = {
+            let inner = self.lock();
+            inner
+                .hourly
+                .range(HourKey::first_of(series, hours.start)..HourKey::first_of(series, hours.end))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        };
+        for (key, stored) in &rows {
+            if !visit(*key, stored) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
+        check_frame(&sketch, || format!("rollup {key:?}"))?;
+        self.lock().rollups.insert(key, sketch);
+        Ok(())
+    }
+
+    fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.lock().rollups.get(&key).cloned())
+    }
+
+    fn scan_rollups(
+        &self,
+        series: SeriesId,
+        days: Range<Day>,
+        visit: &mut dyn FnMut(DayKey, &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        if is_empty_range(&days) {
+            return Ok(());
+        }
+        let first = |day| DayKey {
+            series,
+            day,
+            server: ServerId(0),
+        };
+        let rows: Vec<(DayKey, Vec<u8>)> = {
+            let inner = self.lock();
+            inner
+                .rollups
+                .range(first(days.start)..first(days.end))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        };
+        for (key, sketch) in &rows {
+            if !visit(*key, sketch) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.hourly.len();
+        inner.hourly.retain(|k, _| k.hour >= hour);
+        inner.live.retain(|(_, h)| *h >= hour);
+        Ok((before - inner.hourly.len()) as u64)
+    }
+
+    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.rollups.len();
+        inner.rollups.retain(|k, _| k.day >= day);
+        // A dirty mark for a day past rollup retention would build a rollup only to
+        // delete it.
+        inner.dirty.retain(|(dirty_day, _), _| *dirty_day >= day);
+        inner.built.retain(|(built_day, _), _| *built_day >= day);
+        Ok((before - inner.rollups.len()) as u64)
+    }
+
+    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
+        let series = series.canonical();
+        let mut inner = self.lock();
+        if let Some(id) = inner.series_by_name.get(&series) {
+            return Ok(Some(*id));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let id = next_id(inner.series_by_id.keys().next_back().map(|s| s.0), "series")?;
+        let id = SeriesId(id);
+        inner.series_by_name.insert(series.clone(), id);
+        inner.series_by_id.insert(id, series);
+        Ok(Some(id))
+    }
+
+    fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .series_by_id
+            .iter()
+            .map(|(id, name)| (*id, name.clone()))
+            .collect())
+    }
+
+    fn server_id(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+        create: bool,
+    ) -> Result<Option<ServerId>, StoreError> {
+        let mut inner = self.lock();
+        if let Some(&id) = inner.servers_by_name.get(name) {
+            if create {
+                let labels = sorted_labels(labels);
+                if let Some(entry) = inner.servers_by_id.get_mut(&id)
+                    && entry.labels != labels
+                {
+                    entry.labels = labels;
+                }
+            }
+            return Ok(Some(id));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let id = ServerId(next_id(
+            inner.servers_by_id.keys().next_back().map(|s| s.0),
+            "server",
+        )?);
+        inner.servers_by_name.insert(name.to_string(), id);
+        inner.servers_by_id.insert(
+            id,
+            ServerEntry {
+                id,
+                name: name.to_string(),
+                labels: sorted_labels(labels),
+            },
+        );
+        Ok(Some(id))
+    }
+
+    fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
+        Ok(self.lock().servers_by_id.values().cloned().collect())
+    }
+
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        self.lock().mark(series, day);
+        Ok(())
+    }
+
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .dirty
+            .range(..(before, SeriesId(0)))
+            .filter(|(key, mark)| inner.built.get(key) != Some(mark))
+            .take(limit)
+            .map(|(&(day, series), &mark)| DirtyDay { series, day, mark })
+            .collect())
+    }
+
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        let inner = self.lock();
+        let key = (day, series);
+        Ok(inner
+            .dirty
+            .get(&key)
+            .is_some_and(|m| inner.built.get(&key) != Some(m)))
+    }
+
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError> {
+        for (key, sketch) in &rollups {
+            check_frame(sketch, || format!("rollup {key:?}"))?;
+        }
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.rollups.extend(rollups);
+        inner.built.insert((day, series), mark);
+        Ok(inner.dirty.get(&(day, series)) == Some(&mark))
+    }
+
+    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
+        self.lock().live.extend(hours.iter().map(|h| (server, *h)));
+        Ok(())
+    }
+
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
+        if is_empty_range(&hours) {
+            return Ok(0);
+        }
+        Ok(self
+            .lock()
+            .live
+            .range((server, hours.start)..(server, hours.end))
+            .count() as u64)
+    }
+}
+
+/// The id after `last` (ids start at 1; 0 is never assigned, so a zeroed key field is never
+/// a real series or server). `u32::MAX` is reserved for [`ServerId::ALL`].
+pub(super) fn next_id(last: Option<u32>, what: &'static str) -> Result<u32, StoreError> {
+    match last {
+        None => Ok(1),
+        Some(last) if last < u32::MAX - 1 => Ok(last + 1),
+        Some(_) => Err(StoreError::IdsExhausted {
+            what,
+            limit: u64::from(u32::MAX - 1),
+        }),
+    }
+}

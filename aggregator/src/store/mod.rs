@@ -1,0 +1,341 @@
+//! Storage of sketches behind one small trait, [`Store`], so that the query planner and
+//! the services can be tested on [`MemoryStore`] and RocksDB lives in one module,
+//! [`RocksStore`].
+//!
+//! What a store holds (DESIGN §4):
+//! - **hourly snapshots**, keyed by [`HourKey`], each with the version the agent gave it.
+//!   A snapshot replaces the one held only if its version is newer, which is what makes
+//!   retries, duplicates and reordering of pushes harmless (DESIGN §3).
+//! - **daily rollups**, keyed by [`DayKey`], one per (series, day, server) and one per
+//!   (series, day, [`ServerId::ALL`]).
+//! - **metadata**: the series dictionary, the server registry with labels, and the set of
+//!   *dirty days* whose rollups must be (re)built.
+//!
+//! Every stored value is a framed sketch (docs/FORMAT.md); stores check the frame on the
+//! way in, so what they return was a valid frame when it was written.
+//!
+//! ## Dirty days
+//!
+//! Every hourly write that is stored marks its (series, day) dirty with a fresh mark *in
+//! the same atomic write*. The rollup builder lists the dirty days that have closed
+//! ([`Store::dirty_days`]), reads their hours, and replaces their rollups while recording
+//! the mark it started from as built ([`Store::replace_rollups`]). A day is dirty while its
+//! mark differs from its built mark, so a snapshot that lands during a rebuild is never
+//! missed, and the planner ([`Store::is_day_dirty`]) never serves a rollup older than
+//! the hours. A crash between a write and its mark is impossible: there is no between.
+
+use hourglass::Kind;
+use hourglass::format::decode_frame;
+use std::ops::Range;
+use std::path::PathBuf;
+use thiserror::Error;
+
+use crate::keys::{Day, DayKey, Hour, HourKey, KeyLengthError, SeriesId, ServerId};
+
+mod memory;
+mod rocks;
+
+pub use memory::MemoryStore;
+pub use rocks::{CfStats, RocksStore, StoreOptions, StoreStats};
+
+/// The schema version this build writes into a new store and requires of an existing one.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A stored hourly snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSketch {
+    /// The version the agent gave the snapshot; higher replaces lower.
+    pub version: u64,
+    /// The framed sketch (docs/FORMAT.md).
+    pub sketch: Vec<u8>,
+}
+
+/// What [`Store::put_hourly`] did with one entry of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The snapshot was newer than what was held (or nothing was) and is now stored.
+    Stored,
+    /// A snapshot with this version or a newer one was already held; nothing changed.
+    Stale {
+        /// The version held.
+        held: u64,
+    },
+}
+
+/// A series as users name it: metric, tags, and the sketch kind kept for it. Each kind of a
+/// metric is its own series with its own [`SeriesId`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeriesName {
+    /// The metric name (`visitors`).
+    pub metric: String,
+    /// The tags, sorted by key then value. Stores sort a copy before use, so an unsorted
+    /// list names the same series as its sorted form.
+    pub tags: Vec<(String, String)>,
+    /// The sketch kind.
+    pub kind: Kind,
+}
+
+impl SeriesName {
+    /// A series name with its tags sorted.
+    pub fn new(metric: impl Into<String>, mut tags: Vec<(String, String)>, kind: Kind) -> Self {
+        tags.sort();
+        SeriesName {
+            metric: metric.into(),
+            tags,
+            kind,
+        }
+    }
+
+    /// This name with its tags sorted: the form the dictionary stores.
+    pub fn canonical(&self) -> SeriesName {
+        SeriesName::new(self.metric.clone(), self.tags.clone(), self.kind)
+    }
+}
+
+impl std::fmt::Display for SeriesName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{{", self.metric)?;
+        for (i, (k, v)) in self.tags.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        write!(f, "}} ({})", self.kind)
+    }
+}
+
+/// A (series, day) whose rollups must be rebuilt, with the mark that made it dirty.
+///
+/// Every stored snapshot writes a fresh mark. A rebuild records the mark it started from
+/// as *built*; the day is clean while the built mark equals the dirty one, so a snapshot
+/// that lands during a rebuild leaves the day dirty, and no mark is ever deleted in a
+/// race with a writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirtyDay {
+    /// The series.
+    pub series: SeriesId,
+    /// The day.
+    pub day: Day,
+    /// The mark the day carries.
+    pub mark: u64,
+}
+
+/// A registered server: its id, name and current labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerEntry {
+    /// The id used in keys.
+    pub id: ServerId,
+    /// The agent's name (by default its hostname).
+    pub name: String,
+    /// Its labels, sorted by key then value.
+    pub labels: Vec<(String, String)>,
+}
+
+/// Why a store operation failed. Each variant says what is wrong and, where there is one,
+/// what to do about it.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// Another process (or another store in this one) holds the database's lock.
+    #[error("data dir {} is in use by another process ({detail})", dir.display())]
+    InUse {
+        /// The data directory.
+        dir: PathBuf,
+        /// RocksDB's message.
+        detail: String,
+    },
+    /// The database was written by a schema this build does not read.
+    #[error(
+        "data dir {} was written by schema version {found}, this build reads {supported}",
+        dir.display()
+    )]
+    SchemaVersion {
+        /// The data directory.
+        dir: PathBuf,
+        /// The schema version stored in it.
+        found: u32,
+        /// The schema version this build reads ([`SCHEMA_VERSION`]).
+        supported: u32,
+    },
+    /// The directory holds a database that is not an hourglass store.
+    #[error("data dir {} holds a database that is not an hourglass store: {reason}", dir.display())]
+    NotAStore {
+        /// The data directory.
+        dir: PathBuf,
+        /// What gave it away.
+        reason: String,
+    },
+    /// RocksDB found damaged data (a bad block checksum, a truncated file).
+    #[error("storage corruption: {0}")]
+    Corruption(String),
+    /// Reading or writing the data directory failed (disk full, permissions, ...).
+    #[error("storage I/O error: {0}")]
+    Io(String),
+    /// Any other error reported by the storage engine.
+    #[error("storage engine error: {0}")]
+    Engine(String),
+    /// A stored key does not decode: the data is corrupt or from another program.
+    #[error("bad key in {column}: {source}")]
+    BadKey {
+        /// Which part of the store (`hourly`, `rollups`, `meta`).
+        column: &'static str,
+        /// What is wrong with the key.
+        source: KeyLengthError,
+    },
+    /// A stored value does not decode: the data is corrupt or from another program.
+    #[error("bad value in {column} under key {key:02x?}: {reason}")]
+    BadValue {
+        /// Which part of the store.
+        column: &'static str,
+        /// The key the value is stored under.
+        key: Vec<u8>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A sketch given to the store is not a valid framed sketch; nothing was written.
+    #[error("refusing to store an invalid sketch ({what}): {source}")]
+    InvalidSketch {
+        /// Which entry: `hourly batch entry 3`, `rollup for series 7 day 19675 ...`.
+        what: String,
+        /// Why the frame is invalid.
+        source: hourglass::DecodeError,
+    },
+    /// All ids of a dictionary are taken.
+    #[error("no {what} ids left: all {limit} are assigned")]
+    IdsExhausted {
+        /// `series` or `server`.
+        what: &'static str,
+        /// How many ids there are.
+        limit: u64,
+    },
+}
+
+/// Storage of sketches and their metadata. Implementations are safe to share between
+/// threads; every method is a complete operation (no transactions span calls).
+///
+/// The trait is object-safe, so services can hold an `Arc<dyn Store>`.
+pub trait Store: Send + Sync + 'static {
+    /// Upserts a batch of hourly snapshots by version: each entry is written only if its
+    /// version is newer than the one held for its key (including earlier entries of the
+    /// same batch). Returns one outcome per entry, in order. The whole batch is one atomic
+    /// write, durable (WAL synced, unless the store was opened with sync off) before this
+    /// returns; each stored entry also marks its (series, day) dirty in that write.
+    ///
+    /// The read of the held versions and the write are atomic with respect to every other
+    /// writer of the same keys. An entry whose sketch is not a valid frame fails the whole
+    /// batch with [`StoreError::InvalidSketch`] before anything is written.
+    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError>;
+
+    /// Visits the snapshots of `series` in `hours`, across all servers and epochs, in key
+    /// order (hour, then server, then epoch), until `visit` returns false.
+    fn scan_hourly(
+        &self,
+        series: SeriesId,
+        hours: Range<Hour>,
+        visit: &mut dyn FnMut(HourKey, &StoredSketch) -> bool,
+    ) -> Result<(), StoreError>;
+
+    /// Stores (replacing) a daily rollup. Rollups are rebuilt from the hours, never
+    /// merged in place, so there is no version. Durable before it returns, like
+    /// [`Store::put_hourly`].
+    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError>;
+
+    /// The rollup stored under `key`, if any.
+    fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Visits the rollups of `series` in `days`, in key order (day, then server, with
+    /// [`ServerId::ALL`] last in each day), until `visit` returns false.
+    fn scan_rollups(
+        &self,
+        series: SeriesId,
+        days: Range<Day>,
+        visit: &mut dyn FnMut(DayKey, &[u8]) -> bool,
+    ) -> Result<(), StoreError>;
+
+    /// Retention: deletes every hourly snapshot of an hour before `hour`, of every series.
+    /// Returns how many were deleted. Does not block writers.
+    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError>;
+
+    /// Retention: deletes every rollup of a day before `day`. Returns how many.
+    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError>;
+
+    /// The id of a series. With `create`, a series not yet known gets the next free id;
+    /// without, it is `None`. Ids are stable for the life of the store. Tags are compared
+    /// in sorted order.
+    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError>;
+
+    /// Every known series with its id, in id order. Names have sorted tags.
+    fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError>;
+
+    /// The id of the server called `name`. With `create`, an unknown server is registered
+    /// with `labels`, and a known one whose labels differ gets `labels` as its new ones;
+    /// without, this is a pure lookup and `labels` is ignored. Ids are stable for the life
+    /// of the store and never [`ServerId::ALL`].
+    fn server_id(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+        create: bool,
+    ) -> Result<Option<ServerId>, StoreError>;
+
+    /// Every registered server, in id order.
+    fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError>;
+
+    /// Marks the rollups of `(series, day)` for (re)building. [`Store::put_hourly`] does
+    /// this itself; this is for rebuilds asked for by other means (an operator, a repair).
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError>;
+
+    /// Up to `limit` dirty (series, day) pairs with a day before `before`, oldest day
+    /// first, each with the mark it carries now. Days at or after `before` (still open to
+    /// late snapshots) are not listed. Nothing is removed: see
+    /// [`Store::replace_rollups`].
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError>;
+
+    /// Whether the rollups of `(series, day)` are missing or older than its hourly rows:
+    /// the planner then reads the hours.
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError>;
+
+    /// Replaces every rollup of `(series, day)` with `rollups`, built from the hours read
+    /// after `mark` was listed, and records that the day is built up to `mark`, in one
+    /// atomic, durable write. Returns whether the day is now clean: false if a snapshot
+    /// re-marked it meanwhile (it stays dirty and is rebuilt later).
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Records that `server` was up and ingesting during `hours` (from pushes).
+    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError>;
+
+    /// How many hours of `hours` `server` was recorded live.
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;
+}
+
+/// Checks that `sketch` is a valid frame before a store writes it.
+fn check_frame(sketch: &[u8], what: impl FnOnce() -> String) -> Result<(), StoreError> {
+    decode_frame(sketch)
+        .map(|_| ())
+        .map_err(|source| StoreError::InvalidSketch {
+            what: what(),
+            source,
+        })
+}
+
+/// Sorted labels, the form the registry stores and compares.
+fn sorted_labels(labels: &[(String, String)]) -> Vec<(String, String)> {
+    let mut labels = labels.to_vec();
+    labels.sort();
+    labels
+}
+
+/// An empty or reversed range selects nothing; `BTreeMap::range` and RocksDB bounds
+/// must not be handed one.
+fn is_empty_range<T: PartialOrd>(range: &Range<T>) -> bool {
+    range.start >= range.end
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1124 @@
+//! [`RocksStore`]: the [`Store`] on RocksDB, one database per aggregator.
+//!
+//! Three column families (docs/STORAGE.md explains every option chosen here):
+//!
+//! | column family | key | value |
+//! |---|---|---|
+//! | `hourly` | [`HourKey`], 20 bytes | `version (u64 BE) \| framed sketch` |
+//! | `rollups` | [`DayKey`], 12 bytes | framed sketch |
+//! | `meta` | named prefixes, below | small records |
+//!
+//! `meta` keys, each a readable prefix and big-endian ids so ranges list in id order:
+//!
+//! ```text
+//! schema_version                   -> u32 BE (1)
+//! series/name/<encoded name>       -> series id (u32 BE)
+//! series/id/<series id>            -> encoded name
+//! server/name/<name bytes>         -> server id (u32 BE)
+//! server/id/<server id>            -> encoded name and labels
+//! dirty/<day BE><series id BE>     -> mark (u64 BE) of the day's latest stored snapshot
+//! built/<day BE><series id BE>     -> mark (u64 BE) the day's rollups were built from
+//! live/<server id BE><hour BE>     -> empty: the server was up and ingesting that hour
+//! ```
+//!
+//! A day is dirty while its dirty mark differs from its built mark (see [`super::DirtyDay`]).
+//! Marks come from a counter seeded with the clock at open, so they never repeat across
+//! restarts.
+//!
+//! Encoded names are length-prefixed (u32 BE length, then bytes) field by field, so two
+//! different names never encode alike: `kind code (1) | metric | tag count (u32 BE) |
+//! key | value | ...` for a series, `name | label count | key | value | ...` for a server.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use hourglass::Kind;
+use rocksdb::properties::{
+    ACTUAL_DELAYED_WRITE_RATE, CUR_SIZE_ALL_MEM_TABLES, ESTIMATE_LIVE_DATA_SIZE, ESTIMATE_NUM_KEYS,
+    ESTIMATE_PENDING_COMPACTION_BYTES, IS_WRITE_STOPPED, NUM_RUNNING_COMPACTIONS,
+    TOTAL_SST_FILES_SIZE,
+};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType,
+    DBRawIterator, ErrorKind, Options, ReadOptions, SliceTransform, WriteBatch, WriteOptions,
+};
+
+use super::memory::next_id;
+use super::{
+    DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store, StoreError, StoredSketch,
+    check_frame, is_empty_range, sorted_labels,
+};
+use crate::keys::{
+    Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds, hour_range_bounds,
+};
+
+const CF_HOURLY: &str = "hourly";
+const CF_ROLLUPS: &str = "rollups";
+const CF_META: &str = "meta";
+const COLUMN_FAMILIES: [&str; 3] = [CF_HOURLY, CF_ROLLUPS, CF_META];
+
+const META_SCHEMA_VERSION: &[u8] = b"schema_version";
+const META_SERIES_BY_NAME: &[u8] = b"series/name/";
+const META_SERIES_BY_ID: &[u8] = b"series/id/";
+const META_SERVER_BY_NAME: &[u8] = b"server/name/";
+const META_SERVER_BY_ID: &[u8] = b"server/id/";
+const META_DIRTY: &[u8] = b"dirty/";
+const META_BUILT: &[u8] = b"built/";
+const META_LIVE: &[u8] = b"live/";
+
+/// Bytes of the version in front of every hourly value.
+const VERSION_LEN: usize = 8;
+
+/// Locks striping the read-modify-write of [`Store::put_hourly`]. A batch comes from one
+/// agent, so one (server, epoch), so it nearly always takes a single stripe, and pushes
+/// from different agents proceed (and share WAL syncs) in parallel.
+const WRITE_STRIPES: usize = 64;
+
+/// How a [`RocksStore`] is tuned. Each field is explained in docs/STORAGE.md.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreOptions {
+    /// Sync the WAL before a write returns, so an acknowledged push survives a crash of
+    /// the machine, not only of the process. Default true; off only for tests and
+    /// throwaway stores.
+    pub sync_writes: bool,
+    /// Size of the LRU block cache shared by all column families, holding data blocks,
+    /// indexes and Bloom filters. Default 256 MiB.
+    pub block_cache_bytes: usize,
+    /// Bloom filter bits per key: 10 gives about 1% false positives. Default 10.
+    pub bloom_bits_per_key: f64,
+    /// Compress SST files: LZ4 for the upper levels, ZSTD for the bottommost level.
+    /// Default true.
+    pub compression: bool,
+    /// Size of one memtable per column family before it is flushed. Default 64 MiB.
+    pub write_buffer_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            sync_writes: true,
+            block_cache_bytes: 256 << 20,
+            bloom_bits_per_key: 10.0,
+            compression: true,
+            write_buffer_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Size and health of one column family, for the admin `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CfStats {
+    /// The column family (`hourly`, `rollups`, `meta`).
+    pub name: &'static str,
+    /// Bytes of its SST files on disk (`rocksdb.total-sst-files-size`).
+    pub sst_bytes: u64,
+    /// Estimated bytes of live data, without obsolete versions
+    /// (`rocksdb.estimate-live-data-size`).
+    pub live_data_bytes: u64,
+    /// Bytes in its memtables, not yet flushed (`rocksdb.cur-size-all-mem-tables`).
+    pub memtable_bytes: u64,
+    /// Estimated number of keys (`rocksdb.estimate-num-keys`).
+    pub estimated_keys: u64,
+    /// Bytes compaction must rewrite to bring every level within its target size
+    /// (`rocksdb.estimate-pending-compaction-bytes`); when it grows, writes get slowed.
+    pub pending_compaction_bytes: u64,
+}
+
+/// Storage statistics of a [`RocksStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreStats {
+    /// One entry per column family.
+    pub column_families: Vec<CfStats>,
+    /// Bytes used in the shared block cache.
+    pub block_cache_usage_bytes: u64,
+    /// Capacity of the shared block cache.
+    pub block_cache_capacity_bytes: u64,
+    /// Compactions running now (`rocksdb.num-running-compactions`).
+    pub running_compactions: u64,
+    /// Write rate RocksDB currently throttles to, bytes/s; 0 when writes are not delayed
+    /// (`rocksdb.actual-delayed-write-rate`).
+    pub delayed_write_rate: u64,
+    /// Whether writes are stopped until compaction catches up (`rocksdb.is-write-stopped`).
+    pub write_stopped: bool,
+}
+
+/// The RocksDB store. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct RocksStore {
+    db: DB,
+    dir: PathBuf,
+    cache: Cache,
+    cache_capacity: usize,
+    write_options: WriteOptions,
+    write_stripes: Vec<Mutex<()>>,
+    // Serialises id allocation and label updates of the dictionaries, whose
+    // check-then-insert must not interleave.
+    meta_lock: Mutex<()>,
+    next_mark: AtomicU64,
+}
+
+impl std::fmt::Debug for RocksStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksStore")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl RocksStore {
+    /// Opens the store in `dir`, creating it (and `dir`) if missing. Fails with
+    /// [`StoreError::InUse`] if another process has it open, and with
+    /// [`StoreError::SchemaVersion`] if it was written by an incompatible build.
+    pub fn open(dir: impl AsRef<Path>, options: &StoreOptions) -> Result<RocksStore, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        // RocksDB creates only the last component of the path.
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
+        let cache = Cache::new_lru_cache(options.block_cache_bytes);
+
+        let mut db_options = Options::default();
+        db_options.create_if_missing(true);
+        db_options.create_missing_column_families(true);
+        // The column families share one WAL; a WAL file can be deleted only once every
+        // column family with data in it has flushed. `meta` is written rarely and would
+        // keep old WAL files alive for ever; this cap forces its flush instead.
+        db_options.set_max_total_wal_size(256 << 20);
+        // RocksDB's info LOG otherwise keeps up to 1000 old files.
+        db_options.set_keep_log_file_num(5);
+        db_options.set_max_log_file_size(16 << 20);
+
+        let existing = match DB::list_cf(&Options::default(), &dir) {
+            Ok(cfs) => Some(cfs),
+            // No database there yet (or no directory): it will be created.
+            Err(_) => None,
+        };
+        if let Some(cfs) = &existing
+            && !cfs.iter().any(|cf| cf == CF_META)
+        {
+            return Err(StoreError::NotAStore {
+                dir,
+                reason: format!("it has no `meta` column family (it has {cfs:?})"),
+            });
+        }
+
+        let descriptors = COLUMN_FAMILIES
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, options, &cache)));
+        let db = DB::open_cf_descriptors(&db_options, &dir, descriptors)
+            .map_err(|e| open_error(&dir, e))?;
+        for name in COLUMN_FAMILIES {
+            if db.cf_handle(name).is_none() {
+                return Err(StoreError::Engine(format!(
+                    "column family {name} missing after open of {}",
+                    dir.display()
+                )));
+            }
+        }
+
+        let mut write_options = WriteOptions::default();
+        write_options.set_sync(options.sync_writes);
+        let store = RocksStore {
+            db,
+            dir,
+            cache,
+            cache_capacity: options.block_cache_bytes,
+            write_options,
+            write_stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
+            meta_lock: Mutex::new(()),
+            next_mark: AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64),
+            ),
+        };
+        store.check_schema()?;
+        Ok(store)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes every memtable to SST files. Not needed for durability (the WAL gives
+    /// that); useful before measuring sizes or taking a checkpoint.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for name in COLUMN_FAMILIES {
+            self.db.flush_cf(self.cf(name)).map_err(engine_error)?;
+        }
+        Ok(())
+    }
+
+    /// Compacts every column family fully, dropping deleted and replaced data now rather
+    /// than when compaction gets there on its own. Expensive; for tests, measurements and
+    /// operators reclaiming space after a large retention change.
+    pub fn compact(&self) -> Result<(), StoreError> {
+        for name in COLUMN_FAMILIES {
+            self.db
+                .compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
+    /// Sizes and health of the store, for the admin `/metrics`.
+    pub fn stats(&self) -> Result<StoreStats, StoreError> {
+        let mut column_families = Vec::with_capacity(COLUMN_FAMILIES.len());
+        for name in COLUMN_FAMILIES {
+            let cf = self.cf(name);
+            let int = |property| -> Result<u64, StoreError> {
+                Ok(self
+                    .db
+                    .property_int_value_cf(cf, property)
+                    .map_err(engine_error)?
+                    .unwrap_or(0))
+            };
+            column_families.push(CfStats {
+                name,
+                sst_bytes: int(TOTAL_SST_FILES_SIZE)?,
+                live_data_bytes: int(ESTIMATE_LIVE_DATA_SIZE)?,
+                memtable_bytes: int(CUR_SIZE_ALL_MEM_TABLES)?,
+                estimated_keys: int(ESTIMATE_NUM_KEYS)?,
+                pending_compaction_bytes: int(ESTIMATE_PENDING_COMPACTION_BYTES)?,
+            });
+        }
+        let int = |property| -> Result<u64, StoreError> {
+            Ok(self
+                .db
+                .property_int_value(property)
+                .map_err(engine_error)?
+                .unwrap_or(0))
+        };
+        Ok(StoreStats {
+            column_families,
+            block_cache_usage_bytes: self.cache.get_usage() as u64,
+            block_cache_capacity_bytes: self.cache_capacity as u64,
+            running_compactions: int(NUM_RUNNING_COMPACTIONS)?,
+            delayed_write_rate: int(ACTUAL_DELAYED_WRITE_RATE)?,
+            write_stopped: int(IS_WRITE_STOPPED)? != 0,
+        })
+    }
+
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        // `open` checked that all three exist, and column families are never dropped.
+        self.db
+            .cf_handle(name)
+            .expect("column family checked at open")
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(engine_error)
+    }
+
+    /// Writes the schema version into a new store, or checks the one of an existing store.
+    fn check_schema(&self) -> Result<(), StoreError> {
+        let meta = self.cf(CF_META);
+        match self
+            .db
+            .get_cf(meta, META_SCHEMA_VERSION)
+            .map_err(engine_error)?
+        {
+            Some(bytes) => {
+                let found = u32::from_be_bytes(bytes.as_slice().try_into().map_err(|_| {
+                    StoreError::BadValue {
+                        column: CF_META,
+                        key: META_SCHEMA_VERSION.to_vec(),
+                        reason: format!("schema version must be 4 bytes, found {}", bytes.len()),
+                    }
+                })?);
+                if found != SCHEMA_VERSION {
+                    return Err(StoreError::SchemaVersion {
+                        dir: self.dir.clone(),
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                Ok(())
+            }
+            None => {
+                // Only an empty database may be adopted: data without a schema version
+                // was written by something else.
+                for name in COLUMN_FAMILIES {
+                    let mut it = self.db.raw_iterator_cf(self.cf(name));
+                    it.seek_to_first();
+                    if it.valid() {
+                        return Err(StoreError::NotAStore {
+                            dir: self.dir.clone(),
+                            reason: format!("column family {name} has data but no schema version"),
+                        });
+                    }
+                    it.status().map_err(engine_error)?;
+                }
+                let mut batch = WriteBatch::default();
+                batch.put_cf(meta, META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes());
+                // Always synced: a store must never exist on disk without its version.
+                let mut sync = WriteOptions::default();
+                sync.set_sync(true);
+                self.db.write_opt(batch, &sync).map_err(engine_error)
+            }
+        }
+    }
+
+    fn lock_stripes(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = batch.iter().map(|(key, _, _)| stripe_of(key)).collect();
+        // Ascending order everywhere, so two batches can never wait on each other.
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|i| lock_ignoring_poison(&self.write_stripes[i]))
+            .collect()
+    }
+
+    /// The raw iterator used by scans: bounded to `[lo, hi)`, and in prefix mode when the
+    /// whole range shares one 8-byte prefix, so RocksDB can skip every SST file whose
+    /// prefix Bloom filter says the prefix is absent.
+    fn bounded_iter(&self, cf: &str, lo: &[u8], hi: &[u8], one_prefix: bool) -> DBRawIterator<'_> {
+        let mut read = ReadOptions::default();
+        read.set_iterate_lower_bound(lo.to_vec());
+        read.set_iterate_upper_bound(hi.to_vec());
+        if one_prefix {
+            read.set_prefix_same_as_start(true);
+        } else {
+            // With a prefix extractor configured, a seek may otherwise stop at the end of
+            // the seek key's prefix; a multi-hour range must cross prefixes.
+            read.set_total_order_seek(true);
+        }
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), read);
+        it.seek(lo);
+        it
+    }
+
+    /// The largest id under `prefix` in `meta`, if any.
+    fn last_id(&self, prefix: &[u8]) -> Result<Option<u32>, StoreError> {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        it.seek_to_last();
+        if let Some(key) = it.key()
+            && let Some(id) = key.strip_prefix(prefix)
+        {
+            return Ok(Some(meta_id(key, id)?));
+        }
+        it.status().map_err(engine_error)?;
+        Ok(None)
+    }
+
+    /// Visits every `meta` entry under `prefix`, in key order.
+    fn scan_meta(
+        &self,
+        prefix: &[u8],
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        it.seek(prefix);
+        while let Some((key, value)) = it.item() {
+            visit(&key[prefix.len()..], value)?;
+            it.next();
+        }
+        it.status().map_err(engine_error)
+    }
+
+    /// Retention for one column family whose keys start `series(4) | time(4)`: one range
+    /// tombstone `[series|0, series|cutoff)` for each series that has data before the
+    /// cutoff. Returns how many keys the tombstones cover, counted just before.
+    fn delete_before(&self, cf_name: &'static str, cutoff: u32) -> Result<u64, StoreError> {
+        let cf = self.cf(cf_name);
+        let mut read = ReadOptions::default();
+        read.set_total_order_seek(true);
+        // A retention pass reads cold data once; it must not evict the hot blocks queries
+        // and writes use.
+        read.fill_cache(false);
+        let mut it = self.db.raw_iterator_cf_opt(cf, read);
+        let mut batch = WriteBatch::default();
+        let mut deleted = 0u64;
+        it.seek_to_first();
+        while let Some(key) = it.key() {
+            let (series, time) = series_and_time(cf_name, key)?;
+            let lo = series_time_prefix(series, 0);
+            let hi = series_time_prefix(series, cutoff);
+            if time < cutoff {
+                // Keys sort by time within a series, so everything from here to the
+                // cutoff is expired.
+                while let Some(key) = it.key() {
+                    if key >= hi.as_slice() {
+                        break;
+                    }
+                    deleted += 1;
+                    it.next();
+                }
+                batch.delete_range_cf(cf, lo, hi);
+            }
+            // Skip the rest of this series: its data at or after the cutoff stays.
+            match series.checked_add(1) {
+                Some(next) => it.seek(series_time_prefix(next, 0)),
+                None => break,
+            }
+        }
+        it.status().map_err(engine_error)?;
+        if !batch.is_empty() {
+            self.write(batch)?;
+        }
+        Ok(deleted)
+    }
+}
+
+impl Store for RocksStore {
+    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+        for (i, (key, _, sketch)) in batch.iter().enumerate() {
+            check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
+        }
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let hourly = self.cf(CF_HOURLY);
+        let meta = self.cf(CF_META);
+        let keys: Vec<[u8; HourKey::LEN]> = batch.iter().map(|(key, _, _)| key.encode()).collect();
+
+        let _guards = self.lock_stripes(batch);
+        let held = self
+            .db
+            .multi_get_cf(keys.iter().map(|key| (hourly, key.as_slice())));
+
+        let mut write = WriteBatch::default();
+        let mark = self.next_mark.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        // Versions written earlier in this batch: a later entry for the same key competes
+        // with them, not with what was on disk.
+        let mut in_batch: HashMap<[u8; HourKey::LEN], u64> = HashMap::new();
+        for (((hour_key, version, sketch), key), held) in batch.iter().zip(&keys).zip(held) {
+            let held_version = match in_batch.get(key) {
+                Some(v) => Some(*v),
+                None => match held.map_err(engine_error)? {
+                    Some(value) => Some(stored_version(key, &value)?),
+                    None => None,
+                },
+            };
+            match held_version {
+                Some(held) if held >= *version => outcomes.push(PutOutcome::Stale { held }),
+                _ => {
+                    let mut value = Vec::with_capacity(VERSION_LEN + sketch.len());
+                    value.extend_from_slice(&version.to_be_bytes());
+                    value.extend_from_slice(sketch);
+                    write.put_cf(hourly, key, value);
+                    write.put_cf(meta, dirty_key(hour_key.series, hour_key.hour.day()), mark);
+                    in_batch.insert(*key, *version);
+                    outcomes.push(PutOutcome::Stored);
+                }
+            }
+        }
+        if !write.is_empty() {
+            self.write(write)?;
+        }
+        Ok(outcomes)
+    }
+
+    fn scan_hourly(
+        &self,
+        series: SeriesId,
+        hours: Range<Hour>,
+        visit: &mut dyn FnMut(HourKey, &StoredSketch) -> bool,
+    ) -> Result<(), StoreError> {
+        if is_empty_range(&hours) {
+            return Ok(());
+        }
+        let one_hour = hours.start.next() == hours.end;
+        let (lo, hi) = hour_range_bounds(series, hours);
+        let mut it = self.bounded_iter(CF_HOURLY, &lo, &hi, one_hour);
+        while let Some((key, value)) = it.item() {
+            let hour_key = HourKey::decode(key).map_err(|source| StoreError::BadKey {
+                column: CF_HOURLY,
+                source,
+            })?;
+            let stored = StoredSketch {
+                version: stored_version(key, value)?,
+                sketch: value[VERSION_LEN..].to_vec(),
+            };
+            if !visit(hour_key, &stored) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(engine_error)
+    }
+
+    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
+        check_frame(&sketch, || format!("rollup {key:?}"))?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_ROLLUPS), key.encode(), sketch);
+        self.write(batch)
+    }
+
+    fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db
+            .get_cf(self.cf(CF_ROLLUPS), key.encode())
+            .map_err(engine_error)
+    }
+
+    fn scan_rollups(
+        &self,
+        series: SeriesId,
+        days: Range<Day>,
+        visit: &mut dyn FnMut(DayKey, &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        if is_empty_range(&days) {
+            return Ok(());
+        }
+        let (lo, hi) = day_range_bounds(series, days);
+        // `rollups` has no prefix extractor, so there is no prefix mode to choose.
+        let mut it = self.bounded_iter(CF_ROLLUPS, &lo, &hi, false);
+        while let Some((key, value)) = it.item() {
+            let day_key = DayKey::decode(key).map_err(|source| StoreError::BadKey {
+                column: CF_ROLLUPS,
+                source,
+            })?;
+            if !visit(day_key, value) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(engine_error)
+    }
+
+    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError> {
+        let deleted = self.delete_before(CF_HOURLY, hour.0)?;
+        // Liveness older than the oldest hour kept says nothing any query can ask about.
+        let mut batch = WriteBatch::default();
+        for server in self.list_servers()? {
+            let id = server.id.0.to_be_bytes();
+            batch.delete_range_cf(
+                self.cf(CF_META),
+                [META_LIVE, &id].concat(),
+                [META_LIVE, &id, &hour.0.to_be_bytes()].concat(),
+            );
+        }
+        self.write(batch)?;
+        Ok(deleted)
+    }
+
+    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
+        let deleted = self.delete_before(CF_ROLLUPS, day.0)?;
+        // A dirty mark for a day past rollup retention would build a rollup only to
+        // delete it.
+        let mut batch = WriteBatch::default();
+        for prefix in [META_DIRTY, META_BUILT] {
+            batch.delete_range_cf(
+                self.cf(CF_META),
+                prefix.to_vec(),
+                [prefix, &day.0.to_be_bytes()].concat(),
+            );
+        }
+        self.write(batch)?;
+        Ok(deleted)
+    }
+
+    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
+        let meta = self.cf(CF_META);
+        let name_key = [META_SERIES_BY_NAME, &encode_series_name(series)].concat();
+        let lookup = || -> Result<Option<SeriesId>, StoreError> {
+            match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
+                Some(id) => Ok(Some(SeriesId(meta_id(&name_key, &id)?))),
+                None => Ok(None),
+            }
+        };
+        if let Some(id) = lookup()? {
+            return Ok(Some(id));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let _meta = lock_ignoring_poison(&self.meta_lock);
+        // Another caller may have created it between the lookup and the lock.
+        if let Some(id) = lookup()? {
+            return Ok(Some(id));
+        }
+        let id = next_id(self.last_id(META_SERIES_BY_ID)?, "series")?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(meta, &name_key, id.to_be_bytes());
+        batch.put_cf(
+            meta,
+            [META_SERIES_BY_ID, &id.to_be_bytes()].concat(),
+            encode_series_name(series),
+        );
+        self.write(batch)?;
+        Ok(Some(SeriesId(id)))
+    }
+
+    fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_meta(META_SERIES_BY_ID, |id, value| {
+            let id = meta_id(id, id)?;
+            let name = decode_series_name(value).map_err(|reason| StoreError::BadValue {
+                column: CF_META,
+                key: [META_SERIES_BY_ID, &id.to_be_bytes()].concat(),
+                reason,
+            })?;
+            out.push((SeriesId(id), name));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn server_id(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+        create: bool,
+    ) -> Result<Option<ServerId>, StoreError> {
+        let meta = self.cf(CF_META);
+        let name_key = [META_SERVER_BY_NAME, name.as_bytes()].concat();
+        let lookup = || -> Result<Option<u32>, StoreError> {
+            match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
+                Some(id) => Ok(Some(meta_id(&name_key, &id)?)),
+                None => Ok(None),
+            }
+        };
+        if !create {
+            return Ok(lookup()?.map(ServerId));
+        }
+        let labels = sorted_labels(labels);
+        let _meta = lock_ignoring_poison(&self.meta_lock);
+        let entry = encode_server(name, &labels);
+        match lookup()? {
+            Some(id) => {
+                let id_key = [META_SERVER_BY_ID, &id.to_be_bytes()].concat();
+                let held = self.db.get_cf(meta, &id_key).map_err(engine_error)?;
+                if held.as_deref() != Some(entry.as_slice()) {
+                    let mut batch = WriteBatch::default();
+                    batch.put_cf(meta, id_key, entry);
+                    self.write(batch)?;
+                }
+                Ok(Some(ServerId(id)))
+            }
+            None => {
+                let id = next_id(self.last_id(META_SERVER_BY_ID)?, "server")?;
+                let mut batch = WriteBatch::default();
+                batch.put_cf(meta, &name_key, id.to_be_bytes());
+                batch.put_cf(meta, [META_SERVER_BY_ID, &id.to_be_bytes()].concat(), entry);
+                self.write(batch)?;
+                Ok(Some(ServerId(id)))
+            }
+        }
+    }
+
+    fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_meta(META_SERVER_BY_ID, |id, value| {
+            let id = meta_id(id, id)?;
+            let (name, labels) = decode_server(value).map_err(|reason| StoreError::BadValue {
+                column: CF_META,
+                key: [META_SERVER_BY_ID, &id.to_be_bytes()].concat(),
+                reason,
+            })?;
+            out.push(ServerEntry {
+                id: ServerId(id),
+                name,
+                labels,
+            });
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        let mark = self.next_mark.fetch_add(1, Ordering::Relaxed);
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_META), dirty_key(series, day), mark.to_be_bytes());
+        self.write(batch)
+    }
+
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
+        let meta = self.cf(CF_META);
+        let mut found = Vec::new();
+        let end = [META_DIRTY, &before.0.to_be_bytes()].concat();
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(end);
+        let mut it = self.db.raw_iterator_cf_opt(meta, read);
+        it.seek(META_DIRTY);
+        while found.len() < limit
+            && let Some((key, value)) = it.item()
+        {
+            let (series, day) = dirty_fields(key)?;
+            let mark = mark_value(key, value)?;
+            if self.built_mark(series, day)? != Some(mark) {
+                found.push(DirtyDay { series, day, mark });
+            }
+            it.next();
+        }
+        it.status().map_err(engine_error)?;
+        Ok(found)
+    }
+
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        let key = dirty_key(series, day);
+        let Some(value) = self
+            .db
+            .get_cf(self.cf(CF_META), &key)
+            .map_err(engine_error)?
+        else {
+            return Ok(false);
+        };
+        let mark = mark_value(&key, &value)?;
+        Ok(self.built_mark(series, day)? != Some(mark))
+    }
+
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError> {
+        for (key, sketch) in &rollups {
+            check_frame(sketch, || format!("rollup {key:?}"))?;
+        }
+        let cf = self.cf(CF_ROLLUPS);
+        let prefix = series_time_prefix(series.0, day.0);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf, prefix.to_vec(), prefix_end(&prefix));
+        for (key, sketch) in rollups {
+            batch.put_cf(cf, key.encode(), sketch);
+        }
+        let built = [META_BUILT, &dirty_key(series, day)[META_DIRTY.len()..]].concat();
+        batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
+        self.write(batch)?;
+        Ok(!self.is_day_dirty(series, day)?)
+    }
+
+    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for hour in hours {
+            batch.put_cf(self.cf(CF_META), live_key(server, *hour), []);
+        }
+        self.write(batch)
+    }
+
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
+        if is_empty_range(&hours) {
+            return Ok(0);
+        }
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(live_key(server, hours.end));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        it.seek(live_key(server, hours.start));
+        let mut count = 0;
+        while it.valid() {
+            count += 1;
+            it.next();
+        }
+        it.status().map_err(engine_error)?;
+        Ok(count)
+    }
+}
+
+/// Column family options: what each is tuned for is in docs/STORAGE.md.
+fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    // Full (not block-based) filters: one filter per SST file, checked before any data
+    // block is read. They hold whole keys, for point lookups, and, where a prefix
+    // extractor is set, prefixes too, for scans of one prefix.
+    table.set_bloom_filter(options.bloom_bits_per_key, false);
+    table.set_whole_key_filtering(true);
+    // Index and filter blocks live in the block cache, so its size bounds memory; L0's
+    // stay pinned because every lookup consults every L0 file.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    // A dense HyperLogLog at precision 14 is 12 KiB: with the default 4 KiB blocks,
+    // most values would be blocks of their own. 16 KiB blocks hold several sketches, so
+    // compression sees more than one at a time and the index is smaller.
+    table.set_block_size(16 << 10);
+
+    let mut cf = Options::default();
+    cf.set_block_based_table_factory(&table);
+    cf.set_write_buffer_size(options.write_buffer_bytes);
+    cf.set_level_compaction_dynamic_level_bytes(true);
+    if options.compression {
+        cf.set_compression_type(DBCompressionType::Lz4);
+        cf.set_bottommost_compression_type(DBCompressionType::Zstd);
+    } else {
+        cf.set_compression_type(DBCompressionType::None);
+        cf.set_bottommost_compression_type(DBCompressionType::None);
+    }
+    if name == CF_HOURLY {
+        cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(PREFIX_LEN));
+        // The memtable gets a Bloom filter too, so absent keys skip its skiplist search.
+        cf.set_memtable_prefix_bloom_ratio(0.02);
+        cf.set_memtable_whole_key_filtering(true);
+    }
+    cf
+}
+
+fn stripe_of(key: &HourKey) -> usize {
+    // Fibonacci hashing of (server, epoch): one agent's keys share a stripe.
+    let mixed = ((u64::from(key.server.0) << 32) ^ key.epoch.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (mixed >> 58) as usize % WRITE_STRIPES
+}
+
+fn lock_ignoring_poison(lock: &Mutex<()>) -> MutexGuard<'_, ()> {
+    // The mutexes guard no data, only the order of RocksDB reads and writes; a panic in
+    // another holder leaves nothing inconsistent behind.
+    lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn stored_version(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    match value.get(..VERSION_LEN) {
+        Some(version) if value.len() > VERSION_LEN => {
+            let mut bytes = [0u8; VERSION_LEN];
+            bytes.copy_from_slice(version);
+            Ok(u64::from_be_bytes(bytes))
+        }
+        _ => Err(StoreError::BadValue {
+            column: CF_HOURLY,
+            key: key.to_vec(),
+            reason: format!(
+                "an hourly value is an 8-byte version and a sketch, found {} bytes",
+                value.len()
+            ),
+        }),
+    }
+}
+
+fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreError> {
+    let expected = if cf == CF_HOURLY {
+        HourKey::LEN
+    } else {
+        DayKey::LEN
+    };
+    if key.len() != expected {
+        return Err(StoreError::BadKey {
+            column: cf,
+            source: crate::keys::KeyLengthError {
+                what: if cf == CF_HOURLY {
+                    "hourly key"
+                } else {
+                    "rollup key"
+                },
+                expected,
+                found: key.len(),
+            },
+        });
+    }
+    Ok((
+        u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
+        u32::from_be_bytes([key[4], key[5], key[6], key[7]]),
+    ))
+}
+
+fn live_key(server: ServerId, hour: Hour) -> Vec<u8> {
+    [META_LIVE, &server.0.to_be_bytes(), &hour.0.to_be_bytes()].concat()
+}
+
+/// The (series, day) of a `dirty/` key.
+fn dirty_fields(key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
+    let fields = &key[META_DIRTY.len().min(key.len())..];
+    if fields.len() != 8 {
+        return Err(StoreError::BadValue {
+            column: CF_META,
+            key: key.to_vec(),
+            reason: "a dirty-day key must end in day (4) and series (4)".into(),
+        });
+    }
+    let day = Day(u32::from_be_bytes([
+        fields[0], fields[1], fields[2], fields[3],
+    ]));
+    let series = SeriesId(u32::from_be_bytes([
+        fields[4], fields[5], fields[6], fields[7],
+    ]));
+    Ok((series, day))
+}
+
+/// The mark stored under a `dirty/` or `built/` key.
+fn mark_value(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = value.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("a rollup mark must be 8 bytes, found {}", value.len()),
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+impl RocksStore {
+    fn built_mark(&self, series: SeriesId, day: Day) -> Result<Option<u64>, StoreError> {
+        let key = [META_BUILT, &dirty_key(series, day)[META_DIRTY.len()..]].concat();
+        match self
+            .db
+            .get_cf(self.cf(CF_META), &key)
+            .map_err(engine_error)?
+        {
+            Some(value) => Ok(Some(mark_value(&key, &value)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn dirty_key(series: SeriesId, day: Day) -> Vec<u8> {
+    // Day first, so "every dirty day before D" is one range.
+    [META_DIRTY, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
+}
+
+/// `series | time`, the first 8 bytes of both hourly (time = hour) and rollup (time = day)
+/// keys; see [`crate::keys::hour_prefix`] and [`crate::keys::day_prefix`].
+fn series_time_prefix(series: u32, time: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&series.to_be_bytes());
+    out[4..].copy_from_slice(&time.to_be_bytes());
+    out
+}
+
+/// The smallest key greater than every key starting with `prefix` (which must not end in
+/// 0xff; ours are ASCII).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+fn meta_id(key: &[u8], bytes: &[u8]) -> Result<u32, StoreError> {
+    let bytes: [u8; 4] = bytes.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("an id must be 4 bytes, found {}", bytes.len()),
+    })?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_pairs(out: &mut Vec<u8>, pairs: &[(String, String)]) {
+    out.extend_from_slice(&(pairs.len() as u32).to_be_bytes());
+    for (k, v) in pairs {
+        put_str(out, k);
+        put_str(out, v);
+    }
+}
+
+fn encode_series_name(series: &SeriesName) -> Vec<u8> {
+    let series = series.canonical();
+    let mut out = vec![series.kind.code()];
+    put_str(&mut out, &series.metric);
+    put_pairs(&mut out, &series.tags);
+    out
+}
+
+fn encode_server(name: &str, sorted_labels: &[(String, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_str(&mut out, name);
+    put_pairs(&mut out, sorted_labels);
+    out
+}
+
+/// A cursor over a `meta` value that checks every length before it reads.
+struct MetaReader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> MetaReader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.bytes.len() < n {
+            return Err(format!(
+                "{what} needs {n} bytes, {} remain",
+                self.bytes.len()
+            ));
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, String> {
+        let len = self.u32(what)? as usize;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+    }
+
+    fn pairs(&mut self, what: &str) -> Result<Vec<(String, String)>, String> {
+        let count = self.u32(what)? as usize;
+        // Each pair needs at least its two length fields: a corrupt count cannot make us
+        // allocate more than the value could hold.
+        if count > self.bytes.len() / 8 {
+            return Err(format!("{what} count {count} exceeds the value's length"));
+        }
+        (0..count)
+            .map(|_| Ok((self.string(what)?, self.string(what)?)))
+            .collect()
+    }
+
+    fn finish(&self) -> Result<(), String> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} unexpected trailing bytes", self.bytes.len()))
+        }
+    }
+}
+
+fn decode_series_name(bytes: &[u8]) -> Result<SeriesName, String> {
+    let mut r = MetaReader { bytes };
+    let code = r.take(1, "kind")?[0];
+    let kind = Kind::from_code(code).ok_or_else(|| format!("unknown sketch kind code {code}"))?;
+    let metric = r.string("metric")?;
+    let tags = r.pairs("tags")?;
+    r.finish()?;
+    Ok(SeriesName { metric, tags, kind })
+}
+
+fn decode_server(bytes: &[u8]) -> Result<(String, Vec<(String, String)>), String> {
+    let mut r = MetaReader { bytes };
+    let name = r.string("server name")?;
+    let labels = r.pairs("labels")?;
+    r.finish()?;
+    Ok((name, labels))
+}
+
+/// Maps an error of `DB::open`, recognising RocksDB's lock error: it is the one every
+/// operator meets (a second aggregator on the same volume) and must say so plainly.
+fn open_error(dir: &Path, e: rocksdb::Error) -> StoreError {
+    let message = e.as_ref().to_string();
+    // From another process: "IO error: While lock file: DIR/LOCK: Resource temporarily
+    // unavailable". From this process: "IO error: lock hold by current process ...
+    // DIR/LOCK: No locks available".
+    if e.kind() == ErrorKind::IOError && message.contains("LOCK") {
+        return StoreError::InUse {
+            dir: dir.to_path_buf(),
+            detail: message,
+        };
+    }
+    engine_error(e)
+}
+
+fn engine_error(e: rocksdb::Error) -> StoreError {
+    let kind = e.kind();
+    let message = e.into_string();
+    match kind {
+        ErrorKind::Corruption => StoreError::Corruption(message),
+        ErrorKind::IOError => StoreError::Io(message),
+        _ => StoreError::Engine(message),
+    }
+}
+
+#[cfg(test)]
+pub(super) mod testing {
+    //! Ways to damage a store that only tests need.
+    use super::*;
+
+    /// Writes raw bytes under a raw key of a column family, bypassing every check.
+    pub fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {
+        store.db.put_cf(store.cf(cf), key, value).unwrap();
+    }
+}

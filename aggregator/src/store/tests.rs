@@ -1,0 +1,865 @@
+//! One suite of [`Store`] semantics, run against both stores, then what only RocksDB has:
+//! persistence, the data dir lock, the schema version, corruption.
+
+use super::*;
+use crate::keys::Epoch;
+use hourglass::sketch::hll::Hll;
+use std::sync::Arc;
+
+/// A valid framed sketch whose bytes differ for different `n`.
+fn sketch(n: u64) -> Vec<u8> {
+    let mut hll = Hll::new(8).unwrap();
+    for i in 0..=n {
+        hll.insert(&i.to_le_bytes());
+    }
+    hll.encode()
+}
+
+fn key(series: u32, hour: u32, server: u32, epoch: u64) -> HourKey {
+    HourKey {
+        series: SeriesId(series),
+        hour: Hour(hour),
+        server: ServerId(server),
+        epoch: Epoch(epoch),
+    }
+}
+
+fn day_key(series: u32, day: u32, server: ServerId) -> DayKey {
+    DayKey {
+        series: SeriesId(series),
+        day: Day(day),
+        server,
+    }
+}
+
+fn scan_all(store: &dyn Store, series: u32, hours: Range<u32>) -> Vec<(HourKey, StoredSketch)> {
+    let mut out = Vec::new();
+    store
+        .scan_hourly(
+            SeriesId(series),
+            Hour(hours.start)..Hour(hours.end),
+            &mut |k, s| {
+                out.push((k, s.clone()));
+                true
+            },
+        )
+        .unwrap();
+    out
+}
+
+fn rollups(store: &dyn Store, series: u32, days: Range<u32>) -> Vec<(DayKey, Vec<u8>)> {
+    let mut out = Vec::new();
+    store
+        .scan_rollups(
+            SeriesId(series),
+            Day(days.start)..Day(days.end),
+            &mut |k, s| {
+                out.push((k, s.to_vec()));
+                true
+            },
+        )
+        .unwrap();
+    out
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+// ---- the shared suite ------------------------------------------------------------------
+
+fn upsert_by_version(store: &dyn Store) {
+    let k = key(1, 100, 1, 1);
+    assert_eq!(
+        store.put_hourly(&[(k, 2, sketch(2))]).unwrap(),
+        [PutOutcome::Stored]
+    );
+    // Older and equal versions are stale and change nothing.
+    assert_eq!(
+        store.put_hourly(&[(k, 1, sketch(1))]).unwrap(),
+        [PutOutcome::Stale { held: 2 }]
+    );
+    assert_eq!(
+        store.put_hourly(&[(k, 2, sketch(99))]).unwrap(),
+        [PutOutcome::Stale { held: 2 }]
+    );
+    assert_eq!(scan_all(store, 1, 100..101)[0].1.sketch, sketch(2));
+    // Newer replaces.
+    assert_eq!(
+        store.put_hourly(&[(k, 3, sketch(3))]).unwrap(),
+        [PutOutcome::Stored]
+    );
+    assert_eq!(
+        scan_all(store, 1, 100..101),
+        [(
+            k,
+            StoredSketch {
+                version: 3,
+                sketch: sketch(3)
+            }
+        )]
+    );
+    // The same key twice in one batch: the later entry competes with the earlier one.
+    let k2 = key(1, 100, 2, 1);
+    assert_eq!(
+        store
+            .put_hourly(&[
+                (k2, 5, sketch(5)),
+                (k2, 5, sketch(5)),
+                (k2, 4, sketch(4)),
+                (k2, 6, sketch(6))
+            ])
+            .unwrap(),
+        [
+            PutOutcome::Stored,
+            PutOutcome::Stale { held: 5 },
+            PutOutcome::Stale { held: 5 },
+            PutOutcome::Stored
+        ]
+    );
+    assert_eq!(scan_all(store, 1, 100..101)[1].1.version, 6);
+    // An empty batch is a no-op.
+    assert_eq!(store.put_hourly(&[]).unwrap(), []);
+}
+
+fn reordering_and_duplicates_are_harmless(store: &dyn Store) {
+    // Every order of the same pushes, with retries, ends in the newest snapshot.
+    let orders: [&[u64]; 4] = [
+        &[1, 2, 3, 4],
+        &[4, 3, 2, 1],
+        &[2, 4, 4, 1, 3, 2],
+        &[3, 1, 3, 4, 2, 4],
+    ];
+    for (server, order) in orders.iter().enumerate() {
+        let k = key(2, 7, server as u32 + 1, 1);
+        for &version in *order {
+            store.put_hourly(&[(k, version, sketch(version))]).unwrap();
+        }
+    }
+    let rows = scan_all(store, 2, 0..100);
+    assert_eq!(rows.len(), orders.len());
+    for (_, stored) in rows {
+        assert_eq!(
+            stored,
+            StoredSketch {
+                version: 4,
+                sketch: sketch(4)
+            }
+        );
+    }
+}
+
+fn scan_selects_series_and_hours_in_key_order(store: &dyn Store) {
+    let mut batch = Vec::new();
+    for series in [3, 4, 5] {
+        for hour in [9, 10, 11, 12] {
+            for server in [2, 1] {
+                for epoch in [1, 0] {
+                    batch.push((key(series, hour, server, epoch), 1, sketch(u64::from(hour))));
+                }
+            }
+        }
+    }
+    // Also the extremes of every field, which must not leak into neighbouring ranges.
+    batch.push((key(4, 12, u32::MAX - 1, u64::MAX), 1, sketch(0)));
+    batch.push((key(4, 13, 0, 0), 1, sketch(0)));
+    batch.push((key(4, 9, 0, 0), 1, sketch(0)));
+    store.put_hourly(&batch).unwrap();
+
+    let got: Vec<HourKey> = scan_all(store, 4, 10..13)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let mut want: Vec<HourKey> = batch
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| k.series == SeriesId(4) && (10..13).contains(&k.hour.0))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(got.len(), 3 * 4 + 1);
+
+    // One hour: the prefix-mode path of RocksStore.
+    let one: Vec<HourKey> = scan_all(store, 4, 9..10)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        one,
+        [
+            key(4, 9, 0, 0),
+            key(4, 9, 1, 0),
+            key(4, 9, 1, 1),
+            key(4, 9, 2, 0),
+            key(4, 9, 2, 1)
+        ]
+    );
+
+    // The visitor stops the scan.
+    let mut seen = 0;
+    store
+        .scan_hourly(SeriesId(4), Hour(0)..Hour(100), &mut |_, _| {
+            seen += 1;
+            seen < 3
+        })
+        .unwrap();
+    assert_eq!(seen, 3);
+
+    // Empty, reversed and unknown ranges select nothing.
+    assert!(scan_all(store, 4, 11..11).is_empty());
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = scan_all(store, 4, 12..10);
+    assert!(reversed.is_empty());
+    assert!(scan_all(store, 6, 0..u32::MAX).is_empty());
+    assert!(scan_all(store, 4, 14..u32::MAX).is_empty());
+}
+
+fn rollups_put_get_scan(store: &dyn Store) {
+    assert_eq!(store.get_rollup(day_key(1, 5, ServerId(1))).unwrap(), None);
+    for day in [4, 5, 6] {
+        for server in [ServerId::ALL, ServerId(2), ServerId(1)] {
+            store
+                .put_rollup(day_key(1, day, server), sketch(u64::from(day)))
+                .unwrap();
+        }
+    }
+    store
+        .put_rollup(day_key(2, 5, ServerId::ALL), sketch(9))
+        .unwrap();
+    assert_eq!(
+        store.get_rollup(day_key(1, 5, ServerId::ALL)).unwrap(),
+        Some(sketch(5))
+    );
+    // A rebuilt rollup replaces the old one.
+    store
+        .put_rollup(day_key(1, 5, ServerId::ALL), sketch(50))
+        .unwrap();
+    assert_eq!(
+        store.get_rollup(day_key(1, 5, ServerId::ALL)).unwrap(),
+        Some(sketch(50))
+    );
+    let keys: Vec<DayKey> = rollups(store, 1, 5..7)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            day_key(1, 5, ServerId(1)),
+            day_key(1, 5, ServerId(2)),
+            day_key(1, 5, ServerId::ALL),
+            day_key(1, 6, ServerId(1)),
+            day_key(1, 6, ServerId(2)),
+            day_key(1, 6, ServerId::ALL),
+        ]
+    );
+    assert_eq!(rollups(store, 2, 0..100).len(), 1);
+    assert!(rollups(store, 3, 0..100).is_empty());
+}
+
+fn invalid_sketches_are_refused(store: &dyn Store) {
+    let good = (key(1, 1, 1, 1), 1, sketch(1));
+    let mut corrupt = sketch(2);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 1;
+    let err = store
+        .put_hourly(&[good.clone(), (key(1, 2, 1, 1), 1, corrupt)])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidSketch { .. }), "{err}");
+    assert!(err.to_string().contains("entry 1"), "{err}");
+    // Nothing of the batch was written, not even its valid entry.
+    assert!(scan_all(store, 1, 0..10).is_empty());
+    assert!(dirty(store, u32::MAX, 10).is_empty());
+    let err = store
+        .put_rollup(day_key(1, 1, ServerId::ALL), b"not a sketch".to_vec())
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidSketch { .. }), "{err}");
+}
+
+fn retention_deletes_exactly_what_is_older(store: &dyn Store) {
+    let mut batch = Vec::new();
+    for series in [1, 2, 3] {
+        for hour in 10..20 {
+            batch.push((key(series, hour, 1, 0), 1, sketch(1)));
+            batch.push((key(series, hour, 2, 7), 1, sketch(1)));
+        }
+    }
+    // A series with only new data, and one with only old data.
+    batch.push((key(4, 30, 1, 0), 1, sketch(1)));
+    batch.push((key(5, 3, 1, 0), 1, sketch(1)));
+    batch.push((key(u32::MAX, 3, 1, 0), 1, sketch(1)));
+    store.put_hourly(&batch).unwrap();
+
+    assert_eq!(store.delete_hourly_before(Hour(10)).unwrap(), 2);
+    assert_eq!(store.delete_hourly_before(Hour(15)).unwrap(), 3 * 5 * 2);
+    // Idempotent: nothing left to delete.
+    assert_eq!(store.delete_hourly_before(Hour(15)).unwrap(), 0);
+    for series in [1, 2, 3] {
+        let hours: Vec<u32> = scan_all(store, series, 0..100)
+            .into_iter()
+            .map(|(k, _)| k.hour.0)
+            .collect();
+        assert_eq!(hours, [15, 15, 16, 16, 17, 17, 18, 18, 19, 19]);
+    }
+    assert_eq!(scan_all(store, 4, 0..100).len(), 1);
+    assert!(scan_all(store, 5, 0..100).is_empty());
+    // A late snapshot for an expired hour can be written again (retention is not a ban).
+    store
+        .put_hourly(&[(key(1, 12, 1, 0), 1, sketch(1))])
+        .unwrap();
+    assert_eq!(scan_all(store, 1, 0..15).len(), 1);
+
+    for day in 0..5 {
+        store
+            .put_rollup(day_key(1, day, ServerId(1)), sketch(1))
+            .unwrap();
+        store
+            .put_rollup(day_key(1, day, ServerId::ALL), sketch(1))
+            .unwrap();
+        store
+            .put_rollup(day_key(2, day, ServerId::ALL), sketch(1))
+            .unwrap();
+    }
+    store.mark_day_dirty(SeriesId(1), Day(1)).unwrap();
+    store.mark_day_dirty(SeriesId(1), Day(3)).unwrap();
+    assert_eq!(store.delete_rollups_before(Day(3)).unwrap(), 9);
+    assert_eq!(store.delete_rollups_before(Day(3)).unwrap(), 0);
+    let days: Vec<u32> = rollups(store, 1, 0..100)
+        .into_iter()
+        .map(|(k, _)| k.day.0)
+        .collect();
+    assert_eq!(days, [3, 3, 4, 4]);
+    assert_eq!(rollups(store, 2, 0..100).len(), 2);
+    // Dirty marks of expired days went with them.
+    let marks = dirty(store, 3, 100);
+    assert!(marks.iter().all(|(_, day)| *day >= Day(3)), "{marks:?}");
+    assert!(!dirty(store, u32::MAX, 100).contains(&(SeriesId(1), Day(1))));
+}
+
+/// The dirty (series, day) pairs before `before`, without building them.
+fn dirty(store: &dyn Store, before: u32, limit: usize) -> Vec<(SeriesId, Day)> {
+    store
+        .dirty_days(Day(before), limit)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.series, d.day))
+        .collect()
+}
+
+/// Lists dirty days and marks each built (with no rollups), as a rollup pass would.
+fn take(store: &dyn Store, before: u32, limit: usize) -> Vec<(SeriesId, Day)> {
+    let marks = store.dirty_days(Day(before), limit).unwrap();
+    for d in &marks {
+        assert!(
+            store
+                .replace_rollups(d.series, d.day, Vec::new(), d.mark)
+                .unwrap()
+        );
+    }
+    marks.into_iter().map(|d| (d.series, d.day)).collect()
+}
+
+fn a_rebuild_that_races_a_write_leaves_the_day_dirty(store: &dyn Store) {
+    store
+        .put_hourly(&[(key(1, 5, 1, 0), 1, sketch(1))])
+        .unwrap();
+    assert!(store.is_day_dirty(SeriesId(1), Day(0)).unwrap());
+    let marks = store.dirty_days(Day(1), 10).unwrap();
+    assert_eq!(marks.len(), 1);
+    // A snapshot lands while the builder reads the hours...
+    store
+        .put_hourly(&[(key(1, 6, 1, 0), 1, sketch(2))])
+        .unwrap();
+    // ...so the rollup it writes is already old: the day must stay dirty.
+    let rollup = vec![(day_key(1, 0, ServerId::ALL), sketch(1))];
+    assert!(
+        !store
+            .replace_rollups(SeriesId(1), Day(0), rollup, marks[0].mark)
+            .unwrap()
+    );
+    assert!(store.is_day_dirty(SeriesId(1), Day(0)).unwrap());
+    assert_eq!(dirty(store, 1, 10), [(SeriesId(1), Day(0))]);
+    // The next pass catches up, and replaces the old rollups rather than adding to them.
+    let marks = store.dirty_days(Day(1), 10).unwrap();
+    let rollup = vec![(day_key(1, 0, ServerId(1)), sketch(3))];
+    assert!(
+        store
+            .replace_rollups(SeriesId(1), Day(0), rollup, marks[0].mark)
+            .unwrap()
+    );
+    assert!(!store.is_day_dirty(SeriesId(1), Day(0)).unwrap());
+    assert_eq!(
+        rollups(store, 1, 0..1),
+        [(day_key(1, 0, ServerId(1)), sketch(3))]
+    );
+    // A day never written is not dirty.
+    assert!(!store.is_day_dirty(SeriesId(1), Day(7)).unwrap());
+}
+
+fn liveness_counts_hours(store: &dyn Store) {
+    let hours: Vec<Hour> = [3, 4, 5, 9, 9].into_iter().map(Hour).collect();
+    store.mark_live(ServerId(1), &hours).unwrap();
+    store.mark_live(ServerId(2), &[Hour(4)]).unwrap();
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(24)).unwrap(), 4);
+    assert_eq!(store.live_hours(ServerId(1), Hour(4)..Hour(9)).unwrap(), 2);
+    assert_eq!(store.live_hours(ServerId(2), Hour(0)..Hour(24)).unwrap(), 1);
+    assert_eq!(store.live_hours(ServerId(3), Hour(0)..Hour(24)).unwrap(), 0);
+    assert_eq!(store.live_hours(ServerId(1), Hour(5)..Hour(5)).unwrap(), 0);
+}
+
+fn dirty_days_follow_writes(store: &dyn Store) {
+    // Hours 23 and 24 are on days 0 and 1.
+    store
+        .put_hourly(&[
+            (key(1, 23, 1, 0), 1, sketch(1)),
+            (key(1, 24, 1, 0), 1, sketch(1)),
+            (key(2, 47, 1, 0), 1, sketch(1)),
+            (key(1, 49, 1, 0), 1, sketch(1)),
+        ])
+        .unwrap();
+    // Day 2 is still open: it stays marked.
+    assert_eq!(
+        take(store, 2, 100),
+        [
+            (SeriesId(1), Day(0)),
+            (SeriesId(1), Day(1)),
+            (SeriesId(2), Day(1))
+        ]
+    );
+    assert!(take(store, 2, 100).is_empty());
+    // A stale write changes nothing, so it marks nothing.
+    store
+        .put_hourly(&[(key(1, 23, 1, 0), 1, sketch(1))])
+        .unwrap();
+    assert!(take(store, 2, 100).is_empty());
+    // A late, newer snapshot of a closed day marks it again.
+    store
+        .put_hourly(&[(key(1, 23, 1, 0), 2, sketch(2))])
+        .unwrap();
+    store.mark_day_dirty(SeriesId(3), Day(0)).unwrap();
+    store.mark_day_dirty(SeriesId(3), Day(0)).unwrap();
+    assert_eq!(take(store, 2, 1), [(SeriesId(1), Day(0))]);
+    assert_eq!(take(store, 2, 100), [(SeriesId(3), Day(0))]);
+    assert_eq!(take(store, 3, 100), [(SeriesId(1), Day(2))]);
+    assert!(take(store, 2, 0).is_empty());
+}
+
+fn series_dictionary_is_stable(store: &dyn Store) {
+    let visitors = SeriesName::new(
+        "visitors",
+        labels(&[("device", "mobile"), ("country", "de")]),
+        Kind::Distinct,
+    );
+    assert_eq!(store.series_id(&visitors, false).unwrap(), None);
+    let id = store.series_id(&visitors, true).unwrap().unwrap();
+    assert_eq!(store.series_id(&visitors, true).unwrap(), Some(id));
+    assert_eq!(store.series_id(&visitors, false).unwrap(), Some(id));
+    // Tags in another order name the same series.
+    let unsorted = SeriesName {
+        metric: "visitors".into(),
+        tags: labels(&[("device", "mobile"), ("country", "de")]),
+        kind: Kind::Distinct,
+    };
+    assert_eq!(store.series_id(&unsorted, false).unwrap(), Some(id));
+    // Another kind, other tags, or a metric whose name runs into the tags are others.
+    let frequency = SeriesName {
+        kind: Kind::Frequency,
+        ..visitors.clone()
+    };
+    let fewer_tags = SeriesName::new("visitors", labels(&[("country", "de")]), Kind::Distinct);
+    let tricky = SeriesName::new("visitorsa", vec![], Kind::Distinct);
+    let ids: Vec<SeriesId> = [&frequency, &fewer_tags, &tricky]
+        .iter()
+        .map(|s| store.series_id(s, true).unwrap().unwrap())
+        .collect();
+    let mut all = vec![id];
+    all.extend(&ids);
+    let mut distinct = all.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{all:?}");
+    assert!(all.iter().all(|id| id.0 != 0 && id.0 != u32::MAX));
+
+    let listed = store.list_series().unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            (id, visitors.clone()),
+            (ids[0], frequency),
+            (ids[1], fewer_tags),
+            (ids[2], tricky)
+        ]
+    );
+}
+
+fn server_registry_updates_labels(store: &dyn Store) {
+    let eu = labels(&[("role", "web"), ("region", "eu")]);
+    assert_eq!(store.server_id("web-1", &eu, false).unwrap(), None);
+    let web1 = store.server_id("web-1", &eu, true).unwrap().unwrap();
+    let web2 = store.server_id("web-2", &[], true).unwrap().unwrap();
+    assert_ne!(web1, web2);
+    assert_ne!(web1, ServerId::ALL);
+    assert_eq!(store.server_id("web-1", &eu, true).unwrap(), Some(web1));
+    // A lookup ignores labels and changes nothing.
+    assert_eq!(store.server_id("web-1", &[], false).unwrap(), Some(web1));
+    assert_eq!(
+        store.list_servers().unwrap(),
+        [
+            ServerEntry {
+                id: web1,
+                name: "web-1".into(),
+                labels: labels(&[("region", "eu"), ("role", "web")]),
+            },
+            ServerEntry {
+                id: web2,
+                name: "web-2".into(),
+                labels: vec![],
+            },
+        ]
+    );
+    // Registering again with new labels replaces them and keeps the id.
+    let us = labels(&[("region", "us")]);
+    assert_eq!(store.server_id("web-1", &us, true).unwrap(), Some(web1));
+    assert_eq!(store.list_servers().unwrap()[0].labels, us);
+}
+
+fn concurrent_writers_keep_the_newest(store: Arc<dyn Store>) {
+    // Four writers push versions 1..=50 of the same keys in different orders; whatever
+    // the interleaving, each key ends with version 50 and nothing errs.
+    let keys: Vec<HourKey> = (0..8).map(|i| key(9, 1, i % 2 + 1, u64::from(i))).collect();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                for step in 0..50u64 {
+                    let version = if t % 2 == 0 { step + 1 } else { 50 - step };
+                    let batch: Vec<_> = keys
+                        .iter()
+                        .map(|k| (*k, version, sketch(version)))
+                        .collect();
+                    store.put_hourly(&batch).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let rows = scan_all(store.as_ref(), 9, 0..10);
+    assert_eq!(rows.len(), keys.len());
+    assert!(
+        rows.iter()
+            .all(|(_, s)| s.version == 50 && s.sketch == sketch(50))
+    );
+}
+
+/// The suite as tests, for a store made by `$make`: a pair of a guard that must outlive the
+/// store (its temporary directory) and the store.
+macro_rules! store_suite {
+    ($make:expr) => {
+        #[test]
+        fn upsert_by_version() {
+            let (_dir, store) = $make;
+            super::upsert_by_version(&*store);
+        }
+        #[test]
+        fn reordering_and_duplicates_are_harmless() {
+            let (_dir, store) = $make;
+            super::reordering_and_duplicates_are_harmless(&*store);
+        }
+        #[test]
+        fn scan_selects_series_and_hours_in_key_order() {
+            let (_dir, store) = $make;
+            super::scan_selects_series_and_hours_in_key_order(&*store);
+        }
+        #[test]
+        fn rollups_put_get_scan() {
+            let (_dir, store) = $make;
+            super::rollups_put_get_scan(&*store);
+        }
+        #[test]
+        fn invalid_sketches_are_refused() {
+            let (_dir, store) = $make;
+            super::invalid_sketches_are_refused(&*store);
+        }
+        #[test]
+        fn retention_deletes_exactly_what_is_older() {
+            let (_dir, store) = $make;
+            super::retention_deletes_exactly_what_is_older(&*store);
+        }
+        #[test]
+        fn dirty_days_follow_writes() {
+            let (_dir, store) = $make;
+            super::dirty_days_follow_writes(&*store);
+        }
+        #[test]
+        fn a_rebuild_that_races_a_write_leaves_the_day_dirty() {
+            let (_dir, store) = $make;
+            super::a_rebuild_that_races_a_write_leaves_the_day_dirty(&*store);
+        }
+        #[test]
+        fn liveness_counts_hours() {
+            let (_dir, store) = $make;
+            super::liveness_counts_hours(&*store);
+        }
+        #[test]
+        fn series_dictionary_is_stable() {
+            let (_dir, store) = $make;
+            super::series_dictionary_is_stable(&*store);
+        }
+        #[test]
+        fn server_registry_updates_labels() {
+            let (_dir, store) = $make;
+            super::server_registry_updates_labels(&*store);
+        }
+        #[test]
+        fn concurrent_writers_keep_the_newest() {
+            // Declared after the directory, so dropped (closed) before it.
+            let (_dir, store) = $make;
+            super::concurrent_writers_keep_the_newest(store);
+        }
+    };
+}
+
+mod memory {
+    use super::*;
+
+    store_suite!(((), Arc::new(MemoryStore::new()) as Arc<dyn Store>));
+}
+
+mod rocks {
+    use super::super::rocks::testing::put_raw;
+    use super::*;
+    use tempfile::TempDir;
+
+    fn options() -> StoreOptions {
+        StoreOptions {
+            block_cache_bytes: 8 << 20,
+            ..StoreOptions::default()
+        }
+    }
+
+    /// A store in a temporary directory, and the directory, which must outlive it.
+    fn temp_store() -> (TempDir, Arc<dyn Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        // A subdirectory: `open` creates what is missing.
+        let store = RocksStore::open(dir.path().join("db"), &options()).unwrap();
+        (dir, Arc::new(store))
+    }
+
+    store_suite!(temp_store());
+
+    /// The same suite once more with every write flushed to SST files, so reads go
+    /// through the block-based tables, their Bloom filters and range tombstones rather
+    /// than only the memtable.
+    mod flushed {
+        use super::*;
+
+        #[test]
+        fn scans_and_retention_read_sst_files() {
+            let dir = tempfile::tempdir().unwrap();
+            let store = RocksStore::open(dir.path(), &options()).unwrap();
+            let batch: Vec<_> = (0..48)
+                .flat_map(|hour| (1..4).map(move |server| (key(1, hour, server, 0), 1, sketch(3))))
+                .collect();
+            store.put_hourly(&batch).unwrap();
+            store.flush().unwrap();
+            assert_eq!(scan_all(&store, 1, 10..11).len(), 3);
+            assert_eq!(scan_all(&store, 1, 10..20).len(), 30);
+            assert_eq!(store.delete_hourly_before(Hour(24)).unwrap(), 72);
+            store.flush().unwrap();
+            assert_eq!(scan_all(&store, 1, 0..48).len(), 72);
+            assert_eq!(store.delete_hourly_before(Hour(24)).unwrap(), 0);
+            store.compact().unwrap();
+            assert_eq!(scan_all(&store, 1, 0..48).len(), 72);
+            let stats = store.stats().unwrap();
+            let hourly = &stats.column_families[0];
+            assert_eq!(hourly.name, "hourly");
+            assert!(hourly.sst_bytes > 0, "{stats:?}");
+            assert_eq!(stats.block_cache_capacity_bytes, 8 << 20);
+            assert!(!stats.write_stopped);
+        }
+    }
+
+    #[test]
+    fn data_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (series, server) = {
+            let store = RocksStore::open(dir.path(), &options()).unwrap();
+            let series = store
+                .series_id(&SeriesName::new("hits", vec![], Kind::Frequency), true)
+                .unwrap()
+                .unwrap();
+            let server = store
+                .server_id("web-1", &labels(&[("region", "eu")]), true)
+                .unwrap()
+                .unwrap();
+            store
+                .put_hourly(&[(key(series.0, 5, server.0, 1), 3, sketch(3))])
+                .unwrap();
+            store
+                .put_rollup(day_key(series.0, 0, ServerId::ALL), sketch(4))
+                .unwrap();
+            (series, server)
+        };
+        let store = RocksStore::open(dir.path(), &options()).unwrap();
+        assert_eq!(
+            scan_all(&store, series.0, 0..24),
+            [(
+                key(series.0, 5, server.0, 1),
+                StoredSketch {
+                    version: 3,
+                    sketch: sketch(3)
+                }
+            )]
+        );
+        assert_eq!(
+            store
+                .get_rollup(day_key(series.0, 0, ServerId::ALL))
+                .unwrap(),
+            Some(sketch(4))
+        );
+        // Ids are stable, and the next new one does not reuse an old one.
+        assert_eq!(
+            store
+                .series_id(&SeriesName::new("hits", vec![], Kind::Frequency), false)
+                .unwrap(),
+            Some(series)
+        );
+        let other = store
+            .series_id(&SeriesName::new("hits", vec![], Kind::Membership), true)
+            .unwrap()
+            .unwrap();
+        assert_ne!(other, series);
+        assert_eq!(store.server_id("web-1", &[], false).unwrap(), Some(server));
+        assert_eq!(
+            store.list_servers().unwrap()[0].labels,
+            labels(&[("region", "eu")])
+        );
+        assert_eq!(super::dirty(&store, 1, 10), [(series, Day(0))]);
+        // Versions held before the reopen still decide.
+        assert_eq!(
+            store
+                .put_hourly(&[(key(series.0, 5, server.0, 1), 2, sketch(2))])
+                .unwrap(),
+            [PutOutcome::Stale { held: 3 }]
+        );
+    }
+
+    #[test]
+    fn a_second_open_of_the_same_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = RocksStore::open(dir.path(), &options()).unwrap();
+        let err = RocksStore::open(dir.path(), &options()).unwrap_err();
+        assert!(matches!(err, StoreError::InUse { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "data dir {} is in use by another process",
+                dir.path().display()
+            )),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn another_schema_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RocksStore::open(dir.path(), &options()).unwrap();
+            put_raw(&store, "meta", b"schema_version", &2u32.to_be_bytes());
+        }
+        let err = RocksStore::open(dir.path(), &options()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::SchemaVersion {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .ends_with("was written by schema version 2, this build reads 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_foreign_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut opts = rocksdb::Options::default();
+            opts.create_if_missing(true);
+            let db = rocksdb::DB::open(&opts, dir.path()).unwrap();
+            db.put(b"hello", b"world").unwrap();
+        }
+        let err = RocksStore::open(dir.path(), &options()).unwrap_err();
+        assert!(matches!(err, StoreError::NotAStore { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn corrupt_values_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path(), &options()).unwrap();
+        let k = key(1, 1, 1, 1);
+        put_raw(&store, "hourly", &k.encode(), &[0, 1, 2]);
+        let err = store.scan_hourly(SeriesId(1), Hour(0)..Hour(2), &mut |_, _| true);
+        assert!(
+            matches!(
+                err,
+                Err(StoreError::BadValue {
+                    column: "hourly",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        // A write over the damaged row reports it rather than guessing the held version.
+        let err = store.put_hourly(&[(k, 9, sketch(9))]);
+        assert!(matches!(err, Err(StoreError::BadValue { .. })), "{err:?}");
+        // A key of the wrong length in the hourly column family.
+        put_raw(&store, "hourly", &[0, 0, 0, 2, 0, 0, 0, 1, 9], &[0; 30]);
+        let err = store.scan_hourly(SeriesId(2), Hour(0)..Hour(5), &mut |_, _| true);
+        assert!(matches!(err, Err(StoreError::BadKey { .. })), "{err:?}");
+        let err = store.delete_hourly_before(Hour(100));
+        assert!(matches!(err, Err(StoreError::BadKey { .. })), "{err:?}");
+        // Damaged dictionary entries.
+        put_raw(&store, "meta", b"series/id/\0\0\0\x07", &[1, 0, 0, 0, 200]);
+        let err = store.list_series().unwrap_err();
+        assert!(
+            matches!(err, StoreError::BadValue { column: "meta", .. }),
+            "{err:?}"
+        );
+        put_raw(&store, "meta", b"server/id/\0\0\0\x07", &[0xff; 4]);
+        let err = store.list_servers().unwrap_err();
+        assert!(matches!(err, StoreError::BadValue { .. }), "{err:?}");
+        put_raw(&store, "meta", b"server/name/x", &[1, 2]);
+        let err = store.server_id("x", &[], false).unwrap_err();
+        assert!(matches!(err, StoreError::BadValue { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn sync_can_be_turned_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(
+            dir.path(),
+            &StoreOptions {
+                sync_writes: false,
+                ..options()
+            },
+        )
+        .unwrap();
+        store
+            .put_hourly(&[(key(1, 1, 1, 1), 1, sketch(1))])
+            .unwrap();
+        assert_eq!(scan_all(&store, 1, 0..2).len(), 1);
+    }
+}
