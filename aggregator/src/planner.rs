@@ -1,0 +1,964 @@
+//! The query planner: which hourly rows and daily rollups answer a selection, and the one
+//! merge order that makes both give the same bytes.
+//!
+//! A query names a metric and kind, tag filters, an hour range, a server selection and a
+//! grouping. The planner resolves the series and servers, then for every series and every
+//! day of the range merges either that day's rollup (a whole day, rolled up, not dirty) or
+//! its hourly rows (the edges of the range, days not yet closed or touched by a late
+//! snapshot).
+//!
+//! **One merge tree.** Frequent-items summaries are not associative byte for byte (see
+//! `hourglass::sketch::frequent`), so an answer from rollups equals the answer from hourly
+//! rows only if both merge in the same order. [`merge_day`] is that order, and both the
+//! rollup builder and the hourly path use it: a day's rows merge in key order (hour,
+//! server, epoch) into the all-servers day sketch, and each server's rows in key order into
+//! its own day sketch; a subset of servers merges its servers' day sketches in server-id
+//! order; days merge in day order, series in id order.
+
+use crate::glob;
+use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
+use crate::store::{SeriesName, ServerEntry, Store, StoreError};
+use hourglass::Kind;
+use hourglass::sketch::Sketch;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use thiserror::Error;
+
+/// How to split an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupBy {
+    /// One answer.
+    None,
+    /// One answer per selected server.
+    Server,
+    /// One answer per hour.
+    Hour,
+    /// One answer per UTC day.
+    Day,
+    /// One answer per value of a tag.
+    Tag(String),
+}
+
+/// What to merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    /// The metric.
+    pub metric: String,
+    /// Which kind of the metric's sketches.
+    pub kind: Kind,
+    /// A series is selected if it has all of these tags.
+    pub tags: Vec<(String, String)>,
+    /// The hours, `[start, end)`.
+    pub hours: Range<Hour>,
+    /// Server names or globs; empty selects all.
+    pub servers: Vec<String>,
+    /// A server is selected only if it has all of these labels.
+    pub labels: Vec<(String, String)>,
+    /// How to split the answer.
+    pub group_by: GroupBy,
+}
+
+/// How much data an answer saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Hourly rows and rollups merged.
+    pub sketches_merged: u64,
+    /// Selected server-hours no push declared live.
+    pub server_hours_missing: u64,
+    /// Servers with missing hours and how many each, at most [`MAX_MISSING_LISTED`].
+    pub missing: Vec<(String, u64)>,
+}
+
+/// The most servers with missing hours an answer lists by name.
+pub const MAX_MISSING_LISTED: usize = 100;
+
+/// A merged sketch and what went into it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged {
+    /// The merge of every selected sketch; `None` if there was none.
+    pub sketch: Option<Sketch>,
+    /// What it saw.
+    pub coverage: Coverage,
+}
+
+/// The answer to a selection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Over the whole selection.
+    pub total: Merged,
+    /// Per group, in key order, when the selector groups.
+    pub groups: Vec<(String, Merged)>,
+    /// Which rows and rollups were read: for traces and tests.
+    pub plan: PlanStats,
+}
+
+/// What a query read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Hourly rows merged.
+    pub hourly_rows: u64,
+    /// Daily rollups merged.
+    pub rollups: u64,
+    /// Series selected.
+    pub series: u64,
+    /// Servers selected.
+    pub servers: u64,
+}
+
+/// Why a query cannot be answered.
+#[derive(Debug, Error)]
+pub enum QueryError {
+    /// No series of the metric exists.
+    #[error("unknown metric {metric:?}: no agent has pushed it")]
+    UnknownMetric {
+        /// The metric asked for.
+        metric: String,
+    },
+    /// The metric exists but keeps no sketches of the kind asked for.
+    #[error("metric {metric:?} keeps no {kind} sketches (it keeps: {kept})")]
+    WrongKind {
+        /// The metric.
+        metric: String,
+        /// The kind asked for.
+        kind: Kind,
+        /// The kinds it has.
+        kept: String,
+    },
+    /// The tag filters select no series.
+    #[error("no series of {metric:?} has the tags {tags}")]
+    NoSeries {
+        /// The metric.
+        metric: String,
+        /// The filters, as `k=v,...`.
+        tags: String,
+    },
+    /// The server selection matches no server.
+    #[error("no server matches the selection ({selection})")]
+    NoServers {
+        /// The selection, as given.
+        selection: String,
+    },
+    /// The range is empty.
+    #[error("empty hour range {start}..{end}")]
+    EmptyRange {
+        /// First hour.
+        start: u32,
+        /// End hour.
+        end: u32,
+    },
+    /// Two stored sketches cannot merge (an agent changed a metric's parameters).
+    #[error("cannot merge {series} at {key}: {source}")]
+    Incompatible {
+        /// The series.
+        series: String,
+        /// Where: the hour or day and server of the sketch that did not merge.
+        key: String,
+        /// Why.
+        source: hourglass::MergeError,
+    },
+    /// A stored sketch does not decode.
+    #[error("stored sketch of {series} at {key} is unreadable: {source}")]
+    Corrupt {
+        /// The series.
+        series: String,
+        /// Where.
+        key: String,
+        /// Why.
+        source: hourglass::DecodeError,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Merges `next` into `acc`, or makes it the accumulator.
+fn fold(acc: &mut Option<Sketch>, next: Sketch) -> Result<(), hourglass::MergeError> {
+    match acc {
+        Some(a) => a.merge(&next),
+        None => {
+            *acc = Some(next);
+            Ok(())
+        }
+    }
+}
+
+/// One day's sketches of one series, merged in the canonical order: all servers together,
+/// and each server alone.
+#[derive(Debug, Default)]
+pub struct DaySketches {
+    /// Every row of the day, in key order.
+    pub all: Option<Sketch>,
+    /// Each server's rows, in key order.
+    pub per_server: BTreeMap<ServerId, Sketch>,
+    /// Rows merged.
+    pub rows: u64,
+}
+
+/// Merges the hourly rows of `series` in `hours` (within one day) the way rollups are
+/// built: the single definition of the merge order (module docs).
+pub fn merge_day(
+    store: &dyn Store,
+    series: &SeriesName,
+    series_id: SeriesId,
+    hours: Range<Hour>,
+    keep: &dyn Fn(ServerId) -> bool,
+) -> Result<DaySketches, QueryError> {
+    let mut day = DaySketches::default();
+    let mut failure = None;
+    store.scan_hourly(series_id, hours, &mut |key: HourKey, stored| {
+        if !keep(key.server) {
+            return true;
+        }
+        let where_ = || {
+            format!(
+                "hour {} server {} epoch {}",
+                key.hour, key.server, key.epoch.0
+            )
+        };
+        let sketch = match Sketch::decode(&stored.sketch) {
+            Ok(s) => s,
+            Err(source) => {
+                failure = Some(QueryError::Corrupt {
+                    series: series.to_string(),
+                    key: where_(),
+                    source,
+                });
+                return false;
+            }
+        };
+        let merged = match day.per_server.get_mut(&key.server) {
+            Some(s) => s.merge(&sketch),
+            None => {
+                day.per_server.insert(key.server, sketch.clone());
+                Ok(())
+            }
+        }
+        .and_then(|()| fold(&mut day.all, sketch));
+        if let Err(source) = merged {
+            failure = Some(QueryError::Incompatible {
+                series: series.to_string(),
+                key: where_(),
+                source,
+            });
+            return false;
+        }
+        day.rows += 1;
+        true
+    })?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(day),
+    }
+}
+
+/// Answers selections from a store.
+pub struct Planner<'a> {
+    store: &'a dyn Store,
+}
+
+/// A resolved piece of work: which series, servers and hours merge into one answer.
+struct Unit<'s> {
+    series: Vec<&'s (SeriesId, SeriesName)>,
+    servers: Vec<&'s ServerEntry>,
+    hours: Range<Hour>,
+}
+
+impl<'a> Planner<'a> {
+    /// A planner over `store`.
+    pub fn new(store: &'a dyn Store) -> Planner<'a> {
+        Planner { store }
+    }
+
+    /// Answers a selection.
+    pub fn answer(&self, sel: &Selector) -> Result<Answer, QueryError> {
+        if sel.hours.start >= sel.hours.end {
+            return Err(QueryError::EmptyRange {
+                start: sel.hours.start.0,
+                end: sel.hours.end.0,
+            });
+        }
+        let all_series = self.store.list_series()?;
+        let series = select_series(&all_series, sel)?;
+        let all_servers = self.store.list_servers()?;
+        let servers = select_servers(&all_servers, sel)?;
+        let every_server = sel.servers.is_empty() && sel.labels.is_empty();
+        let mut plan = PlanStats {
+            series: series.len() as u64,
+            servers: servers.len() as u64,
+            ..PlanStats::default()
+        };
+
+        let whole = Unit {
+            series: series.clone(),
+            servers: servers.clone(),
+            hours: sel.hours.clone(),
+        };
+        let groups: Vec<(String, Unit)> = match &sel.group_by {
+            GroupBy::None => Vec::new(),
+            GroupBy::Server => servers
+                .iter()
+                .map(|s| {
+                    let unit = Unit {
+                        series: series.clone(),
+                        servers: vec![*s],
+                        hours: sel.hours.clone(),
+                    };
+                    (s.name.clone(), unit)
+                })
+                .collect(),
+            GroupBy::Hour => (sel.hours.start.0..sel.hours.end.0)
+                .map(|h| {
+                    let unit = Unit {
+                        series: series.clone(),
+                        servers: servers.clone(),
+                        hours: Hour(h)..Hour(h + 1),
+                    };
+                    (hourglass::time::format_hour(h), unit)
+                })
+                .collect(),
+            GroupBy::Day => days_of(&sel.hours)
+                .map(|(day, hours)| {
+                    let unit = Unit {
+                        series: series.clone(),
+                        servers: servers.clone(),
+                        hours,
+                    };
+                    (hourglass::time::format_day(day.0), unit)
+                })
+                .collect(),
+            GroupBy::Tag(key) => {
+                let mut by_value: BTreeMap<String, Vec<&(SeriesId, SeriesName)>> = BTreeMap::new();
+                for s in &series {
+                    let value =
+                        s.1.tags
+                            .iter()
+                            .find(|(k, _)| k == key)
+                            .map_or_else(|| format!("(no {key})"), |(_, v)| v.clone());
+                    by_value.entry(value).or_default().push(*s);
+                }
+                by_value
+                    .into_iter()
+                    .map(|(value, series)| {
+                        let unit = Unit {
+                            series,
+                            servers: servers.clone(),
+                            hours: sel.hours.clone(),
+                        };
+                        (value, unit)
+                    })
+                    .collect()
+            }
+        };
+
+        // With groups, the total is their merge (no row is read twice); its coverage is
+        // computed over the whole selection.
+        let (total, groups) = if groups.is_empty() {
+            (
+                self.merge_unit(&whole, every_server, &mut plan)?,
+                Vec::new(),
+            )
+        } else {
+            let mut merged_groups = Vec::with_capacity(groups.len());
+            let mut total = None;
+            let mut sketches_merged = 0;
+            for (key, unit) in &groups {
+                let every = every_server && !matches!(sel.group_by, GroupBy::Server);
+                let merged = self.merge_unit(unit, every, &mut plan)?;
+                sketches_merged += merged.coverage.sketches_merged;
+                if let Some(s) = &merged.sketch {
+                    fold(&mut total, s.clone()).map_err(|source| QueryError::Incompatible {
+                        series: sel.metric.clone(),
+                        key: format!("group {key}"),
+                        source,
+                    })?;
+                }
+                merged_groups.push((key.clone(), merged));
+            }
+            let mut coverage = self.coverage_of(&whole)?;
+            coverage.sketches_merged = sketches_merged;
+            (
+                Merged {
+                    sketch: total,
+                    coverage,
+                },
+                merged_groups,
+            )
+        };
+        Ok(Answer {
+            total,
+            groups,
+            plan,
+        })
+    }
+
+    /// Merges one unit in the canonical order (module docs).
+    fn merge_unit(
+        &self,
+        unit: &Unit,
+        every_server: bool,
+        plan: &mut PlanStats,
+    ) -> Result<Merged, QueryError> {
+        let selected: std::collections::BTreeSet<ServerId> =
+            unit.servers.iter().map(|s| s.id).collect();
+        let keep = |id: ServerId| selected.contains(&id);
+        let mut acc: Option<Sketch> = None;
+        let mut sketches_merged = 0;
+        for (series_id, name) in unit.series.iter().map(|s| (s.0, &s.1)) {
+            for (day, hours) in days_of(&unit.hours) {
+                let whole_day = hours == day.hours();
+                let day_sketch = match whole_day {
+                    true => self.rollup_day(name, series_id, day, every_server, &unit.servers)?,
+                    false => None,
+                };
+                let day_sketch = match day_sketch {
+                    Some((sketch, count)) => {
+                        plan.rollups += count;
+                        sketches_merged += count;
+                        sketch
+                    }
+                    None => {
+                        let day_rows = merge_day(self.store, name, series_id, hours, &keep)?;
+                        plan.hourly_rows += day_rows.rows;
+                        sketches_merged += day_rows.rows;
+                        if every_server {
+                            day_rows.all
+                        } else {
+                            merge_servers(day_rows.per_server.into_values(), name, day)?
+                        }
+                    }
+                };
+                if let Some(s) = day_sketch {
+                    fold(&mut acc, s).map_err(|source| QueryError::Incompatible {
+                        series: name.to_string(),
+                        key: format!("day {day}"),
+                        source,
+                    })?;
+                }
+            }
+        }
+        let mut coverage = self.coverage_of(unit)?;
+        coverage.sketches_merged = sketches_merged;
+        Ok(Merged {
+            sketch: acc,
+            coverage,
+        })
+    }
+
+    /// A day's answer from rollups, with how many were merged, if the day is rolled up and
+    /// clean; `None` sends the caller to the hourly rows.
+    fn rollup_day(
+        &self,
+        name: &SeriesName,
+        series: SeriesId,
+        day: Day,
+        every_server: bool,
+        servers: &[&ServerEntry],
+    ) -> Result<Option<(Option<Sketch>, u64)>, QueryError> {
+        if self.store.is_day_dirty(series, day)? {
+            return Ok(None);
+        }
+        // The all-servers rollup is written last and always, so it marks a built day; a
+        // server with no rollup that day had no rows.
+        let Some(all) = self.store.get_rollup(DayKey {
+            series,
+            day,
+            server: ServerId::ALL,
+        })?
+        else {
+            return Ok(None);
+        };
+        let decode = |bytes: &[u8], server: ServerId| {
+            Sketch::decode(bytes).map_err(|source| QueryError::Corrupt {
+                series: name.to_string(),
+                key: format!("rollup day {day} server {server}"),
+                source,
+            })
+        };
+        if every_server {
+            return Ok(Some((Some(decode(&all, ServerId::ALL)?), 1)));
+        }
+        let mut parts = Vec::new();
+        for server in servers {
+            if let Some(bytes) = self.store.get_rollup(DayKey {
+                series,
+                day,
+                server: server.id,
+            })? {
+                parts.push(decode(&bytes, server.id)?);
+            }
+        }
+        let count = parts.len() as u64;
+        Ok(Some((merge_servers(parts.into_iter(), name, day)?, count)))
+    }
+
+    /// Missing server-hours of a unit.
+    fn coverage_of(&self, unit: &Unit) -> Result<Coverage, QueryError> {
+        let span = u64::from(unit.hours.end.0 - unit.hours.start.0);
+        let mut coverage = Coverage::default();
+        for server in &unit.servers {
+            let live = self.store.live_hours(server.id, unit.hours.clone())?;
+            let missing = span.saturating_sub(live);
+            if missing > 0 {
+                coverage.server_hours_missing += missing;
+                if coverage.missing.len() < MAX_MISSING_LISTED {
+                    coverage.missing.push((server.name.clone(), missing));
+                }
+            }
+        }
+        Ok(coverage)
+    }
+}
+
+/// Merges per-server day sketches, given in server-id order.
+fn merge_servers(
+    parts: impl Iterator<Item = Sketch>,
+    name: &SeriesName,
+    day: Day,
+) -> Result<Option<Sketch>, QueryError> {
+    let mut acc = None;
+    for part in parts {
+        fold(&mut acc, part).map_err(|source| QueryError::Incompatible {
+            series: name.to_string(),
+            key: format!("day {day}"),
+            source,
+        })?;
+    }
+    Ok(acc)
+}
+
+/// The days a range of hours touches, each with the hours of it inside the range.
+pub fn days_of(hours: &Range<Hour>) -> impl Iterator<Item = (Day, Range<Hour>)> + use<> {
+    let (start, end) = (hours.start, hours.end);
+    let first = start.day().0;
+    let last = if end.0 == 0 {
+        0
+    } else {
+        Hour(end.0 - 1).day().0
+    };
+    (first..=last).filter(move |_| start < end).map(move |d| {
+        let day = Day(d);
+        let span = day.hours();
+        (day, span.start.max(start)..span.end.min(end))
+    })
+}
+
+fn select_series<'s>(
+    all: &'s [(SeriesId, SeriesName)],
+    sel: &Selector,
+) -> Result<Vec<&'s (SeriesId, SeriesName)>, QueryError> {
+    let of_metric: Vec<_> = all.iter().filter(|(_, n)| n.metric == sel.metric).collect();
+    if of_metric.is_empty() {
+        return Err(QueryError::UnknownMetric {
+            metric: sel.metric.clone(),
+        });
+    }
+    let of_kind: Vec<_> = of_metric
+        .iter()
+        .copied()
+        .filter(|(_, n)| n.kind == sel.kind)
+        .collect();
+    if of_kind.is_empty() {
+        let mut kinds: Vec<Kind> = of_metric.iter().map(|(_, n)| n.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        return Err(QueryError::WrongKind {
+            metric: sel.metric.clone(),
+            kind: sel.kind,
+            kept: kinds
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let selected: Vec<_> = of_kind
+        .into_iter()
+        .filter(|(_, n)| {
+            sel.tags
+                .iter()
+                .all(|(k, v)| n.tags.iter().any(|(nk, nv)| nk == k && nv == v))
+        })
+        .collect();
+    if selected.is_empty() {
+        return Err(QueryError::NoSeries {
+            metric: sel.metric.clone(),
+            tags: pairs(&sel.tags),
+        });
+    }
+    Ok(selected)
+}
+
+fn select_servers<'s>(
+    all: &'s [ServerEntry],
+    sel: &Selector,
+) -> Result<Vec<&'s ServerEntry>, QueryError> {
+    let selected: Vec<_> = all
+        .iter()
+        .filter(|s| sel.servers.is_empty() || sel.servers.iter().any(|p| glob::matches(p, &s.name)))
+        .filter(|s| {
+            sel.labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+        })
+        .collect();
+    if selected.is_empty() {
+        let mut parts: Vec<String> = sel.servers.iter().map(|s| format!("server {s}")).collect();
+        parts.extend(sel.labels.iter().map(|(k, v)| format!("label {k}={v}")));
+        if parts.is_empty() {
+            parts.push("no server has pushed yet".to_string());
+        }
+        return Err(QueryError::NoServers {
+            selection: parts.join(", "),
+        });
+    }
+    Ok(selected)
+}
+
+fn pairs(tags: &[(String, String)]) -> String {
+    tags.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Epoch;
+    use crate::rollup::build_dirty_days;
+    use crate::store::MemoryStore;
+    use hourglass::sketch::bloom::Bloom;
+    use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+    use hourglass::sketch::hll::Hll;
+
+    /// Two days of one metric on four servers (two in eu, two in us), two tag values, every
+    /// kind; server `us-2` was down on day 1. Items: user `u` visits on hour `h` from server
+    /// `s` if `(u + h + s) % 3 == 0`, so the exact union is known.
+    struct Fleet {
+        store: MemoryStore,
+    }
+
+    const SERVERS: [(&str, &str); 4] = [
+        ("eu-1", "eu"),
+        ("eu-2", "eu"),
+        ("us-1", "us"),
+        ("us-2", "us"),
+    ];
+
+    fn items(hour: u32, server: u32, device: &str) -> Vec<Vec<u8>> {
+        (0..200u32)
+            .filter(|u| (u + hour + server) % 3 == 0)
+            .map(|u| format!("{device}-user{u}").into_bytes())
+            .collect()
+    }
+
+    fn sketch_of(kind: Kind, items: &[Vec<u8>]) -> Sketch {
+        let mut s = match kind {
+            Kind::Distinct => Sketch::Distinct(Hll::new(12).unwrap()),
+            Kind::Frequency => Sketch::Frequency(
+                Frequency::new(FrequencyParams::from_error(0.05, 0.05).unwrap()).unwrap(),
+            ),
+            Kind::Membership => Sketch::Membership(Bloom::new(10_000, 0.01).unwrap()),
+        };
+        for item in items {
+            s.insert(item).unwrap();
+        }
+        s
+    }
+
+    impl Fleet {
+        fn new() -> Fleet {
+            let store = MemoryStore::new();
+            let mut batch = Vec::new();
+            for (i, (name, region)) in SERVERS.iter().enumerate() {
+                let labels = vec![("region".to_string(), region.to_string())];
+                let server = store.server_id(name, &labels, true).unwrap().unwrap();
+                let down_on_day_1 = *name == "us-2";
+                let live: Vec<Hour> = (0..48)
+                    .filter(|h| !(down_on_day_1 && *h >= 24))
+                    .map(Hour)
+                    .collect();
+                store.mark_live(server, &live).unwrap();
+                for kind in Kind::ALL {
+                    for device in ["mobile", "desktop"] {
+                        let name = SeriesName::new(
+                            "visitors",
+                            vec![("device".into(), device.into())],
+                            kind,
+                        );
+                        let series = store.series_id(&name, true).unwrap().unwrap();
+                        for hour in &live {
+                            let sketch = sketch_of(kind, &items(hour.0, i as u32, device));
+                            let key = HourKey {
+                                series,
+                                hour: *hour,
+                                server,
+                                epoch: Epoch(1),
+                            };
+                            batch.push((key, 1, sketch.encode()));
+                        }
+                    }
+                }
+            }
+            store.put_hourly(&batch).unwrap();
+            Fleet { store }
+        }
+
+        fn answer(&self, sel: &Selector) -> Answer {
+            Planner::new(&self.store).answer(sel).unwrap()
+        }
+    }
+
+    fn select(kind: Kind) -> Selector {
+        Selector {
+            metric: "visitors".into(),
+            kind,
+            tags: Vec::new(),
+            hours: Hour(0)..Hour(48),
+            servers: Vec::new(),
+            labels: Vec::new(),
+            group_by: GroupBy::None,
+        }
+    }
+
+    fn distinct(answer: &Merged) -> f64 {
+        match &answer.sketch {
+            Some(Sketch::Distinct(h)) => h.estimate().estimate,
+            other => panic!("expected a distinct sketch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rollups_answer_byte_for_byte_like_hourly_rows() {
+        let fleet = Fleet::new();
+        let selections = [
+            select(Kind::Distinct),
+            select(Kind::Frequency),
+            select(Kind::Membership),
+            Selector {
+                labels: vec![("region".into(), "eu".into())],
+                ..select(Kind::Frequency)
+            },
+            Selector {
+                servers: vec!["*-2".into()],
+                ..select(Kind::Distinct)
+            },
+            Selector {
+                hours: Hour(5)..Hour(48),
+                ..select(Kind::Frequency)
+            },
+            Selector {
+                group_by: GroupBy::Server,
+                ..select(Kind::Frequency)
+            },
+            Selector {
+                group_by: GroupBy::Tag("device".into()),
+                ..select(Kind::Distinct)
+            },
+        ];
+        let before: Vec<Answer> = selections.iter().map(|s| fleet.answer(s)).collect();
+        assert!(
+            before
+                .iter()
+                .all(|a| a.plan.rollups == 0 && a.plan.hourly_rows > 0)
+        );
+
+        let report = build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        assert_eq!(report.days, 2 * 2 * 3, "2 days × 2 series × 3 kinds");
+        assert_eq!(report.raced, 0);
+
+        for (sel, hourly) in selections.iter().zip(&before) {
+            let rolled = fleet.answer(sel);
+            assert!(rolled.plan.rollups > 0, "{sel:?} read no rollup");
+            assert!(rolled.plan.hourly_rows < hourly.plan.hourly_rows, "{sel:?}");
+            let bytes = |a: &Answer| a.total.sketch.as_ref().map(Sketch::encode);
+            assert_eq!(
+                bytes(&rolled),
+                bytes(hourly),
+                "{sel:?}: rollups differ from hours"
+            );
+            assert_eq!(rolled.groups.len(), hourly.groups.len());
+            for ((k1, g1), (k2, g2)) in rolled.groups.iter().zip(&hourly.groups) {
+                assert_eq!(k1, k2);
+                assert_eq!(
+                    g1.sketch.as_ref().map(Sketch::encode),
+                    g2.sketch.as_ref().map(Sketch::encode)
+                );
+            }
+            assert_eq!(
+                rolled.total.coverage.server_hours_missing,
+                hourly.total.coverage.server_hours_missing
+            );
+        }
+        // A whole week of rollups reads one rollup per series and day for all servers.
+        let all = fleet.answer(&select(Kind::Distinct));
+        assert_eq!((all.plan.rollups, all.plan.hourly_rows), (4, 0));
+    }
+
+    #[test]
+    fn a_late_snapshot_is_never_hidden_behind_a_rollup() {
+        let fleet = Fleet::new();
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let sel = Selector {
+            tags: vec![("device".into(), "mobile".into())],
+            ..select(Kind::Distinct)
+        };
+        let before = distinct(&fleet.answer(&sel).total);
+        // A new epoch of eu-1 brings 500 new users to hour 3.
+        let series = fleet
+            .store
+            .series_id(
+                &SeriesName::new(
+                    "visitors",
+                    vec![("device".into(), "mobile".into())],
+                    Kind::Distinct,
+                ),
+                false,
+            )
+            .unwrap()
+            .unwrap();
+        let server = fleet.store.server_id("eu-1", &[], false).unwrap().unwrap();
+        let late: Vec<Vec<u8>> = (0..500).map(|i| format!("late{i}").into_bytes()).collect();
+        let key = HourKey {
+            series,
+            hour: Hour(3),
+            server,
+            epoch: Epoch(2),
+        };
+        fleet
+            .store
+            .put_hourly(&[(key, 1, sketch_of(Kind::Distinct, &late).encode())])
+            .unwrap();
+        let dirty = fleet.answer(&sel);
+        assert!(
+            dirty.plan.hourly_rows > 0,
+            "the dirty day must be read from hours"
+        );
+        let after = distinct(&dirty.total);
+        assert!(
+            (after - before - 500.0).abs() < 500.0 * 0.1,
+            "{before} → {after}"
+        );
+        // Rebuilt, the rollup carries the late snapshot too.
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let rebuilt = fleet.answer(&sel);
+        assert_eq!(rebuilt.plan.hourly_rows, 0);
+        assert_eq!(distinct(&rebuilt.total), after);
+    }
+
+    #[test]
+    fn selection_grouping_and_coverage() {
+        let fleet = Fleet::new();
+        // The exact number of distinct users: every user appears in some hour on some server.
+        let total = fleet.answer(&select(Kind::Distinct));
+        assert!((distinct(&total.total) - 400.0).abs() < 400.0 * 0.05);
+        assert_eq!(total.total.coverage.server_hours_missing, 24);
+        assert_eq!(total.total.coverage.missing, [("us-2".to_string(), 24)]);
+        assert_eq!(total.total.coverage.sketches_merged, 2 * (3 * 48 + 24));
+
+        let by_server = fleet.answer(&Selector {
+            group_by: GroupBy::Server,
+            ..select(Kind::Distinct)
+        });
+        let keys: Vec<&str> = by_server.groups.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["eu-1", "eu-2", "us-1", "us-2"]);
+        assert_eq!(by_server.groups[3].1.coverage.server_hours_missing, 24);
+        assert_eq!(by_server.groups[0].1.coverage.server_hours_missing, 0);
+        assert_eq!(by_server.total.coverage.server_hours_missing, 24);
+
+        let by_day = fleet.answer(&Selector {
+            group_by: GroupBy::Day,
+            ..select(Kind::Distinct)
+        });
+        let keys: Vec<&str> = by_day.groups.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["1970-01-01", "1970-01-02"]);
+
+        let by_hour = fleet.answer(&Selector {
+            group_by: GroupBy::Hour,
+            hours: Hour(22)..Hour(26),
+            ..select(Kind::Distinct)
+        });
+        assert_eq!(by_hour.groups.len(), 4);
+        assert_eq!(by_hour.groups[0].0, "1970-01-01T22:00Z");
+
+        let by_tag = fleet.answer(&Selector {
+            group_by: GroupBy::Tag("device".into()),
+            ..select(Kind::Distinct)
+        });
+        let keys: Vec<&str> = by_tag.groups.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["desktop", "mobile"]);
+        assert!((distinct(&by_tag.groups[0].1) - 200.0).abs() < 10.0);
+
+        let eu = fleet.answer(&Selector {
+            labels: vec![("region".into(), "eu".into())],
+            ..select(Kind::Distinct)
+        });
+        assert_eq!(eu.plan.servers, 2);
+        assert_eq!(eu.total.coverage.server_hours_missing, 0);
+        let mobile = fleet.answer(&Selector {
+            tags: vec![("device".into(), "mobile".into())],
+            ..select(Kind::Distinct)
+        });
+        assert_eq!(mobile.plan.series, 1);
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let fleet = Fleet::new();
+        let planner = Planner::new(&fleet.store);
+        let err = |sel: Selector| planner.answer(&sel).unwrap_err().to_string();
+        assert!(
+            err(Selector {
+                metric: "nope".into(),
+                ..select(Kind::Distinct)
+            })
+            .contains("unknown metric \"nope\"")
+        );
+        assert!(
+            err(Selector {
+                tags: vec![("device".into(), "tv".into())],
+                ..select(Kind::Distinct)
+            })
+            .contains("device=tv")
+        );
+        assert!(
+            err(Selector {
+                servers: vec!["db-*".into()],
+                ..select(Kind::Distinct)
+            })
+            .contains("server db-*")
+        );
+        assert!(
+            err(Selector {
+                hours: Hour(5)..Hour(5),
+                ..select(Kind::Distinct)
+            })
+            .contains("empty hour range")
+        );
+        let store = MemoryStore::new();
+        let name = SeriesName::new("hits", vec![], Kind::Frequency);
+        store.series_id(&name, true).unwrap();
+        store.server_id("a", &[], true).unwrap();
+        let message = Planner::new(&store)
+            .answer(&Selector {
+                metric: "hits".into(),
+                ..select(Kind::Distinct)
+            })
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "metric \"hits\" keeps no distinct sketches (it keeps: frequency)"
+        );
+    }
+
+    #[test]
+    fn days_split_ranges_at_midnight() {
+        let days: Vec<(u32, u32, u32)> = days_of(&(Hour(22)..Hour(50)))
+            .map(|(d, h)| (d.0, h.start.0, h.end.0))
+            .collect();
+        assert_eq!(days, [(0, 22, 24), (1, 24, 48), (2, 48, 50)]);
+        assert_eq!(days_of(&(Hour(24)..Hour(48))).count(), 1);
+        assert_eq!(days_of(&(Hour(5)..Hour(5))).count(), 0);
+    }
+}
