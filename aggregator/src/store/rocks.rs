@@ -42,8 +42,9 @@ use rocksdb::properties::{
     TOTAL_SST_FILES_SIZE,
 };
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType,
-    DBRawIterator, ErrorKind, Options, ReadOptions, SliceTransform, WriteBatch, WriteOptions,
+    BlockBasedOptions, BottommostLevelCompaction, Cache, ColumnFamily, ColumnFamilyDescriptor,
+    CompactOptions, DB, DBCompressionType, DBRawIterator, ErrorKind, Options, ReadOptions,
+    SliceTransform, WriteBatch, WriteOptions,
 };
 
 use super::memory::next_id;
@@ -255,9 +256,13 @@ impl RocksStore {
     /// than when compaction gets there on its own. Expensive; for tests, measurements and
     /// operators reclaiming space after a large retention change.
     pub fn compact(&self) -> Result<(), StoreError> {
+        let mut compact = CompactOptions::default();
+        // Rewrite the bottommost level too: a plain compaction of a small database would
+        // just move files down, keeping their old compression and range tombstones.
+        compact.set_bottommost_level_compaction(BottommostLevelCompaction::ForceOptimized);
         for name in COLUMN_FAMILIES {
             self.db
-                .compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+                .compact_range_cf_opt(self.cf(name), None::<&[u8]>, None::<&[u8]>, &compact);
         }
         Ok(())
     }

@@ -863,3 +863,88 @@ mod rocks {
         assert_eq!(scan_all(&store, 1, 0..2).len(), 1);
     }
 }
+
+/// How well each kind's encoding compresses in RocksDB: the measurement behind the
+/// compression choice in docs/STORAGE.md. Not a check, so ignored by default; run with
+/// `cargo test -p hourglass-aggregator --release -- --ignored --nocapture measure_compression`.
+#[test]
+#[ignore]
+fn measure_compression() {
+    use hourglass::sketch::bloom::Bloom;
+    use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+
+    const ROWS: u32 = 40;
+    let item = |row: u32, i: u64| format!("user-{row}-{i}").into_bytes();
+    type MakeSketch = Box<dyn Fn(u32) -> Vec<u8>>;
+    let kinds: [(&str, MakeSketch); 4] = [
+        (
+            "distinct, sparse (p14, 500 items)",
+            Box::new(move |row| {
+                let mut s = Hll::new(14).unwrap();
+                (0..500).for_each(|i| s.insert(&item(row, i)));
+                s.encode()
+            }),
+        ),
+        (
+            "distinct, dense (p14, 40k items)",
+            Box::new(move |row| {
+                let mut s = Hll::new(14).unwrap();
+                (0..40_000).for_each(|i| s.insert(&item(row, i)));
+                s.encode()
+            }),
+        ),
+        (
+            "frequency (eps 0.001, delta 0.01, 20k events)",
+            Box::new(move |row| {
+                let params = FrequencyParams::from_error(0.001, 0.01).unwrap();
+                let mut s = Frequency::new(params).unwrap();
+                // Skewed: item i*i mod 5000, so a few items are frequent.
+                (0..20_000u64).for_each(|i| s.insert(&item(row, i * i % 5000)).unwrap());
+                s.encode()
+            }),
+        ),
+        (
+            "membership (100k capacity, 1% fpr, 20k items)",
+            Box::new(move |row| {
+                let mut s = Bloom::new(100_000, 0.01).unwrap();
+                (0..20_000).for_each(|i| s.insert(&item(row, i)));
+                s.encode()
+            }),
+        ),
+    ];
+    println!("| kind | value bytes | none | LZ4 | ZSTD |");
+    println!("|---|---|---|---|---|");
+    for (name, make) in &kinds {
+        let batch: Vec<_> = (0..ROWS)
+            .map(|row| (key(1, 1, row + 1, 0), 1, make(row)))
+            .collect();
+        let raw: usize = batch.iter().map(|(_, _, s)| s.len() + 8).sum();
+        let sst_bytes = |compression: bool, compact: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let options = StoreOptions {
+                compression,
+                sync_writes: false,
+                ..StoreOptions::default()
+            };
+            let store = RocksStore::open(dir.path(), &options).unwrap();
+            store.put_hourly(&batch).unwrap();
+            store.flush().unwrap();
+            if compact {
+                // Everything moves to the bottommost level, which is ZSTD-compressed.
+                store.compact().unwrap();
+            }
+            store.stats().unwrap().column_families[0].sst_bytes
+        };
+        let none = sst_bytes(false, false);
+        let lz4 = sst_bytes(true, false);
+        let zstd = sst_bytes(true, true);
+        let pct = |n: u64| format!("{n} ({:.0}%)", 100.0 * n as f64 / raw as f64);
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            raw / ROWS as usize,
+            pct(none),
+            pct(lz4),
+            pct(zstd)
+        );
+    }
+}
