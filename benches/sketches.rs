@@ -1,1 +1,302 @@
-fn main() {}
+//! Criterion benchmarks of the sketches, with Apache DataSketches (the `datasketches`
+//! crate) measured in the same groups as the peer.
+//!
+//! Run with `cargo bench --bench sketches`; results and verdicts are recorded in
+//! docs/BENCHMARKS.md. Each group holds our figure (`hourglass`), the peer's
+//! (`datasketches`) and, where it applies, a floor (`xxh3_floor`: hashing the same items
+//! with xxh3 and nothing else), so one run prints all of them side by side.
+//!
+//! Items are generated up front from a fixed seed, outside every timed loop; inserts and
+//! queries are timed per batch and reported per item through `Throughput::Elements`,
+//! merges through `Throughput::Bytes` or `Throughput::Elements`.
+
+use criterion::{BatchSize, Criterion, Throughput};
+use datasketches::bloom::BloomFilterBuilder;
+use datasketches::countmin::CountMinSketch;
+use datasketches::frequencies::FrequentItemsSketch;
+use datasketches::hash::value::raw_bytes;
+use hourglass::sketch::bloom::Bloom;
+use hourglass::sketch::countmin::CountMin;
+use hourglass::sketch::frequent::FrequentItems;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use std::hint::black_box;
+use std::time::Duration;
+
+/// Items per timed batch of inserts or queries.
+const BATCH: usize = 4096;
+
+/// Fixed seed of every generated item set, so every run times the same items.
+const SEED: u64 = 0x5eed_0fb3_4c4e;
+
+/// `n` distinct items of `len` bytes (at least 8) in one flat buffer, to be read with
+/// `chunks_exact(len)`: the first 8 bytes are `offset + i`, little-endian, which makes
+/// them distinct; the rest is random.
+fn distinct_items(n: usize, len: usize, offset: u64) -> Vec<u8> {
+    assert!(len >= 8);
+    let mut rng = StdRng::seed_from_u64(SEED ^ offset ^ (len as u64) << 32);
+    let mut out = vec![0u8; n * len];
+    for (i, item) in out.chunks_exact_mut(len).enumerate() {
+        item[..8].copy_from_slice(&(offset + i as u64).to_le_bytes());
+        rng.fill_bytes(&mut item[8..]);
+    }
+    out
+}
+
+/// A Zipf(s = 1) stream of `n` 16-byte items over a universe of `universe` ranks, by
+/// inverse transform on the cumulative weights: rank `r` (1-based) has probability
+/// `(1/r) / H(universe)`. Item bytes are the rank, little-endian, then 8 fixed bytes.
+fn zipf_stream(n: usize, universe: usize, seed: u64) -> Vec<u8> {
+    let mut cumulative = Vec::with_capacity(universe);
+    let mut sum = 0.0f64;
+    for rank in 1..=universe {
+        sum += 1.0 / rank as f64;
+        cumulative.push(sum);
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(n * 16);
+    for _ in 0..n {
+        let u: f64 = rng.random::<f64>() * sum;
+        let rank = cumulative.partition_point(|&c| c < u) as u64 + 1;
+        out.extend_from_slice(&rank.to_le_bytes());
+        out.extend_from_slice(b"zipf-key");
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Count-Min
+// ---------------------------------------------------------------------------------------
+
+/// Count-Min at ε = 0.001, δ = 0.01: 2719 × 5 `u64` counters (106 KiB) for both.
+fn countmin(c: &mut Criterion) {
+    let items = distinct_items(BATCH, 16, 0);
+    let ours_empty = CountMin::with_error(0.001, 0.01).unwrap();
+    assert_eq!((ours_empty.width(), ours_empty.depth()), (2719, 5));
+    let (width, depth) = (ours_empty.width(), ours_empty.depth() as u8);
+
+    let mut group = c.benchmark_group("countmin_update_16B");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    let mut ours = ours_empty.clone();
+    group.bench_function("hourglass", |b| {
+        b.iter(|| {
+            for item in black_box(&items).chunks_exact(16) {
+                ours.insert(item);
+            }
+        })
+    });
+    let mut peer = CountMinSketch::<u64>::new(depth, width).unwrap();
+    group.bench_function("datasketches", |b| {
+        b.iter(|| {
+            for item in black_box(&items).chunks_exact(16) {
+                peer.update(raw_bytes::from_slice(item));
+            }
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("countmin_query_16B");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function("hourglass", |b| {
+        b.iter(|| {
+            let mut sum = 0u64;
+            for item in black_box(&items).chunks_exact(16) {
+                sum = sum.wrapping_add(ours.estimate(item));
+            }
+            black_box(sum)
+        })
+    });
+    group.bench_function("datasketches", |b| {
+        b.iter(|| {
+            let mut sum = 0u64;
+            for item in black_box(&items).chunks_exact(16) {
+                sum = sum.wrapping_add(peer.estimate(raw_bytes::from_slice(item)));
+            }
+            black_box(sum)
+        })
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------
+// Frequent items
+// ---------------------------------------------------------------------------------------
+
+/// Our capacity: error at most N/(k + 1) ≈ 0.001·N.
+const FREQUENT_CAPACITY: u32 = 1000;
+/// The peer's map size with the nearest guarantee: ε = 3.5/4096 ≈ 0.00085.
+const PEER_MAP_SIZE: usize = 4096;
+/// Length of the precomputed Zipf stream, in items.
+const ZIPF_LEN: usize = 1 << 18;
+
+fn frequent(c: &mut Criterion) {
+    let stream = zipf_stream(ZIPF_LEN, 1_000_000, SEED);
+    let batches: Vec<&[u8]> = stream.chunks(BATCH * 16).collect();
+
+    let mut group = c.benchmark_group("frequent_update_zipf");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    let mut ours = FrequentItems::new(FREQUENT_CAPACITY).unwrap();
+    let mut next = 0;
+    group.bench_function("hourglass", |b| {
+        b.iter(|| {
+            for item in batches[next % batches.len()].chunks_exact(16) {
+                ours.try_insert(item).unwrap();
+            }
+            next += 1;
+        })
+    });
+    let mut peer = FrequentItemsSketch::<Vec<u8>>::new(PEER_MAP_SIZE).unwrap();
+    let mut next = 0;
+    group.bench_function("datasketches", |b| {
+        b.iter(|| {
+            for item in batches[next % batches.len()].chunks_exact(16) {
+                peer.update_ref(item);
+            }
+            next += 1;
+        })
+    });
+    group.finish();
+
+    // Two full summaries, of the two halves of the stream.
+    let (left, right) = stream.split_at(stream.len() / 2);
+    let summary = |part: &[u8]| {
+        let mut s = FrequentItems::new(FREQUENT_CAPACITY).unwrap();
+        for item in part.chunks_exact(16) {
+            s.try_insert(item).unwrap();
+        }
+        s.compact();
+        s
+    };
+    let peer_summary = |part: &[u8]| {
+        let mut s = FrequentItemsSketch::<Vec<u8>>::new(PEER_MAP_SIZE).unwrap();
+        for item in part.chunks_exact(16) {
+            s.update_ref(item);
+        }
+        s
+    };
+    let (a, b_) = (summary(left), summary(right));
+    let (pa, pb) = (peer_summary(left), peer_summary(right));
+
+    let mut group = c.benchmark_group("frequent_merge_full");
+    // Per counter of the summary merged in.
+    group.throughput(Throughput::Elements(b_.tracked() as u64));
+    group.bench_function("hourglass", |b| {
+        b.iter_batched(
+            || a.clone(),
+            |mut x| {
+                x.merge(&b_).unwrap();
+                x
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.throughput(Throughput::Elements(pb.num_active_items() as u64));
+    group.bench_function("datasketches", |b| {
+        b.iter_batched(
+            || pa.clone(),
+            |mut x| {
+                x.merge(&pb);
+                x
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------
+// Bloom
+// ---------------------------------------------------------------------------------------
+
+const BLOOM_CAPACITY: u64 = 1_000_000;
+const BLOOM_FPR: f64 = 0.01;
+/// Items cycled through by the insert bench, so that successive batches touch new bits.
+const BLOOM_POOL: usize = 1 << 18;
+
+fn bloom(c: &mut Criterion) {
+    // Queries run against filters at their design point: `BLOOM_CAPACITY` items in.
+    let present = distinct_items(BLOOM_CAPACITY as usize, 16, 0);
+    let absent = distinct_items(BATCH, 16, 1 << 40);
+    let pool = distinct_items(BLOOM_POOL, 16, 1 << 41);
+    let pool_batches: Vec<&[u8]> = pool.chunks(BATCH * 16).collect();
+    let hits = present[..BATCH * 16].to_vec();
+
+    let mut full = Bloom::new(BLOOM_CAPACITY, BLOOM_FPR).unwrap();
+    let mut peer_full = BloomFilterBuilder::with_accuracy(BLOOM_CAPACITY, BLOOM_FPR)
+        .build()
+        .unwrap();
+    for item in present.chunks_exact(16) {
+        full.insert(item);
+        peer_full.insert(raw_bytes::from_slice(item));
+    }
+    drop(present);
+
+    let mut group = c.benchmark_group("bloom_insert_16B");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    let mut ours = Bloom::new(BLOOM_CAPACITY, BLOOM_FPR).unwrap();
+    let mut next = 0;
+    group.bench_function("hourglass", |b| {
+        b.iter(|| {
+            for item in pool_batches[next % pool_batches.len()].chunks_exact(16) {
+                ours.insert(item);
+            }
+            next += 1;
+        })
+    });
+    let mut peer = BloomFilterBuilder::with_accuracy(BLOOM_CAPACITY, BLOOM_FPR)
+        .build()
+        .unwrap();
+    let mut next = 0;
+    group.bench_function("datasketches", |b| {
+        b.iter(|| {
+            for item in pool_batches[next % pool_batches.len()].chunks_exact(16) {
+                peer.insert(raw_bytes::from_slice(item));
+            }
+            next += 1;
+        })
+    });
+    group.finish();
+
+    for (name, items) in [
+        ("bloom_query_hit_16B", &hits),
+        ("bloom_query_miss_16B", &absent),
+    ] {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(BATCH as u64));
+        group.bench_function("hourglass", |b| {
+            b.iter(|| {
+                let mut found = 0u32;
+                for item in black_box(items).chunks_exact(16) {
+                    found += u32::from(full.contains(item));
+                }
+                black_box(found)
+            })
+        });
+        group.bench_function("datasketches", |b| {
+            b.iter(|| {
+                let mut found = 0u32;
+                for item in black_box(items).chunks_exact(16) {
+                    found += u32::from(peer_full.contains(&raw_bytes::from_slice(item)));
+                }
+                black_box(found)
+            })
+        });
+        group.finish();
+    }
+}
+
+/// The one configuration of every group: short enough that the whole run takes a few
+/// minutes on a 2-core machine.
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion::criterion_group! {
+    name = benches;
+    config = config();
+    targets = countmin, frequent, bloom
+}
+criterion::criterion_main!(benches);
