@@ -101,15 +101,16 @@ impl FrequencyParams {
     }
 }
 
+/// The error bound ε used when none is given.
+pub const DEFAULT_EPSILON: f64 = 0.001;
+/// The failure probability δ used when none is given.
+pub const DEFAULT_DELTA: f64 = 0.01;
+
 impl Default for FrequencyParams {
     /// `ε = 0.001`, `δ = 0.01`: width 2719, depth 5, capacity 1000, standard update.
     fn default() -> Self {
-        FrequencyParams {
-            width: 2719,
-            depth: 5,
-            conservative: false,
-            capacity: 1000,
-        }
+        FrequencyParams::from_error(DEFAULT_EPSILON, DEFAULT_DELTA)
+            .expect("the default ε and δ are valid")
     }
 }
 

@@ -39,3 +39,84 @@ impl Estimate {
         }
     }
 }
+
+use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::format::{Kind, decode_frame};
+use bloom::Bloom;
+use frequency::Frequency;
+use hll::Hll;
+
+/// A sketch of any kind: what travels in a frame when the reader does not know the kind
+/// in advance (exports, the `hourglass sketch` command, storage).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sketch {
+    /// HyperLogLog.
+    Distinct(Hll),
+    /// Count-Min with frequent items.
+    Frequency(Frequency),
+    /// Bloom filter.
+    Membership(Bloom),
+}
+
+impl Sketch {
+    /// The kind of sketch.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Sketch::Distinct(_) => Kind::Distinct,
+            Sketch::Frequency(_) => Kind::Frequency,
+            Sketch::Membership(_) => Kind::Membership,
+        }
+    }
+
+    /// Adds one item. Only the frequency kind can refuse one (an item longer than its
+    /// frequent-items summary stores).
+    pub fn insert(&mut self, item: &[u8]) -> Result<(), ParameterError> {
+        match self {
+            Sketch::Distinct(s) => s.insert(item),
+            Sketch::Frequency(s) => s.insert(item)?,
+            Sketch::Membership(s) => s.insert(item),
+        }
+        Ok(())
+    }
+
+    /// Merges `other` into this sketch: an error if the kinds or parameters differ.
+    pub fn merge(&mut self, other: &Sketch) -> Result<(), MergeError> {
+        match (self, other) {
+            (Sketch::Distinct(a), Sketch::Distinct(b)) => a.merge(b),
+            (Sketch::Frequency(a), Sketch::Frequency(b)) => a.merge(b),
+            (Sketch::Membership(a), Sketch::Membership(b)) => a.merge(b),
+            (a, b) => Err(MergeError::KindMismatch {
+                left: a.kind(),
+                right: b.kind(),
+            }),
+        }
+    }
+
+    /// The framed encoding (docs/FORMAT.md).
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Sketch::Distinct(s) => s.encode(),
+            Sketch::Frequency(s) => s.encode(),
+            Sketch::Membership(s) => s.encode(),
+        }
+    }
+
+    /// Decodes a framed sketch of any kind.
+    pub fn decode(bytes: &[u8]) -> Result<Sketch, DecodeError> {
+        let (kind, body) = decode_frame(bytes)?;
+        Ok(match kind {
+            Kind::Distinct => Sketch::Distinct(Hll::decode_body(body)?),
+            Kind::Frequency => Sketch::Frequency(Frequency::decode_body(body)?),
+            Kind::Membership => Sketch::Membership(Bloom::decode_body(body)?),
+        })
+    }
+
+    /// Bytes of sketch state held in memory.
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Sketch::Distinct(s) => s.size_bytes(),
+            Sketch::Frequency(s) => s.size_bytes(),
+            Sketch::Membership(s) => s.size_bytes(),
+        }
+    }
+}

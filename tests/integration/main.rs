@@ -1,0 +1,4 @@
+//! Integration tests: the real binaries, run as a user would run them.
+
+mod sketch_cli;
+mod util;
