@@ -15,13 +15,17 @@ use datasketches::bloom::BloomFilterBuilder;
 use datasketches::countmin::CountMinSketch;
 use datasketches::frequencies::FrequentItemsSketch;
 use datasketches::hash::value::raw_bytes;
+use datasketches::hll::{HllSketch, HllType, HllUnion};
+use hourglass::hash::{ITEM_SEED, item_hash};
 use hourglass::sketch::bloom::Bloom;
 use hourglass::sketch::countmin::CountMin;
 use hourglass::sketch::frequent::FrequentItems;
+use hourglass::sketch::hll::{DEFAULT_PRECISION, Hll};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Items per timed batch of inserts or queries.
 const BATCH: usize = 4096;
@@ -62,6 +66,213 @@ fn zipf_stream(n: usize, universe: usize, seed: u64) -> Vec<u8> {
         out.extend_from_slice(b"zipf-key");
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------
+// HyperLogLog
+// ---------------------------------------------------------------------------------------
+
+/// The peer's register type: HLL_8, one byte per register like our dense form, which its
+/// docs call the fastest to update.
+const PEER_HLL_TYPE: HllType = HllType::Hll8;
+
+/// Distinct values inserted before a sketch is timed, per register: far past both
+/// sketches' switch to dense registers (ours at 3m/16 entries, the peer's at 3m/32
+/// coupons), and in the range where every register is set.
+const FILL_PER_REGISTER: u64 = 16;
+
+/// splitmix64: a cheap stream of distinct 64-bit values, to fill sketches quickly.
+fn splitmix(i: u64) -> u64 {
+    let mut z = i
+        .wrapping_add(0x9e37_79b9_7f4a_7c15)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A dense sketch of `n` distinct values, `offset..offset + n`.
+fn dense_hll(precision: u8, n: u64, offset: u64) -> Hll {
+    let mut h = Hll::new(precision).unwrap();
+    for i in offset..offset + n {
+        h.insert_hash(splitmix(i));
+    }
+    assert!(!h.is_sparse());
+    h
+}
+
+/// The peer's sketch of the same `n` values (its own hash of their 8 bytes).
+fn peer_hll(precision: u8, n: u64, offset: u64) -> HllSketch {
+    let mut h = HllSketch::new(precision, PEER_HLL_TYPE).unwrap();
+    for i in offset..offset + n {
+        h.update(raw_bytes::from_slice(&i.to_le_bytes()));
+    }
+    h
+}
+
+fn hll_insert(c: &mut Criterion) {
+    let p = DEFAULT_PRECISION;
+    let fill = FILL_PER_REGISTER << p;
+    for len in [16usize, 64] {
+        let items = distinct_items(BATCH, len, 1 << 40);
+        let hashes: Vec<u64> = items.chunks_exact(len).map(item_hash).collect();
+        let mut group = c.benchmark_group(format!("hll_insert_{len}B"));
+        group.throughput(Throughput::Elements(BATCH as u64));
+
+        let mut ours = dense_hll(p, fill, 0);
+        group.bench_function("hourglass", |b| {
+            b.iter(|| {
+                for item in black_box(&items).chunks_exact(len) {
+                    ours.insert(item);
+                }
+            })
+        });
+        // The register update alone, items hashed beforehand.
+        group.bench_function("hourglass_insert_hash", |b| {
+            b.iter(|| {
+                for &hash in black_box(&hashes) {
+                    ours.insert_hash(hash);
+                }
+            })
+        });
+        // The floor: hashing the same items with the same function and nothing else.
+        group.bench_function("xxh3_floor", |b| {
+            b.iter(|| {
+                let mut sum = 0u64;
+                for item in black_box(&items).chunks_exact(len) {
+                    sum = sum.wrapping_add(xxh3_64_with_seed(item, ITEM_SEED));
+                }
+                black_box(sum)
+            })
+        });
+        let mut peer = peer_hll(p, fill, 0);
+        group.bench_function("datasketches", |b| {
+            b.iter(|| {
+                for item in black_box(&items).chunks_exact(len) {
+                    peer.update(raw_bytes::from_slice(item));
+                }
+            })
+        });
+        group.finish();
+    }
+}
+
+fn hll_merge(c: &mut Criterion) {
+    for p in [DEFAULT_PRECISION, 18] {
+        let m = 1u64 << p;
+        let fill = FILL_PER_REGISTER << p;
+        let mut group = c.benchmark_group(format!("hll_merge_dense_p{p}"));
+        // Bytes of in-memory registers merged: one byte per register for both (the
+        // encoded form is six bits per register and is not what is read here).
+        group.throughput(Throughput::Bytes(m));
+
+        let mut ours = dense_hll(p, fill, 0);
+        let other = dense_hll(p, fill, fill);
+        group.bench_function("hourglass", |b| b.iter(|| ours.merge(black_box(&other))));
+
+        // The peer merges through a union object whose gadget already holds the first
+        // sketch: updating it with the second is its in-place dense merge.
+        let mut union = HllUnion::new(p).unwrap();
+        union.update(&peer_hll(p, fill, 0));
+        let peer_other = peer_hll(p, fill, fill);
+        group.bench_function("datasketches", |b| {
+            b.iter(|| union.update(black_box(&peer_other)))
+        });
+        group.finish();
+    }
+}
+
+fn hll_estimate(c: &mut Criterion) {
+    let p = DEFAULT_PRECISION;
+    let mut group = c.benchmark_group("hll_estimate_dense_p14");
+    group.throughput(Throughput::Elements(1));
+    let ours = dense_hll(p, FILL_PER_REGISTER << p, 0);
+    group.bench_function("hourglass", |b| b.iter(|| black_box(&ours).estimate()));
+    let peer = peer_hll(p, FILL_PER_REGISTER << p, 0);
+    group.bench_function("datasketches", |b| b.iter(|| black_box(&peer).estimate()));
+    // The peer keeps a running (HIP) estimate; after a union it recomputes from its
+    // register statistics, which it also keeps up to date. Both are O(1) in m.
+    let mut union = HllUnion::new(p).unwrap();
+    union.update(&peer);
+    union.update(&peer_hll(p, FILL_PER_REGISTER << p, FILL_PER_REGISTER << p));
+    group.bench_function("datasketches_union", |b| {
+        b.iter(|| black_box(&union).estimate())
+    });
+    group.finish();
+
+    // Sparse: 1000 distinct items, well below both sketches' switch to dense.
+    let mut group = c.benchmark_group("hll_estimate_sparse_p14");
+    group.throughput(Throughput::Elements(1));
+    let mut ours = Hll::new(p).unwrap();
+    for i in 0..1000 {
+        ours.insert_hash(splitmix(i));
+    }
+    assert!(ours.is_sparse());
+    group.bench_function("hourglass", |b| b.iter(|| black_box(&ours).estimate()));
+    let peer = peer_hll(p, 1000, 0);
+    group.bench_function("datasketches", |b| b.iter(|| black_box(&peer).estimate()));
+    group.finish();
+}
+
+fn hll_sparse_to_dense(c: &mut Criterion) {
+    let p = DEFAULT_PRECISION;
+    // One past our threshold of 3m/16 sparse entries.
+    let n = 3 * (1usize << p) / 16 + 1;
+    let items = distinct_items(n, 16, 1 << 42);
+    let build = |items: &[u8]| {
+        let mut h = Hll::new(p).unwrap();
+        for item in items.chunks_exact(16) {
+            h.insert(item);
+        }
+        h
+    };
+    // The last item is the one that turns the sketch dense.
+    assert!(build(&items[16..]).is_sparse());
+    assert!(!build(&items).is_sparse());
+
+    let mut group = c.benchmark_group("hll_sparse_to_dense_p14");
+    // Time per iteration is per sketch: a fresh sketch filled with `n` items, allocation
+    // and conversion to dense included.
+    group.throughput(Throughput::Elements(n as u64));
+    group.bench_function("hourglass", |b| b.iter(|| build(&items)));
+    group.bench_function("datasketches", |b| {
+        b.iter(|| {
+            let mut h = HllSketch::new(p, PEER_HLL_TYPE).unwrap();
+            for item in items.chunks_exact(16) {
+                h.update(raw_bytes::from_slice(item));
+            }
+            h
+        })
+    });
+    group.finish();
+}
+
+fn hll_codec(c: &mut Criterion) {
+    let p = DEFAULT_PRECISION;
+    let m = 1u64 << p;
+    let ours = dense_hll(p, FILL_PER_REGISTER << p, 0);
+    let peer = peer_hll(p, FILL_PER_REGISTER << p, 0);
+    let encoded = ours.encode();
+    let peer_encoded = peer.serialize();
+
+    // Throughput in registers (one byte each in memory) for both, so the figures compare
+    // directly although the encodings differ in size (ours six bits per register, the
+    // peer's HLL_8 eight).
+    let mut group = c.benchmark_group("hll_encode_dense_p14");
+    group.throughput(Throughput::Bytes(m));
+    group.bench_function("hourglass", |b| b.iter(|| black_box(&ours).encode()));
+    group.bench_function("datasketches", |b| b.iter(|| black_box(&peer).serialize()));
+    group.finish();
+
+    let mut group = c.benchmark_group("hll_decode_dense_p14");
+    group.throughput(Throughput::Bytes(m));
+    group.bench_function("hourglass", |b| {
+        b.iter(|| Hll::decode(black_box(&encoded)).unwrap())
+    });
+    group.bench_function("datasketches", |b| {
+        b.iter(|| HllSketch::deserialize(black_box(&peer_encoded)).unwrap())
+    });
+    group.finish();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -297,6 +508,6 @@ fn config() -> Criterion {
 criterion::criterion_group! {
     name = benches;
     config = config();
-    targets = countmin, frequent, bloom
+    targets = hll_insert, hll_merge, hll_estimate, hll_sparse_to_dense, hll_codec, countmin, frequent, bloom
 }
 criterion::criterion_main!(benches);
