@@ -5,10 +5,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
     unsafe { std::env::set_var("PROTOC", protoc) };
-    let protos = ["proto/hourglass/v1/sketch.proto"];
+    let protos = [
+        "proto/hourglass/v1/sketch.proto",
+        "proto/hourglass/v1/collector.proto",
+        "proto/hourglass/v1/query.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
-    tonic_prost_build::configure().compile_protos(&protos, &["proto"])?;
+    // The descriptor set lets the aggregator serve gRPC reflection (grpcurl without .proto).
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("hourglass_descriptor.bin");
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

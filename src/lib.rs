@@ -17,7 +17,9 @@ pub mod error;
 pub mod format;
 pub mod hash;
 pub mod proto;
+pub mod series;
 pub mod sketch;
+pub mod time;
 
 pub use error::{DecodeError, MergeError, ParameterError};
 pub use format::Kind;

@@ -8,6 +8,9 @@ pub mod v1 {
     tonic::include_proto!("hourglass.v1");
 }
 
+/// The encoded `FileDescriptorSet` of `hourglass.v1`, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hourglass_descriptor");
+
 use crate::format::Kind;
 
 impl From<Kind> for v1::SketchKind {

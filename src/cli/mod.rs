@@ -1,6 +1,7 @@
 //! The `hourglass` command's subcommands.
 
 mod numbers;
+mod query;
 mod sketch;
 
 use clap::{Parser, Subcommand};
@@ -20,11 +21,17 @@ enum Command {
     /// kilobytes, merge sketches another machine made, debug exported sketches.
     #[command(subcommand)]
     Sketch(sketch::SketchCommand),
+    /// Ask an aggregator: distinct counts, frequencies, top K or membership over any time
+    /// range and any servers, each with its error bar.
+    ///
+    /// Example: `hourglass query distinct --metric visitors --from -7d --label region=eu`
+    Query(query::QueryArgs),
 }
 
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sketch(cmd) => sketch::run(cmd),
+        Command::Query(args) => query::run(args),
     }
 }

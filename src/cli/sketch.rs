@@ -4,6 +4,7 @@
 //! them only with a deprecation.
 
 use super::numbers::{count, grouped, percent};
+use super::query::distinct_text;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use hourglass::Kind;
@@ -221,21 +222,13 @@ fn describe_distinct(s: &Hll) -> (Value, String) {
         "lower95": e.lower95,
         "upper95": e.upper95,
     });
-    let relative = if e.estimate > 0.0 {
-        e.std_error / e.estimate
-    } else {
-        0.0
-    };
     let text = format!(
-        "{:<13} distinct (HyperLogLog, precision {}, {})\n{:<13} {} ± {} (95%: {} – {})\n{:<13} {}\n",
+        "{:<13} distinct (HyperLogLog, precision {}, {})\n{:<13} {}\n{:<13} {}\n",
         "kind",
         s.precision(),
         if s.is_sparse() { "sparse" } else { "dense" },
         "estimate",
-        count(e.estimate),
-        percent(relative),
-        count(e.lower95),
-        count(e.upper95),
+        distinct_text(&value),
         "std error",
         count(e.std_error),
     );

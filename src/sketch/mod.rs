@@ -120,3 +120,81 @@ impl Sketch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn one_of_each() -> [Sketch; 3] {
+        let mut d = Hll::new(12).unwrap();
+        let mut f =
+            Frequency::new(frequency::FrequencyParams::from_error(0.01, 0.05).unwrap()).unwrap();
+        let mut m = Bloom::new(100, 0.01).unwrap();
+        for i in 0..50u32 {
+            let item = i.to_le_bytes();
+            d.insert(&item);
+            f.insert(&item).unwrap();
+            m.insert(&item);
+        }
+        [
+            Sketch::Distinct(d),
+            Sketch::Frequency(f),
+            Sketch::Membership(m),
+        ]
+    }
+
+    #[test]
+    fn decode_dispatches_on_the_kind_byte() {
+        for sketch in one_of_each() {
+            let decoded = Sketch::decode(&sketch.encode()).unwrap();
+            assert_eq!(decoded.kind(), sketch.kind());
+            assert_eq!(decoded.encode(), sketch.encode());
+        }
+    }
+
+    #[test]
+    fn different_kinds_never_merge() {
+        let sketches = one_of_each();
+        for a in &sketches {
+            for b in &sketches {
+                let mut merged = a.clone();
+                let result = merged.merge(b);
+                if a.kind() == b.kind() {
+                    assert!(result.is_ok());
+                } else {
+                    assert_eq!(
+                        result.unwrap_err(),
+                        MergeError::KindMismatch {
+                            left: a.kind(),
+                            right: b.kind()
+                        }
+                    );
+                    assert_eq!(&merged, a, "a failed merge leaves the sketch as it was");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Whatever the bytes, decoding any kind is an error or a sketch, never a panic.
+        #[test]
+        fn decoding_any_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Sketch::decode(&bytes);
+        }
+
+        /// Valid frames whose bodies were damaged reach the kinds' validation (the checksum is
+        /// recomputed) and still never panic.
+        #[test]
+        fn damaged_bodies_never_panic(which in 0usize..3, edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
+            let good = one_of_each()[which].encode();
+            let (kind, body) = crate::format::decode_frame(&good).unwrap();
+            let mut body = body.to_vec();
+            for (at, byte) in edits {
+                let at = at % body.len();
+                body[at] = byte;
+            }
+            let _ = Sketch::decode(&crate::format::encode_frame(kind, &body));
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! `hourglass query distinct | frequency | topk | membership`: questions to an aggregator.
+//!
+//! The `--json` keys are the ones `hourglass sketch inspect --json` prints, plus
+//! `sketches_merged`, `server_hours_missing` and, when grouped, `groups`.
+
+use super::numbers::{count, grouped, percent};
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use hourglass::proto::v1::{self, query_client::QueryClient};
+use hourglass::series::{parse_pair, validate_metric};
+use hourglass::time::{hour_range, parse_time};
+use serde_json::{Value, json};
+use std::io::Write;
+
+/// The default aggregator address, where `hourglass-aggregator` listens by default.
+pub const DEFAULT_AGGREGATOR: &str = "http://127.0.0.1:7700";
+
+/// Which question to ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Question {
+    /// How many distinct items? (distinct sketches)
+    Distinct,
+    /// How often did --item occur? (frequency sketches)
+    Frequency,
+    /// The --k heaviest items, with bounds. (frequency sketches)
+    Topk,
+    /// Was --item seen? (membership sketches)
+    Membership,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The question.
+    question: Question,
+    /// The aggregator's gRPC address.
+    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = DEFAULT_AGGREGATOR)]
+    aggregator: String,
+    /// The metric, such as `visitors`.
+    #[arg(long, env = "HOURGLASS_METRIC")]
+    metric: String,
+    /// Only series with this tag (`key=value`); repeat for several.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    tags: Vec<String>,
+    /// Start of the range: RFC 3339, a date, `now`, or relative (`-7d`, `-36h`). Rounded
+    /// down to its hour.
+    #[arg(long, default_value = "-24h", allow_hyphen_values = true)]
+    from: String,
+    /// End of the range (exclusive), same forms; rounded up to its hour, so `now`
+    /// includes the hour in progress.
+    #[arg(long, default_value = "now", allow_hyphen_values = true)]
+    to: String,
+    /// Only servers whose name matches this glob (`web-*`); repeat for several.
+    #[arg(long = "server", value_name = "GLOB")]
+    servers: Vec<String>,
+    /// Only servers with this label (`region=eu`); repeat for several (all must match).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// Split the answer: server, hour, day, or tag:KEY.
+    #[arg(long, value_name = "server|hour|day|tag:KEY")]
+    group_by: Option<String>,
+    /// frequency, membership: the item to ask about.
+    #[arg(long)]
+    item: Option<String>,
+    /// topk: how many items.
+    #[arg(long = "k", default_value_t = 10)]
+    k: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn question_name(q: Question) -> &'static str {
+    match q {
+        Question::Distinct => "distinct",
+        Question::Frequency => "frequency",
+        Question::Topk => "topk",
+        Question::Membership => "membership",
+    }
+}
+
+fn selector(args: &QueryArgs) -> anyhow::Result<v1::Selector> {
+    validate_metric(&args.metric)?;
+    let pairs = |texts: &[String], what: &str| -> anyhow::Result<Vec<v1::Tag>> {
+        texts
+            .iter()
+            .map(|t| {
+                let (key, value) = parse_pair(t).with_context(|| format!("--{what} {t}"))?;
+                Ok(v1::Tag { key, value })
+            })
+            .collect()
+    };
+    let now = chrono::Utc::now();
+    let from = parse_time(&args.from, now).context("--from")?;
+    let to = parse_time(&args.to, now).context("--to")?;
+    let hours = hour_range(from, to)?;
+    let (group_by, group_tag) = match args.group_by.as_deref() {
+        None | Some("none") => (v1::GroupBy::None, String::new()),
+        Some("server") => (v1::GroupBy::Server, String::new()),
+        Some("hour") => (v1::GroupBy::Hour, String::new()),
+        Some("day") => (v1::GroupBy::Day, String::new()),
+        Some(other) => match other.strip_prefix("tag:") {
+            Some(key) if !key.is_empty() => (v1::GroupBy::Tag, key.to_string()),
+            _ => bail!("--group-by {other:?}: expected server, hour, day or tag:KEY"),
+        },
+    };
+    Ok(v1::Selector {
+        metric: args.metric.clone(),
+        tags: pairs(&args.tags, "tag")?,
+        range: Some(v1::TimeRange {
+            start_hour: hours.start,
+            end_hour: hours.end,
+        }),
+        servers: args.servers.clone(),
+        labels: pairs(&args.labels, "label")?,
+        group_by: group_by as i32,
+        group_tag,
+    })
+}
+
+pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+    let selector = selector(&args)?;
+    let item = match (args.question, &args.item) {
+        (Question::Frequency | Question::Membership, None) => {
+            bail!("query {} needs --item X", question_name(args.question))
+        }
+        (Question::Distinct | Question::Topk, Some(_)) => {
+            bail!(
+                "--item does not apply to query {}",
+                question_name(args.question)
+            )
+        }
+        (_, item) => item.clone().unwrap_or_default().into_bytes(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (mut value, text) = runtime.block_on(ask(&args, selector, item))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        value["kind"] = json!(match args.question {
+            Question::Distinct => "distinct",
+            Question::Frequency | Question::Topk => "frequency",
+            Question::Membership => "membership",
+        });
+        strip_text_only_fields(&mut value);
+        writeln!(out, "{value}")?;
+    } else {
+        write!(out, "{text}")?;
+    }
+    Ok(())
+}
+
+/// An error and its causes on one line: `transport error: Connection refused (os error 111)`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Turns a gRPC failure into one line a person can act on.
+fn explain(status: tonic::Status, aggregator: &str) -> anyhow::Error {
+    match status.code() {
+        tonic::Code::Unavailable => anyhow::anyhow!(
+            "cannot reach the aggregator at {aggregator}: {}",
+            status.message()
+        ),
+        _ => anyhow::anyhow!("the aggregator answered: {}", status.message()),
+    }
+}
+
+async fn ask(
+    args: &QueryArgs,
+    selector: v1::Selector,
+    item: Vec<u8>,
+) -> anyhow::Result<(Value, String)> {
+    let endpoint = tonic::transport::Endpoint::from_shared(args.aggregator.clone())
+        .with_context(|| format!("--aggregator {:?} is not a URL", args.aggregator))?
+        .connect_timeout(std::time::Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the aggregator at {}: {}",
+            args.aggregator,
+            error_chain(&e)
+        )
+    })?;
+    let mut client = QueryClient::new(channel)
+        .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let grpc = |s| explain(s, &args.aggregator);
+    let header = describe_selection(args);
+    Ok(match args.question {
+        Question::Distinct => {
+            let r = client
+                .distinct(v1::DistinctRequest {
+                    selector: Some(selector),
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            let total = distinct_value(r.answer.as_ref(), r.coverage.as_ref());
+            let groups: Vec<(String, Value)> = r
+                .groups
+                .iter()
+                .map(|g| {
+                    (
+                        g.key.clone(),
+                        distinct_value(g.answer.as_ref(), g.coverage.as_ref()),
+                    )
+                })
+                .collect();
+            let text = render(&header, &total, &groups, distinct_text);
+            (with_groups(total, groups), text)
+        }
+        Question::Frequency => {
+            let r = client
+                .frequency(v1::FrequencyRequest {
+                    selector: Some(selector),
+                    item: item.clone(),
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            let name = String::from_utf8_lossy(&item).into_owned();
+            let total = frequency_value(&name, r.answer.as_ref(), r.coverage.as_ref());
+            let groups: Vec<(String, Value)> = r
+                .groups
+                .iter()
+                .map(|g| {
+                    (
+                        g.key.clone(),
+                        frequency_value(&name, g.answer.as_ref(), g.coverage.as_ref()),
+                    )
+                })
+                .collect();
+            let text = render(&header, &total, &groups, frequency_text);
+            (with_groups(total, groups), text)
+        }
+        Question::Topk => {
+            let r = client
+                .top_k(v1::TopKRequest {
+                    selector: Some(selector),
+                    k: args.k,
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            let total = topk_value(&r.items, r.coverage.as_ref());
+            let groups: Vec<(String, Value)> = r
+                .groups
+                .iter()
+                .map(|g| (g.key.clone(), topk_value(&g.items, g.coverage.as_ref())))
+                .collect();
+            let text = render(&header, &total, &groups, topk_text);
+            (with_groups(total, groups), text)
+        }
+        Question::Membership => {
+            let r = client
+                .membership(v1::MembershipRequest {
+                    selector: Some(selector),
+                    item: item.clone(),
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            let total = membership_value(r.answer.as_ref(), r.coverage.as_ref());
+            let groups: Vec<(String, Value)> = r
+                .groups
+                .iter()
+                .map(|g| {
+                    (
+                        g.key.clone(),
+                        membership_value(g.answer.as_ref(), g.coverage.as_ref()),
+                    )
+                })
+                .collect();
+            let text = render(&header, &total, &groups, membership_text);
+            (with_groups(total, groups), text)
+        }
+    })
+}
+
+fn describe_selection(args: &QueryArgs) -> String {
+    let mut parts = vec![format!(
+        "{} of {}",
+        question_name(args.question),
+        args.metric
+    )];
+    if !args.tags.is_empty() {
+        parts.push(format!("tags {}", args.tags.join(",")));
+    }
+    parts.push(format!("from {} to {}", args.from, args.to));
+    if !args.servers.is_empty() {
+        parts.push(format!("servers {}", args.servers.join(",")));
+    }
+    if !args.labels.is_empty() {
+        parts.push(format!("labels {}", args.labels.join(",")));
+    }
+    if let Some(item) = &args.item {
+        parts.push(format!("item {item:?}"));
+    }
+    parts.join(", ")
+}
+
+fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
+    let c = c.cloned().unwrap_or_default();
+    v["sketches_merged"] = json!(c.sketches_merged);
+    v["server_hours_missing"] = json!(c.server_hours_missing);
+    v["missing"] = c
+        .missing
+        .iter()
+        .map(|m| json!({"server": m.server, "hours": m.hours}))
+        .collect();
+}
+
+fn distinct_value(a: Option<&v1::DistinctAnswer>, c: Option<&v1::Coverage>) -> Value {
+    let a = a.cloned().unwrap_or_default();
+    let mut v = json!({
+        "estimate": a.estimate,
+        "std_error": a.std_error,
+        "lower95": a.lower95,
+        "upper95": a.upper95,
+    });
+    coverage_fields(&mut v, c);
+    v
+}
+
+fn frequency_value(item: &str, a: Option<&v1::FrequencyAnswer>, c: Option<&v1::Coverage>) -> Value {
+    let a = a.cloned().unwrap_or_default();
+    let mut v = json!({
+        "item": item,
+        "estimate": a.estimate,
+        "max_overcount": a.max_overcount,
+        "total": a.total,
+    });
+    coverage_fields(&mut v, c);
+    v
+}
+
+fn topk_value(items: &[v1::TopItem], c: Option<&v1::Coverage>) -> Value {
+    let mut v = json!({
+        "items": items.iter().map(|t| json!({
+            "item": String::from_utf8_lossy(&t.item),
+            "estimate": t.estimate,
+            "lower": t.lower,
+            "upper": t.upper,
+        })).collect::<Vec<_>>(),
+    });
+    coverage_fields(&mut v, c);
+    v
+}
+
+fn membership_value(a: Option<&v1::MembershipAnswer>, c: Option<&v1::Coverage>) -> Value {
+    let a = a.cloned().unwrap_or_default();
+    let mut v = json!({
+        "maybe_present": a.maybe_present,
+        "fill_ratio": a.fill_ratio,
+        "estimated_fpr": a.estimated_fpr,
+        "past_design_point": a.past_design_point,
+    });
+    coverage_fields(&mut v, c);
+    v
+}
+
+fn with_groups(mut total: Value, groups: Vec<(String, Value)>) -> Value {
+    if !groups.is_empty() {
+        total["groups"] = groups
+            .into_iter()
+            .map(|(key, mut v)| {
+                v["key"] = json!(key);
+                v
+            })
+            .collect();
+    }
+    total
+}
+
+/// Fields the text output needs but the documented JSON keys do not include.
+const TEXT_ONLY: [&str; 2] = ["missing", "past_design_point"];
+
+fn strip_text_only_fields(v: &mut Value) {
+    if let Some(object) = v.as_object_mut() {
+        for key in TEXT_ONLY {
+            object.remove(key);
+        }
+    }
+    if let Some(groups) = v.get_mut("groups").and_then(Value::as_array_mut) {
+        groups.iter_mut().for_each(strip_text_only_fields);
+    }
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
+}
+
+/// `1,204,331 ± 0.81% (95%: 1,184,900 – 1,223,762)`: the form every distinct answer takes.
+pub fn distinct_text(v: &Value) -> String {
+    let (est, se) = (f(v, "estimate"), f(v, "std_error"));
+    let relative = if est > 0.0 { se / est } else { 0.0 };
+    format!(
+        "{} ± {} (95%: {} – {})",
+        count(est),
+        percent(relative),
+        count(f(v, "lower95")),
+        count(f(v, "upper95"))
+    )
+}
+
+fn frequency_text(v: &Value) -> String {
+    format!(
+        "{} (at most {} over, of {} in all)",
+        grouped(u(v, "estimate")),
+        grouped(u(v, "max_overcount")),
+        grouped(u(v, "total"))
+    )
+}
+
+fn membership_text(v: &Value) -> String {
+    let verdict = if v["maybe_present"] == true {
+        format!(
+            "maybe present (wrong with probability {})",
+            percent(f(v, "estimated_fpr"))
+        )
+    } else {
+        "definitely absent".to_string()
+    };
+    let warning = if v["past_design_point"] == true {
+        "; filter past its design point"
+    } else {
+        ""
+    };
+    format!("{verdict} (fill {}{warning})", percent(f(v, "fill_ratio")))
+}
+
+fn topk_text(v: &Value) -> String {
+    let items = v["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        return "no items".to_string();
+    }
+    let names: Vec<String> = items
+        .iter()
+        .map(|i| format!("{:?}", i["item"].as_str().unwrap_or("")))
+        .collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut text = format!(
+        "\n  {:<width$}  {:>14}  {:>14}  {:>14}",
+        "item", "estimate", "lower", "upper"
+    );
+    for (i, name) in items.iter().zip(&names) {
+        text += &format!(
+            "\n  {name:<width$}  {:>14}  {:>14}  {:>14}",
+            grouped(u(i, "estimate")),
+            grouped(u(i, "lower")),
+            grouped(u(i, "upper"))
+        );
+    }
+    text
+}
+
+fn missing_text(v: &Value) -> Option<String> {
+    let missing = u(v, "server_hours_missing");
+    if missing == 0 {
+        return None;
+    }
+    let servers: Vec<String> = v["missing"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    format!(
+                        "{} ({})",
+                        m["server"].as_str().unwrap_or("?"),
+                        u(m, "hours")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(format!(
+        "{} server-hours had no data (agent down or unreachable: the answer may be low): {}",
+        grouped(missing),
+        servers.join(", ")
+    ))
+}
+
+fn render(
+    header: &str,
+    total: &Value,
+    groups: &[(String, Value)],
+    answer: fn(&Value) -> String,
+) -> String {
+    let mut text = format!("{header}\n");
+    if groups.is_empty() {
+        text += &format!("{}\n", answer(total));
+    } else {
+        let width = groups
+            .iter()
+            .map(|(k, _)| k.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(5);
+        for (key, v) in groups {
+            text += &format!("  {key:<width$}  {}\n", answer(v));
+        }
+        text += &format!("  {:<width$}  {}\n", "total", answer(total));
+    }
+    text += &format!("merged {} sketches\n", grouped(u(total, "sketches_merged")));
+    if let Some(missing) = missing_text(total) {
+        text += &format!("warning: {missing}\n");
+    }
+    text
+}
