@@ -368,7 +368,79 @@ fn frequent(c: &mut Criterion) {
     });
     group.finish();
 
-    // Two full summaries, of the two halves of the stream.
+    // Merges timed on copies of `a` (the copy is made outside the timing), merging `b`
+    // in; throughput counts the counters of `b`.
+    fn merge_pair(
+        c: &mut Criterion,
+        name: &str,
+        (a, b_): (FrequentItems, FrequentItems),
+        (pa, pb): (FrequentItemsSketch<Vec<u8>>, FrequentItemsSketch<Vec<u8>>),
+    ) {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(b_.tracked() as u64));
+        group.bench_function("hourglass", |b| {
+            b.iter_batched(
+                || a.clone(),
+                |mut x| {
+                    x.merge(&b_).unwrap();
+                    x
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        group.throughput(Throughput::Elements(pb.num_active_items() as u64));
+        group.bench_function("datasketches", |b| {
+            b.iter_batched(
+                || pa.clone(),
+                |mut x| {
+                    x.merge(&pb);
+                    x
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        group.finish();
+    }
+
+    // Full summaries: exactly k = 1000 counters each, all counts distinct, half of the
+    // items shared, so the union holds 1500 items and our merge must purge back to k.
+    // The peer's map (4096 slots, up to 3072 counters) takes the union without a purge.
+    let full_part = |first: u64| -> Vec<(Vec<u8>, u64)> {
+        (first..first + u64::from(FREQUENT_CAPACITY))
+            .map(|rank| {
+                let mut item = rank.to_le_bytes().to_vec();
+                item.extend_from_slice(b"full-key");
+                (item, 1_000_000 / (rank + 1) + rank)
+            })
+            .collect()
+    };
+    let ours_of = |part: &[(Vec<u8>, u64)]| {
+        let mut s = FrequentItems::new(FREQUENT_CAPACITY).unwrap();
+        for (item, count) in part {
+            s.try_insert_weighted(item, *count).unwrap();
+        }
+        s
+    };
+    let peer_of = |part: &[(Vec<u8>, u64)]| {
+        let mut s = FrequentItemsSketch::<Vec<u8>>::new(PEER_MAP_SIZE).unwrap();
+        for (item, count) in part {
+            s.update_with_count_ref(&item[..], *count);
+        }
+        s
+    };
+    let (left, right) = (full_part(0), full_part(u64::from(FREQUENT_CAPACITY) / 2));
+    let ours = (ours_of(&left), ours_of(&right));
+    assert_eq!(ours.0.tracked(), FREQUENT_CAPACITY as usize);
+    merge_pair(
+        c,
+        "frequent_merge_full",
+        ours,
+        (peer_of(&left), peer_of(&right)),
+    );
+
+    // The summaries each library keeps of the two halves of the Zipf stream, ours
+    // compacted as it is encoded (on this stream most counters tie at small counts, so
+    // compaction leaves a few hundred), the peer's as updates left it.
     let (left, right) = stream.split_at(stream.len() / 2);
     let summary = |part: &[u8]| {
         let mut s = FrequentItems::new(FREQUENT_CAPACITY).unwrap();
@@ -385,34 +457,12 @@ fn frequent(c: &mut Criterion) {
         }
         s
     };
-    let (a, b_) = (summary(left), summary(right));
-    let (pa, pb) = (peer_summary(left), peer_summary(right));
-
-    let mut group = c.benchmark_group("frequent_merge_full");
-    // Per counter of the summary merged in.
-    group.throughput(Throughput::Elements(b_.tracked() as u64));
-    group.bench_function("hourglass", |b| {
-        b.iter_batched(
-            || a.clone(),
-            |mut x| {
-                x.merge(&b_).unwrap();
-                x
-            },
-            BatchSize::SmallInput,
-        )
-    });
-    group.throughput(Throughput::Elements(pb.num_active_items() as u64));
-    group.bench_function("datasketches", |b| {
-        b.iter_batched(
-            || pa.clone(),
-            |mut x| {
-                x.merge(&pb);
-                x
-            },
-            BatchSize::SmallInput,
-        )
-    });
-    group.finish();
+    merge_pair(
+        c,
+        "frequent_merge_zipf_halves",
+        (summary(left), summary(right)),
+        (peer_summary(left), peer_summary(right)),
+    );
 }
 
 // ---------------------------------------------------------------------------------------
