@@ -102,7 +102,56 @@ const REPRESENTATION_DENSE: u8 = 1;
 pub struct Hll {
     precision: u8,
     repr: Repr,
+    /// The last point estimate, until the registers change: a query asks a merged sketch
+    /// for its estimate once or more, and the register pass is the estimate's whole cost.
+    cached: EstimateCache,
 }
+
+/// A point estimate remembered across calls, cleared whenever the registers change.
+/// Atomic so that `&Hll` stays shareable between threads; never part of equality.
+#[derive(Debug)]
+struct EstimateCache(std::sync::atomic::AtomicU64);
+
+/// No estimate is cached: a NaN pattern no estimate produces.
+const NOT_CACHED: u64 = u64::MAX;
+
+impl EstimateCache {
+    fn empty() -> EstimateCache {
+        EstimateCache(std::sync::atomic::AtomicU64::new(NOT_CACHED))
+    }
+
+    fn get(&self) -> Option<f64> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            NOT_CACHED => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    fn set(&self, estimate: f64) {
+        self.0
+            .store(estimate.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn clear(&mut self) {
+        *self.0.get_mut() = NOT_CACHED;
+    }
+}
+
+impl Clone for EstimateCache {
+    /// A clone starts without a cached estimate: clones are made to be changed (merged
+    /// into), and an empty cache is always correct.
+    fn clone(&self) -> Self {
+        EstimateCache::empty()
+    }
+}
+
+impl PartialEq for EstimateCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for EstimateCache {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Repr {
@@ -139,6 +188,7 @@ impl Hll {
         Ok(Hll {
             precision,
             repr: Repr::Sparse(SparseList::default()),
+            cached: EstimateCache::empty(),
         })
     }
 
@@ -167,10 +217,16 @@ impl Hll {
             Repr::Dense(registers) => {
                 let (index, rank) = dense::position(hash, self.precision);
                 if let Some(register) = registers.get_mut(index) {
-                    *register = (*register).max(rank);
+                    // Most inserts into a warm sketch change nothing: skipping the store
+                    // keeps the cache line clean and the estimate cached.
+                    if rank > *register {
+                        *register = rank;
+                        self.cached.clear();
+                    }
                 }
             }
             Repr::Sparse(entries) => {
+                self.cached.clear();
                 entries.insert(sparse::entry_of_hash(hash));
                 if entries.len() > sparse_limit(self.precision) {
                     self.repr = Repr::Dense(self.registers_at(self.precision));
@@ -183,6 +239,7 @@ impl Hll {
     /// sketch of higher precision folds down exactly, so this never fails; the `Result`
     /// keeps the signature of every other sketch's merge.
     pub fn merge(&mut self, other: &Hll) -> Result<(), MergeError> {
+        self.cached.clear();
         let precision = self.precision.min(other.precision);
         if let (Repr::Sparse(mine), Repr::Sparse(theirs)) = (&self.repr, &other.repr) {
             let union = sparse::union(&mine.canonical(), &theirs.canonical());
@@ -220,13 +277,37 @@ impl Hll {
             Repr::Dense(_) => Hll {
                 precision,
                 repr: Repr::Dense(self.registers_at(precision)),
+                cached: EstimateCache::empty(),
             },
         })
     }
 
     /// The estimated number of distinct items, with its standard error and 95% interval.
     pub fn estimate(&self) -> Estimate {
-        let (estimate, registers, floor) = match &self.repr {
+        let (registers, floor) = match &self.repr {
+            Repr::Sparse(entries) => (sparse::SPARSE_REGISTERS, entries.len() as f64),
+            Repr::Dense(_) => (1u64 << self.precision, 0.0),
+        };
+        let estimate = match self.cached.get() {
+            Some(estimate) => estimate,
+            None => {
+                let estimate = self.raw_estimate();
+                self.cached.set(estimate);
+                estimate
+            }
+        };
+        // 1.04/√m is the asymptotic error of HyperLogLog with m registers. It overstates
+        // the error in both regimes where we use it: a sparse sketch holds at most
+        // 3·2^18/16 items in 2^25 registers, where the estimate is close to linear
+        // counting with relative error about 1/√(2m); a dense sketch below a few m items
+        // is in the same linear-counting range, where the error is also smaller.
+        let std_error = estimate * 1.04 / (registers as f64).sqrt();
+        Estimate::normal(estimate, std_error, floor)
+    }
+
+    /// Ertl's estimate from the registers, without the cache.
+    fn raw_estimate(&self) -> f64 {
+        let (estimate, _, _) = match &self.repr {
             Repr::Sparse(entries) => {
                 let mut histogram = [0u32; 64];
                 for entry in entries.iter() {
@@ -247,13 +328,7 @@ impl Hll {
                 (estimate::ertl(&dense::histogram(registers), q, m), m, 0.0)
             }
         };
-        // 1.04/√m is the asymptotic error of HyperLogLog with m registers. It overstates
-        // the error in both regimes where we use it: a sparse sketch holds at most
-        // 3·2^18/16 items in 2^25 registers, where the estimate is close to linear
-        // counting with relative error about 1/√(2m); a dense sketch below a few m items
-        // is in the same linear-counting range, where the error is also smaller.
-        let std_error = estimate * 1.04 / (registers as f64).sqrt();
-        Estimate::normal(estimate, std_error, floor)
+        estimate
     }
 
     /// The sketch in the framed binary format of docs/FORMAT.md.
@@ -333,7 +408,11 @@ impl Hll {
             }
         };
         reader.finish()?;
-        Ok(Hll { precision, repr })
+        Ok(Hll {
+            precision,
+            repr,
+            cached: EstimateCache::empty(),
+        })
     }
 
     /// Bytes of the entries or registers held in memory, for memory accounting.
@@ -351,11 +430,13 @@ impl Hll {
         let sketch = Hll {
             precision,
             repr: Repr::Sparse(SparseList::from_sorted(entries)),
+            cached: EstimateCache::empty(),
         };
         if too_many {
             Hll {
                 precision,
                 repr: Repr::Dense(sketch.registers_at(precision)),
+                cached: EstimateCache::empty(),
             }
         } else {
             sketch
@@ -439,7 +520,11 @@ fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>,
     let bytes = reader.take(registers.len() / 4 * 3, "dense registers")?;
     dense::unpack(bytes, &mut registers);
     let max_rank = 65 - precision;
-    if let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank) {
+    // One vectorised pass finds whether any register is out of range; only then is the
+    // first one looked for, to name it.
+    if registers.iter().max().is_some_and(|&top| top > max_rank)
+        && let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank)
+    {
         return Err(invalid(
             "register",
             format!(
@@ -456,6 +541,7 @@ impl Default for Hll {
         Hll {
             precision: DEFAULT_PRECISION,
             repr: Repr::Sparse(SparseList::default()),
+            cached: EstimateCache::empty(),
         }
     }
 }

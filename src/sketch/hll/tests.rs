@@ -540,3 +540,38 @@ proptest! {
         check_merge_laws([12; 3], [&a, &b, &c])?;
     }
 }
+
+/// The cached estimate never outlives a change of the registers, in either representation.
+#[test]
+fn cached_estimate_follows_every_change() {
+    for precision in [4, 14] {
+        let mut sketch = Hll::new(precision).unwrap();
+        let mut last = sketch.estimate().estimate;
+        assert_eq!(last, 0.0);
+        for round in 0..50u32 {
+            for i in 0..(round * 97) {
+                sketch.insert(&(round, i).0.to_le_bytes());
+                sketch.insert(&(u64::from(round) << 32 | u64::from(i)).to_le_bytes());
+            }
+            let fresh = Hll::decode(&sketch.encode()).unwrap().estimate().estimate;
+            let cached = sketch.estimate().estimate;
+            assert_eq!(cached, fresh, "precision {precision}, round {round}");
+            assert!(cached >= last);
+            last = cached;
+        }
+        let mut other = Hll::new(precision).unwrap();
+        for i in 0..5000u32 {
+            other.insert(&(i + 1_000_000).to_le_bytes());
+        }
+        let before = sketch.estimate().estimate;
+        sketch.merge(&other).unwrap();
+        let fresh = Hll::decode(&sketch.encode()).unwrap().estimate().estimate;
+        assert_eq!(sketch.estimate().estimate, fresh);
+        assert!(
+            precision == 4 || fresh > before,
+            "a merge of new items must move the estimate"
+        );
+        // A clone is equal whatever its cache holds.
+        assert_eq!(sketch.clone(), Hll::decode(&sketch.encode()).unwrap());
+    }
+}
