@@ -696,6 +696,7 @@ async fn admin_port_and_grpc_health_answer() {
             "{service:?}"
         );
     }
+    assert!(!logs_mention_reflection_off(&agg.logs()), "{}", agg.logs());
     // --log-format json: every log line is one JSON object.
     let logs = agg.logs();
     let lines: Vec<serde_json::Value> = logs
@@ -720,4 +721,32 @@ fn sigterm_stops_cleanly_with_exit_code_zero() {
     // The lock is released: the same data dir opens again at once.
     let again = AggregatorProcess::start(&data, &[]);
     assert_eq!(again.terminate().code(), Some(0));
+}
+
+fn logs_mention_reflection_off(logs: &str) -> bool {
+    logs.contains("reflection v1 is off") || logs.contains("reflection v1alpha is off")
+}
+
+#[test]
+fn a_bad_config_file_fails_naming_the_field() {
+    let dir = TempDir::new("agg-config");
+    let config = dir.file("aggregator.toml");
+    for (text, field) in [
+        ("[limits]\nmax_sketch_mib = 100\n", "limits.max_sketch_mib"),
+        ("[rollup]\nlateness = \"soon\"\n", "lateness"),
+        ("[retention]\nhourly_days = 3\n", "hourly_days"),
+    ] {
+        std::fs::write(&config, text).expect("write config");
+        let out = std::process::Command::new(crate::util::aggregator_binary())
+            .args(["--data-dir", &dir.file("data"), "--config", &config])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .output()
+            .expect("run the aggregator");
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(field),
+            "{text}: {stderr}"
+        );
+    }
 }
