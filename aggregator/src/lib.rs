@@ -14,13 +14,166 @@
 //! | [`planner`] | which hourly rows and rollups answer a selection, merged in the one order that makes both give the same bytes |
 //! | [`rollup`] | the builder of daily rollups for closed and late-touched days |
 //! | [`glob`] | shell-style server name globs |
+//! | [`service`] | the gRPC `Collector` and `Query` services, health and reflection: thin translations between proto and the store and planner |
+//! | [`admin`] | the admin HTTP port: Prometheus `/metrics`, `/healthz`, `/readyz` |
+//! | [`metrics`] | the Prometheus counters, histograms and gauges |
+//! | [`background`] | the periodic rollup builder and retention |
+//! | [`config`] | the configuration file, its defaults and validation |
+//!
+//! [`run`] is the whole process: it opens the store, serves gRPC and admin on listeners
+//! the caller bound, runs the background task, and on shutdown drains in-flight RPCs and
+//! closes the store. [`Aggregator::open`] and [`Aggregator::serve`] are the same in two
+//! steps, so that `main` can report a data dir held by another process before it
+//! announces its ports.
 //!
 //! Sketches are stored as their framed encoding (docs/FORMAT.md) and decoded with
 //! [`hourglass::sketch::Sketch`]; the layout on disk and the RocksDB options are
 //! explained in docs/STORAGE.md.
 
+pub mod admin;
+pub mod background;
+pub mod config;
 pub mod glob;
 pub mod keys;
+pub mod metrics;
 pub mod planner;
 pub mod rollup;
+pub mod service;
 pub mod store;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::Config;
+
+use crate::metrics::Metrics;
+use crate::store::{RocksStore, Store};
+
+/// The two listeners the aggregator serves on, bound by the caller (port 0 in tests).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The gRPC port: `Collector`, `Query`, health and reflection.
+    pub grpc: TcpListener,
+    /// The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
+    pub admin: TcpListener,
+}
+
+/// An aggregator whose store is open, ready to serve.
+pub struct Aggregator {
+    config: Config,
+    store: Arc<RocksStore>,
+}
+
+impl Aggregator {
+    /// Validates `config` and opens the store in its data dir. Fails with
+    /// [`StoreError::InUse`] when another process holds the directory.
+    pub fn open(config: Config) -> anyhow::Result<Aggregator> {
+        config.validate()?;
+        let store = RocksStore::open(&config.data_dir, &config.store_options())
+            .map_err(anyhow::Error::new)?;
+        tracing::info!(data_dir = %config.data_dir.display(), "store open");
+        Ok(Aggregator {
+            config,
+            store: Arc::new(store),
+        })
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, finishes the RPCs in
+    /// flight and the rollup pass in progress, and closes the store.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Aggregator { config, store } = self;
+        let metrics = Arc::new(Metrics::new());
+        let grpc_serving = Arc::new(AtomicBool::new(false));
+        // One signal, many listeners: the gRPC server, the admin server and the
+        // background task each wait on their own receiver.
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopper = tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            // An error means the sender is gone, which only happens once we stop anyway.
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+
+        let dyn_store: Arc<dyn Store> = store.clone();
+        let background = tokio::spawn(background::run(
+            Arc::clone(&dyn_store),
+            Arc::clone(&metrics),
+            config.clone(),
+            stop_rx.clone(),
+        ));
+        let admin = tokio::spawn(admin::serve(
+            listeners.admin,
+            admin::AdminState {
+                store: Arc::clone(&store),
+                metrics: Arc::clone(&metrics),
+                grpc_serving: Arc::clone(&grpc_serving),
+            },
+            stopped(stop_rx.clone()),
+        ));
+
+        grpc_serving.store(true, Ordering::Release);
+        let grpc_stop = {
+            let rx = stop_rx.clone();
+            let serving = Arc::clone(&grpc_serving);
+            async move {
+                stopped(rx).await;
+                // Not ready from the moment draining starts, so no new traffic is sent.
+                serving.store(false, Ordering::Release);
+                tracing::info!("shutting down: draining RPCs in flight");
+            }
+        };
+        let grpc = service::serve(
+            listeners.grpc,
+            dyn_store,
+            Arc::clone(&metrics),
+            config.limits.clone(),
+            grpc_stop,
+        )
+        .await;
+        grpc_serving.store(false, Ordering::Release);
+        // If gRPC failed on its own, stop the rest too.
+        stopper.abort();
+        drop(stop_rx);
+        let (admin, background) = tokio::join!(admin, background);
+        grpc.map_err(|e| anyhow::anyhow!("gRPC server failed: {e}"))?;
+        admin
+            .map_err(|e| anyhow::anyhow!("admin server task failed: {e}"))?
+            .map_err(|e| anyhow::anyhow!("admin server failed: {e}"))?;
+        background.map_err(|e| anyhow::anyhow!("background task failed: {e}"))?;
+        close(store)
+    }
+}
+
+/// Flushes and closes the store once every other holder has let go of it, so RocksDB
+/// shuts down cleanly instead of being torn down with the process.
+fn close(store: Arc<RocksStore>) -> anyhow::Result<()> {
+    match Arc::try_unwrap(store) {
+        Ok(store) => {
+            store.flush().map_err(anyhow::Error::new)?;
+            drop(store);
+            tracing::info!("store closed");
+        }
+        Err(_) => tracing::warn!("store still referenced at shutdown; it closes on exit"),
+    }
+    Ok(())
+}
+
+/// The whole aggregator: opens the store of `config`, serves on `listeners` until
+/// `shutdown` completes, and closes the store.
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    Aggregator::open(config)?.serve(listeners, shutdown).await
+}

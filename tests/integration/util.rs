@@ -99,3 +99,204 @@ pub fn lines(prefix: &str, range: std::ops::Range<u64>) -> Vec<u8> {
     }
     out
 }
+
+/// The `hourglass-aggregator` binary, built on first use.
+///
+/// `CARGO_BIN_EXE_*` names only binaries of the test's own package, and the aggregator is
+/// another workspace member, so it is found beside this test executable instead
+/// (`target/<profile>/hourglass-aggregator`). Because `cargo test` of this package does
+/// not build other packages' binaries, the first call runs `cargo build -p
+/// hourglass-aggregator` into the same target directory and profile; when the binary is
+/// up to date that is a no-op of a second or so.
+pub fn aggregator_binary() -> PathBuf {
+    static BUILD: std::sync::Once = std::sync::Once::new();
+    let exe = std::env::current_exe().expect("path of the test executable");
+    // target/<profile>/deps/<test> → target/<profile>
+    let profile_dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf();
+    let binary = profile_dir.join(format!(
+        "hourglass-aggregator{}",
+        std::env::consts::EXE_SUFFIX
+    ));
+    BUILD.call_once(|| {
+        let target_dir = profile_dir
+            .parent()
+            .expect("target dir above the profile dir");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let mut build = Command::new(cargo);
+        build
+            .args(["build", "-p", "hourglass-aggregator", "--bin"])
+            .arg("hourglass-aggregator")
+            .arg("--target-dir")
+            .arg(target_dir);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build for the aggregator");
+        assert!(status.success(), "building hourglass-aggregator failed");
+    });
+    assert!(
+        binary.exists(),
+        "no aggregator binary at {}",
+        binary.display()
+    );
+    binary
+}
+
+/// A running `hourglass-aggregator`, killed (SIGKILL) when dropped.
+pub struct AggregatorProcess {
+    child: std::process::Child,
+    /// The gRPC address as a URL, `http://127.0.0.1:PORT`.
+    pub grpc: String,
+    /// The admin HTTP address.
+    pub admin: std::net::SocketAddr,
+    /// Everything the process wrote to stdout (its logs), for failure messages.
+    logs: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl AggregatorProcess {
+    /// Starts the aggregator on free ports with its data in `data_dir`, plus `extra`
+    /// arguments, and waits until it announces both ports on stderr.
+    pub fn start(data_dir: &str, extra: &[&str]) -> AggregatorProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(aggregator_binary())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data_dir,
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start hourglass-aggregator");
+        // Both pipes are drained from threads, so a chatty process never blocks on a
+        // full pipe.
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let sink = std::sync::Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut logs = sink.lock().expect("log buffer");
+                logs.push_str(&line);
+                logs.push('\n');
+            }
+        });
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let (mut grpc, mut admin) = (None, None);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut seen = String::new();
+        while grpc.is_none() || admin.is_none() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "aggregator did not announce its ports; stderr:\n{seen}\nlogs:\n{}",
+                    logs.lock().expect("log buffer")
+                );
+            };
+            seen.push_str(&line);
+            seen.push('\n');
+            if let Some(addr) = line.strip_prefix("grpc listening on ") {
+                grpc = Some(addr.trim().to_string());
+            } else if let Some(addr) = line.strip_prefix("admin listening on ") {
+                admin = Some(addr.trim().parse().expect("admin address"));
+            }
+        }
+        AggregatorProcess {
+            child,
+            grpc: format!("http://{}", grpc.expect("grpc address")),
+            admin: admin.expect("admin address"),
+            logs,
+        }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and waits for it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits up to 30 s for the process to exit; returns its status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for aggregator") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "aggregator still running 30 s after SIGTERM; logs:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Its logs so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().expect("log buffer").clone()
+    }
+}
+
+impl Drop for AggregatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET: returns the status code and the body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to admin port");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("set read timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or((response.as_str(), ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {head}"));
+    // Chunked bodies keep their chunk sizes; the tests only look for lines inside them.
+    (status, body.to_string())
+}

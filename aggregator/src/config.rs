@@ -1,0 +1,461 @@
+//! The aggregator's configuration: where it keeps its data (from the command line) and
+//! everything else (from an optional TOML file), with a default for every field.
+//!
+//! ```toml
+//! [rollup]
+//! interval = "60s"     # how often closed days are rolled up
+//! lateness = "1h"      # how long after a day ends its rollups may still change
+//! days_per_pass = 1000 # dirty days rebuilt per pass at most
+//!
+//! [retention]
+//! hourly = "35d"       # hourly rows older than this are deleted
+//! rollups = "400d"     # daily rollups older than this are deleted
+//!
+//! [storage]
+//! sync_writes = true   # fsync the WAL before acknowledging a push
+//! block_cache_mib = 256
+//!
+//! [limits]
+//! max_snapshots_per_push = 10000
+//! max_live_hours_per_push = 10000
+//! max_message_mib = 64
+//! max_sketch_mib = 16
+//! max_query_range = "400d"
+//! ```
+//!
+//! Durations are a whole number followed by a unit: `s`, `m`, `h` or `d`.
+//! [`Config::validate`] checks every bound and names the field that breaks it.
+
+use serde::{Deserialize, Deserializer};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+
+use crate::store::StoreOptions;
+
+const SECOND: Duration = Duration::from_secs(1);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Everything the aggregator process needs besides its listeners.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The RocksDB directory. Given on the command line (`--data-dir`), never in the file,
+    /// so that one config file can serve several aggregators.
+    #[serde(skip)]
+    pub data_dir: PathBuf,
+    /// When and how daily rollups are built.
+    pub rollup: RollupConfig,
+    /// How long data is kept.
+    pub retention: RetentionConfig,
+    /// RocksDB tuning.
+    pub storage: StorageConfig,
+    /// Bounds on what one request may ask of the aggregator (DESIGN §8).
+    pub limits: LimitsConfig,
+}
+
+/// `[rollup]`: the background builder of daily rollups.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RollupConfig {
+    /// How often the background task looks for closed days to roll up and applies
+    /// retention.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// How long after a day ends snapshots of it are still expected; rollups are built
+    /// for days whose end plus this has passed. Later snapshots still count: they mark
+    /// the day dirty and its rollups are rebuilt.
+    #[serde(deserialize_with = "duration")]
+    pub lateness: Duration,
+    /// At most this many dirty (series, day) pairs are rebuilt per pass, so one pass
+    /// after a long outage cannot run for hours.
+    pub days_per_pass: usize,
+}
+
+impl Default for RollupConfig {
+    fn default() -> Self {
+        RollupConfig {
+            interval: 60 * SECOND,
+            lateness: HOUR,
+            days_per_pass: 1000,
+        }
+    }
+}
+
+/// `[retention]`: age limits, each applied by the background task.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Hourly rows whose hour ended longer ago than this are deleted.
+    #[serde(deserialize_with = "duration")]
+    pub hourly: Duration,
+    /// Daily rollups whose day ended longer ago than this are deleted.
+    #[serde(deserialize_with = "duration")]
+    pub rollups: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            hourly: 35 * DAY,
+            rollups: 400 * DAY,
+        }
+    }
+}
+
+/// `[storage]`: the RocksDB options an operator may want to change.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Sync the WAL before acknowledging a push, so acknowledged snapshots survive a
+    /// machine crash, not only a process crash.
+    pub sync_writes: bool,
+    /// The RocksDB block cache, in MiB.
+    pub block_cache_mib: usize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        let defaults = StoreOptions::default();
+        StorageConfig {
+            sync_writes: defaults.sync_writes,
+            block_cache_mib: defaults.block_cache_bytes >> 20,
+        }
+    }
+}
+
+/// `[limits]`: request bounds. Each refusal names the bound and the value.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Most snapshots in one push.
+    pub max_snapshots_per_push: usize,
+    /// Most distinct live hours declared in one push.
+    pub max_live_hours_per_push: usize,
+    /// Largest gRPC message accepted after decompression, in MiB.
+    pub max_message_mib: usize,
+    /// Largest encoded sketch in a snapshot, in MiB.
+    pub max_sketch_mib: usize,
+    /// Longest time range one query may span.
+    #[serde(deserialize_with = "duration")]
+    pub max_query_range: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_snapshots_per_push: 10_000,
+            max_live_hours_per_push: 10_000,
+            max_message_mib: 64,
+            max_sketch_mib: 16,
+            max_query_range: 400 * DAY,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// [`LimitsConfig::max_message_mib`] in bytes.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_mib.saturating_mul(1 << 20)
+    }
+
+    /// [`LimitsConfig::max_sketch_mib`] in bytes.
+    pub fn max_sketch_bytes(&self) -> usize {
+        self.max_sketch_mib.saturating_mul(1 << 20)
+    }
+
+    /// [`LimitsConfig::max_query_range`] in whole hours.
+    pub fn max_query_hours(&self) -> u64 {
+        self.max_query_range.as_secs() / 3600
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./hourglass-data"),
+            rollup: RollupConfig::default(),
+            retention: RetentionConfig::default(),
+            storage: StorageConfig::default(),
+            limits: LimitsConfig::default(),
+        }
+    }
+}
+
+/// Why a configuration cannot be used. Every variant names the field.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has an unknown or mistyped field.
+    #[error("config file {}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's description, which names the field and line.
+        message: String,
+    },
+    /// A field is outside its allowed range.
+    #[error("config field {field} = {value}: {rule}")]
+    Invalid {
+        /// The field, as `section.key`.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        rule: &'static str,
+    },
+}
+
+impl Config {
+    /// Reads a TOML config file; fields it leaves out keep their defaults. The result is
+    /// not yet validated, since the command line still sets the data dir.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error is the parser's message.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+
+    /// Checks every field against its bounds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn check(
+            ok: bool,
+            field: &'static str,
+            value: impl std::fmt::Debug,
+            rule: &'static str,
+        ) -> Result<(), ConfigError> {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid {
+                    field,
+                    value: format!("{value:?}"),
+                    rule,
+                })
+            }
+        }
+        check(
+            !self.data_dir.as_os_str().is_empty(),
+            "data_dir",
+            &self.data_dir,
+            "must not be empty",
+        )?;
+        let r = &self.rollup;
+        check(
+            r.interval >= SECOND && r.interval <= DAY,
+            "rollup.interval",
+            r.interval,
+            "must be between 1s and 1d",
+        )?;
+        check(
+            r.lateness <= 7 * DAY,
+            "rollup.lateness",
+            r.lateness,
+            "must be at most 7d",
+        )?;
+        check(
+            r.days_per_pass >= 1,
+            "rollup.days_per_pass",
+            r.days_per_pass,
+            "must be at least 1",
+        )?;
+        let t = &self.retention;
+        // Retention shorter than the lateness window would delete hours before their
+        // final snapshot could arrive.
+        check(
+            t.hourly >= DAY && t.hourly >= r.lateness,
+            "retention.hourly",
+            t.hourly,
+            "must be at least 1d and at least rollup.lateness",
+        )?;
+        // Rollups answer whole days once hourly rows are gone; deleting them first would
+        // leave days that nothing answers.
+        check(
+            t.rollups >= t.hourly,
+            "retention.rollups",
+            t.rollups,
+            "must be at least retention.hourly",
+        )?;
+        let s = &self.storage;
+        check(
+            (1..=1 << 20).contains(&s.block_cache_mib),
+            "storage.block_cache_mib",
+            s.block_cache_mib,
+            "must be between 1 and 1048576",
+        )?;
+        let l = &self.limits;
+        check(
+            (1..=1_000_000).contains(&l.max_snapshots_per_push),
+            "limits.max_snapshots_per_push",
+            l.max_snapshots_per_push,
+            "must be between 1 and 1000000",
+        )?;
+        check(
+            (1..=1_000_000).contains(&l.max_live_hours_per_push),
+            "limits.max_live_hours_per_push",
+            l.max_live_hours_per_push,
+            "must be between 1 and 1000000",
+        )?;
+        check(
+            (1..=4096).contains(&l.max_message_mib),
+            "limits.max_message_mib",
+            l.max_message_mib,
+            "must be between 1 and 4096",
+        )?;
+        check(
+            l.max_sketch_mib >= 1 && l.max_sketch_mib <= l.max_message_mib,
+            "limits.max_sketch_mib",
+            l.max_sketch_mib,
+            "must be at least 1 and at most limits.max_message_mib",
+        )?;
+        check(
+            l.max_query_range >= HOUR,
+            "limits.max_query_range",
+            l.max_query_range,
+            "must be at least 1h",
+        )?;
+        Ok(())
+    }
+
+    /// The RocksDB options this configuration asks for.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            sync_writes: self.storage.sync_writes,
+            block_cache_bytes: self.storage.block_cache_mib << 20,
+            ..StoreOptions::default()
+        }
+    }
+}
+
+/// Parses `90s`, `15m`, `1h`, `35d`: a whole number and one unit.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("duration {text:?} has no unit: add s, m, h or d"))?;
+    let (digits, unit) = text.split_at(split);
+    let amount: u64 = digits
+        .parse()
+        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("duration {text:?}: unit must be s, m, h or d")),
+    };
+    amount
+        .checked_mul(seconds_per)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("duration {text:?} is too long"))
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_documentation() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.rollup.lateness, HOUR);
+        assert_eq!(c.rollup.interval, 60 * SECOND);
+        assert_eq!(c.retention.hourly, 35 * DAY);
+        assert_eq!(c.retention.rollups, 400 * DAY);
+        assert!(c.storage.sync_writes);
+        assert_eq!(c.limits.max_snapshots_per_push, 10_000);
+        assert_eq!(c.limits.max_message_bytes(), 64 << 20);
+        assert_eq!(c.limits.max_sketch_bytes(), 16 << 20);
+        assert_eq!(c.limits.max_query_hours(), 400 * 24);
+        // The example in the module docs is the defaults, spelled out.
+        let documented = Config::from_toml(
+            r#"
+            [rollup]
+            interval = "60s"
+            lateness = "1h"
+            days_per_pass = 1000
+            [retention]
+            hourly = "35d"
+            rollups = "400d"
+            [storage]
+            sync_writes = true
+            block_cache_mib = 256
+            [limits]
+            max_snapshots_per_push = 10000
+            max_live_hours_per_push = 10000
+            max_message_mib = 64
+            max_sketch_mib = 16
+            max_query_range = "400d"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(documented, Config::default());
+    }
+
+    #[test]
+    fn a_partial_file_keeps_other_defaults() {
+        let c = Config::from_toml("[rollup]\nlateness = \"3h\"\n").unwrap();
+        assert_eq!(c.rollup.lateness, 3 * HOUR);
+        assert_eq!(c.rollup.interval, 60 * SECOND);
+        assert_eq!(c.limits, LimitsConfig::default());
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let unknown = Config::from_toml("[rollup]\nlatenes = \"3h\"\n").unwrap_err();
+        assert!(unknown.contains("latenes"), "{unknown}");
+        let bad_unit = Config::from_toml("[rollup]\nlateness = \"3w\"\n").unwrap_err();
+        assert!(
+            bad_unit.contains("lateness") && bad_unit.contains("unit"),
+            "{bad_unit}"
+        );
+
+        let mut c = Config::default();
+        c.limits.max_snapshots_per_push = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.max_snapshots_per_push"), "{e}");
+
+        let mut c = Config::default();
+        c.retention.rollups = 10 * DAY;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("retention.rollups"), "{e}");
+
+        let mut c = Config::default();
+        c.limits.max_sketch_mib = 100;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.max_sketch_mib"), "{e}");
+    }
+
+    #[test]
+    fn durations_parse_with_one_unit() {
+        assert_eq!(parse_duration("90s").unwrap(), 90 * SECOND);
+        assert_eq!(parse_duration("15m").unwrap(), 900 * SECOND);
+        assert_eq!(parse_duration("2d").unwrap(), 2 * DAY);
+        for bad in ["", "h", "10", "1.5h", "-1h", "1hh", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The aggregator's Prometheus metrics, served as text on the admin port's `/metrics`.
+//!
+//! Counters and histograms are updated where things happen (the gRPC services and the
+//! background task); storage gauges are read from RocksDB when `/metrics` is scraped, so
+//! they cost nothing between scrapes.
+
+use crate::store::StoreStats;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label pairs of one time series of a metric family.
+type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the aggregator exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Push RPCs answered, by outcome (`ok` or the gRPC code).
+    pub pushes: Family<Labels, Counter>,
+    /// Snapshots stored (newer than held).
+    pub snapshots_stored: Counter,
+    /// Snapshots acknowledged as stale.
+    pub snapshots_stale: Counter,
+    /// Snapshots rejected, by the rule they broke.
+    pub snapshots_rejected: Family<Labels, Counter>,
+    /// Query RPCs answered, by method and outcome.
+    pub queries: Family<Labels, Counter>,
+    /// Push latency in seconds, from request to reply.
+    pub push_seconds: Histogram,
+    /// Query latency in seconds, by method.
+    pub query_seconds: Family<Labels, Histogram>,
+    /// Rollup passes run, by outcome.
+    pub rollup_passes: Family<Labels, Counter>,
+    /// Days whose rollups were (re)built.
+    pub rollup_days: Counter,
+    /// Rollup sketches written.
+    pub rollups_written: Counter,
+    /// Hourly rows and rollups deleted by retention, by what.
+    pub retention_deleted: Family<Labels, Counter>,
+    /// Seconds since the oldest closed day that still waits for its rollups was closed;
+    /// 0 when every closed day is rolled up.
+    pub rollup_lag_seconds: Gauge,
+    /// Unix time of the end of the last successful rollup pass.
+    pub last_rollup_pass: Gauge,
+    /// Series in the dictionary.
+    pub series: Gauge,
+    /// Servers in the registry.
+    pub servers: Gauge,
+    /// RocksDB sizes per column family, by `cf` and `what`.
+    pub store_bytes: Family<Labels, Gauge>,
+    /// RocksDB estimated keys per column family.
+    pub store_keys: Family<Labels, Gauge>,
+    /// Bytes in the RocksDB block cache.
+    pub block_cache_bytes: Gauge,
+    /// Compactions running.
+    pub running_compactions: Gauge,
+    /// 1 while RocksDB stops writes (too many L0 files or pending compaction).
+    pub write_stopped: Gauge,
+    /// Bytes per second RocksDB delays writes to; 0 when it does not.
+    pub delayed_write_rate: Gauge,
+}
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms to about 16 s: pushes are fsync-bound, queries over a year read rollups.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics at zero, registered under the `hourglass_aggregator` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("hourglass_aggregator");
+        let mut m = Metrics {
+            pushes: Family::default(),
+            snapshots_stored: Counter::default(),
+            snapshots_stale: Counter::default(),
+            snapshots_rejected: Family::default(),
+            queries: Family::default(),
+            push_seconds: latency_buckets(),
+            query_seconds: Family::new_with_constructor(latency_buckets),
+            rollup_passes: Family::default(),
+            rollup_days: Counter::default(),
+            rollups_written: Counter::default(),
+            retention_deleted: Family::default(),
+            rollup_lag_seconds: Gauge::default(),
+            last_rollup_pass: Gauge::default(),
+            series: Gauge::default(),
+            servers: Gauge::default(),
+            store_bytes: Family::default(),
+            store_keys: Family::default(),
+            block_cache_bytes: Gauge::default(),
+            running_compactions: Gauge::default(),
+            write_stopped: Gauge::default(),
+            delayed_write_rate: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("pushes", "Push RPCs answered, by outcome", m.pushes.clone());
+        r.register(
+            "snapshots_stored",
+            "Snapshots stored because they were newer than the version held",
+            m.snapshots_stored.clone(),
+        );
+        r.register(
+            "snapshots_stale",
+            "Snapshots acknowledged and ignored because a newer or equal version is held",
+            m.snapshots_stale.clone(),
+        );
+        r.register(
+            "snapshots_rejected",
+            "Snapshots refused, by the rule they broke",
+            m.snapshots_rejected.clone(),
+        );
+        r.register(
+            "queries",
+            "Query RPCs answered, by method and outcome",
+            m.queries.clone(),
+        );
+        r.register(
+            "push_duration_seconds",
+            "Time to answer a push, including the WAL sync",
+            m.push_seconds.clone(),
+        );
+        r.register(
+            "query_duration_seconds",
+            "Time to answer a query, by method",
+            m.query_seconds.clone(),
+        );
+        r.register(
+            "rollup_passes",
+            "Background rollup and retention passes, by outcome",
+            m.rollup_passes.clone(),
+        );
+        r.register(
+            "rollup_days",
+            "Series-days whose rollups were built or rebuilt",
+            m.rollup_days.clone(),
+        );
+        r.register(
+            "rollups_written",
+            "Daily rollup sketches written",
+            m.rollups_written.clone(),
+        );
+        r.register(
+            "retention_deleted",
+            "Rows deleted by retention, by table",
+            m.retention_deleted.clone(),
+        );
+        r.register(
+            "rollup_lag_seconds",
+            "Seconds since the oldest closed day still waiting for rollups was closed",
+            m.rollup_lag_seconds.clone(),
+        );
+        r.register(
+            "last_rollup_pass_timestamp_seconds",
+            "Unix time at which the last successful rollup pass ended",
+            m.last_rollup_pass.clone(),
+        );
+        r.register("series", "Series in the dictionary", m.series.clone());
+        r.register("servers", "Servers in the registry", m.servers.clone());
+        r.register(
+            "store_bytes",
+            "RocksDB bytes per column family: sst, live data, memtable, pending compaction",
+            m.store_bytes.clone(),
+        );
+        r.register(
+            "store_estimated_keys",
+            "RocksDB estimated keys per column family",
+            m.store_keys.clone(),
+        );
+        r.register(
+            "block_cache_usage_bytes",
+            "Bytes held in the RocksDB block cache",
+            m.block_cache_bytes.clone(),
+        );
+        r.register(
+            "running_compactions",
+            "RocksDB compactions running",
+            m.running_compactions.clone(),
+        );
+        r.register(
+            "write_stopped",
+            "1 while RocksDB stops writes",
+            m.write_stopped.clone(),
+        );
+        r.register(
+            "delayed_write_rate_bytes",
+            "Rate RocksDB delays writes to, 0 when not delaying",
+            m.delayed_write_rate.clone(),
+        );
+        m.registry = registry;
+        m
+    }
+
+    /// Counts one finished query.
+    pub fn query_done(&self, method: &'static str, outcome: &str, seconds: f64) {
+        self.queries
+            .get_or_create(&vec![
+                ("method", method.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+        self.query_seconds
+            .get_or_create(&vec![("method", method.to_string())])
+            .observe(seconds);
+    }
+
+    /// Counts one rejected snapshot under the rule it broke.
+    pub fn rejected(&self, rule: &'static str) {
+        self.snapshots_rejected
+            .get_or_create(&vec![("reason", rule.to_string())])
+            .inc();
+    }
+
+    /// Sets the storage gauges from a fresh reading.
+    pub fn set_store(&self, stats: &StoreStats, series: usize, servers: usize) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.series.set(clamp(series as u64));
+        self.servers.set(clamp(servers as u64));
+        for cf in &stats.column_families {
+            let bytes = |what: &str| vec![("cf", cf.name.to_string()), ("what", what.to_string())];
+            self.store_bytes
+                .get_or_create(&bytes("sst"))
+                .set(clamp(cf.sst_bytes));
+            self.store_bytes
+                .get_or_create(&bytes("live_data"))
+                .set(clamp(cf.live_data_bytes));
+            self.store_bytes
+                .get_or_create(&bytes("memtable"))
+                .set(clamp(cf.memtable_bytes));
+            self.store_bytes
+                .get_or_create(&bytes("pending_compaction"))
+                .set(clamp(cf.pending_compaction_bytes));
+            self.store_keys
+                .get_or_create(&vec![("cf", cf.name.to_string())])
+                .set(clamp(cf.estimated_keys));
+        }
+        self.block_cache_bytes
+            .set(clamp(stats.block_cache_usage_bytes));
+        self.running_compactions
+            .set(clamp(stats.running_compactions));
+        self.write_stopped.set(i64::from(stats.write_stopped));
+        self.delayed_write_rate.set(clamp(stats.delayed_write_rate));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error here would be a bug in a label.
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_names_every_family_with_its_prefix() {
+        let m = Metrics::new();
+        m.snapshots_stored.inc_by(3);
+        m.rejected("sketch.kind");
+        m.query_done("distinct", "ok", 0.01);
+        m.pushes
+            .get_or_create(&vec![("outcome", "ok".into())])
+            .inc();
+        let text = m.encode();
+        assert!(
+            text.contains("hourglass_aggregator_snapshots_stored_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"hourglass_aggregator_snapshots_rejected_total{reason="sketch.kind"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"hourglass_aggregator_queries_total{method="distinct",outcome="ok"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("hourglass_aggregator_query_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.contains("# EOF"), "{text}");
+    }
+}

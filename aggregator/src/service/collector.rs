@@ -1,0 +1,346 @@
+//! The `Collector` service: agents push cumulative snapshots (DESIGN §3).
+//!
+//! Each snapshot is checked on its own; one that breaks a rule is rejected with a reason
+//! naming the field, and the rest of the batch is still stored. The store keeps, per
+//! (series, hour, server, epoch), the highest version, so retries and duplicates only
+//! come back as STALE. The reply is sent after the one `put_hourly` batch returns, which
+//! is after the WAL holds it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hourglass::proto::v1::{self, collector_server::Collector};
+use hourglass::series::Series;
+use hourglass::sketch::Sketch;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, field};
+
+use super::convert::{self, MAX_SERVER_NAME_LEN};
+use super::outcome_label;
+use crate::config::LimitsConfig;
+use crate::keys::{Epoch, Hour, HourKey};
+use crate::metrics::Metrics;
+use crate::store::{PutOutcome, SeriesName, Store};
+
+/// The `Collector` gRPC service.
+pub struct CollectorService {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    limits: LimitsConfig,
+}
+
+impl CollectorService {
+    /// A service writing to `store` within `limits`.
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>, limits: LimitsConfig) -> Self {
+        CollectorService {
+            store,
+            metrics,
+            limits,
+        }
+    }
+}
+
+/// A snapshot that passed every check, ready for the store.
+struct Valid {
+    name: SeriesName,
+    hour: Hour,
+    epoch: u64,
+    version: u64,
+    sketch: Vec<u8>,
+}
+
+/// A snapshot refused: the rule (a metric label) and the reason for the agent.
+struct Rejection {
+    rule: &'static str,
+    reason: String,
+}
+
+fn reject(rule: &'static str, reason: String) -> Rejection {
+    Rejection { rule, reason }
+}
+
+/// Checks one snapshot, taking its sketch bytes out of the request without copying.
+fn check_snapshot(
+    i: usize,
+    snapshot: &mut v1::Snapshot,
+    max_sketch_bytes: usize,
+) -> Result<Valid, Rejection> {
+    let series = snapshot
+        .series
+        .as_ref()
+        .ok_or_else(|| reject("series", format!("snapshots[{i}].series is missing")))?;
+    let series = Series::try_from(series)
+        .map_err(|e| reject("series", format!("snapshots[{i}].series: {e}")))?;
+    if snapshot.version == 0 {
+        return Err(reject(
+            "version",
+            format!("snapshots[{i}].version is 0: versions start at 1"),
+        ));
+    }
+    let sketch = snapshot
+        .sketch
+        .as_mut()
+        .ok_or_else(|| reject("sketch", format!("snapshots[{i}].sketch is missing")))?;
+    let kind = convert::kind(sketch.kind, &format!("snapshots[{i}].sketch.kind"))
+        .map_err(|reason| reject("sketch.kind", reason))?;
+    if sketch.data.len() > max_sketch_bytes {
+        return Err(reject(
+            "sketch.size",
+            format!(
+                "snapshots[{i}].sketch.data is {} bytes, more than the limit of {max_sketch_bytes} (limits.max_sketch_mib)",
+                sketch.data.len()
+            ),
+        ));
+    }
+    // A full decode, not only the frame check the store does: a sketch that cannot be
+    // merged later would make every query over its hour fail.
+    let decoded = Sketch::decode(&sketch.data).map_err(|e| {
+        reject(
+            "sketch.data",
+            format!("snapshots[{i}].sketch.data does not decode: {e}"),
+        )
+    })?;
+    if decoded.kind() != kind {
+        return Err(reject(
+            "sketch.kind",
+            format!(
+                "snapshots[{i}].sketch.kind is {kind} but sketch.data holds a {} sketch",
+                decoded.kind()
+            ),
+        ));
+    }
+    Ok(Valid {
+        name: SeriesName::new(series.metric(), series.tags().to_vec(), kind),
+        hour: Hour(snapshot.hour),
+        epoch: snapshot.epoch,
+        version: snapshot.version,
+        sketch: std::mem::take(&mut sketch.data),
+    })
+}
+
+/// What the blocking part of a push did.
+struct Stored {
+    outcomes: Vec<PutOutcome>,
+}
+
+fn store_push(
+    store: &dyn Store,
+    server: &str,
+    labels: &[(String, String)],
+    live_hours: &[Hour],
+    valid: Vec<Valid>,
+) -> Result<Stored, crate::store::StoreError> {
+    let server_id = store.server_id(server, labels, true)?.ok_or_else(|| {
+        crate::store::StoreError::Engine(format!("server {server:?} not created"))
+    })?;
+    // Batches carry many hours of few series: look each series up once.
+    let mut ids = HashMap::new();
+    let mut batch = Vec::with_capacity(valid.len());
+    for v in valid {
+        let id = match ids.get(&v.name) {
+            Some(id) => *id,
+            None => {
+                let id = store.series_id(&v.name, true)?.ok_or_else(|| {
+                    crate::store::StoreError::Engine(format!("series {} not created", v.name))
+                })?;
+                ids.insert(v.name.clone(), id);
+                id
+            }
+        };
+        let key = HourKey {
+            series: id,
+            hour: v.hour,
+            server: server_id,
+            epoch: Epoch(v.epoch),
+        };
+        batch.push((key, v.version, v.sketch));
+    }
+    if !live_hours.is_empty() {
+        store.mark_live(server_id, live_hours)?;
+    }
+    let outcomes = if batch.is_empty() {
+        Vec::new()
+    } else {
+        store.put_hourly(&batch)?
+    };
+    Ok(Stored { outcomes })
+}
+
+#[tonic::async_trait]
+impl Collector for CollectorService {
+    async fn push(
+        &self,
+        request: Request<v1::PushRequest>,
+    ) -> Result<Response<v1::PushResponse>, Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let span = tracing::info_span!(
+            "push",
+            server = field::Empty,
+            snapshots = request.snapshots.len(),
+            stored = field::Empty,
+            stale = field::Empty,
+            rejected = field::Empty,
+        );
+        let result = self
+            .push_inner(request, &span)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(status) => {
+                span.in_scope(
+                    || tracing::warn!(code = ?status.code(), "push refused: {}", status.message()),
+                );
+                outcome_label(status.code())
+            }
+        };
+        self.metrics
+            .pushes
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+        self.metrics
+            .push_seconds
+            .observe(started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+}
+
+impl CollectorService {
+    async fn push_inner(
+        &self,
+        mut request: v1::PushRequest,
+        span: &tracing::Span,
+    ) -> Result<v1::PushResponse, Status> {
+        let limits = &self.limits;
+        if request.snapshots.len() > limits.max_snapshots_per_push {
+            return Err(Status::resource_exhausted(format!(
+                "push has {} snapshots, more than the limit of {} (limits.max_snapshots_per_push)",
+                request.snapshots.len(),
+                limits.max_snapshots_per_push
+            )));
+        }
+        let server = request
+            .server
+            .take()
+            .ok_or_else(|| Status::invalid_argument("server is required"))?;
+        if server.name.is_empty() || server.name.len() > MAX_SERVER_NAME_LEN {
+            return Err(Status::invalid_argument(format!(
+                "server.name {:?} must be 1 to {MAX_SERVER_NAME_LEN} bytes",
+                server.name
+            )));
+        }
+        if server.name.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(format!(
+                "server.name {:?} must not contain control characters",
+                server.name
+            )));
+        }
+        span.record("server", server.name.as_str());
+        let mut labels = convert::pairs(&server.labels, "server.labels")?;
+        labels.sort();
+        if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Status::invalid_argument(format!(
+                "server.labels: label {:?} appears more than once",
+                w[0].0
+            )));
+        }
+        // Agents resend the same live hours with every push; the set is what counts.
+        let live: BTreeSet<u32> = request.live_hours.iter().copied().collect();
+        if live.len() > limits.max_live_hours_per_push {
+            return Err(Status::resource_exhausted(format!(
+                "push declares {} live hours, more than the limit of {} (limits.max_live_hours_per_push)",
+                live.len(),
+                limits.max_live_hours_per_push
+            )));
+        }
+        let live: Vec<Hour> = live.into_iter().map(Hour).collect();
+
+        let max_sketch = limits.max_sketch_bytes();
+        let mut results = Vec::with_capacity(request.snapshots.len());
+        let mut valid = Vec::new();
+        // Which result each valid snapshot answers, so outcomes land in request order.
+        let mut slots = Vec::new();
+        for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
+            match check_snapshot(i, snapshot, max_sketch) {
+                Ok(v) => {
+                    slots.push(i);
+                    valid.push(v);
+                    results.push(v1::SnapshotResult::default());
+                }
+                Err(r) => {
+                    self.metrics.rejected(r.rule);
+                    results.push(v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Rejected as i32,
+                        held_version: 0,
+                        reason: r.reason,
+                    });
+                }
+            }
+        }
+        let rejected = results.len() - valid.len();
+        let versions: Vec<u64> = valid.iter().map(|v| v.version).collect();
+
+        let store = Arc::clone(&self.store);
+        let name = server.name.clone();
+        let stored = tokio::task::spawn_blocking(move || {
+            store_push(store.as_ref(), &name, &labels, &live, valid)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "storing a push failed");
+            convert::store_status(&e)
+        })?;
+
+        if stored.outcomes.len() != slots.len() {
+            return Err(Status::internal(format!(
+                "the store answered {} outcomes for {} snapshots",
+                stored.outcomes.len(),
+                slots.len()
+            )));
+        }
+        let (mut n_stored, mut n_stale) = (0u64, 0u64);
+        for ((slot, outcome), version) in slots.into_iter().zip(stored.outcomes).zip(versions) {
+            results[slot] = match outcome {
+                PutOutcome::Stored => {
+                    n_stored += 1;
+                    v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stored as i32,
+                        held_version: version,
+                        reason: String::new(),
+                    }
+                }
+                PutOutcome::Stale { held } => {
+                    n_stale += 1;
+                    v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stale as i32,
+                        held_version: held,
+                        reason: String::new(),
+                    }
+                }
+            };
+        }
+        self.metrics.snapshots_stored.inc_by(n_stored);
+        self.metrics.snapshots_stale.inc_by(n_stale);
+        span.record("stored", n_stored);
+        span.record("stale", n_stale);
+        span.record("rejected", rejected);
+        if rejected > 0 {
+            let first = results
+                .iter()
+                .find(|r| r.outcome == v1::PushOutcome::Rejected as i32)
+                .map(|r| r.reason.as_str())
+                .unwrap_or_default();
+            tracing::warn!(
+                rejected,
+                first_reason = first,
+                "push had rejected snapshots"
+            );
+        } else {
+            tracing::debug!("push stored");
+        }
+        Ok(v1::PushResponse { results })
+    }
+}

@@ -1,0 +1,323 @@
+//! Translations between the proto messages of `hourglass.v1` and the planner and store,
+//! and the mapping of their errors to gRPC status codes.
+//!
+//! Every check of a request field happens here, before any storage is touched, and every
+//! refusal names the field and the value so that the caller can fix the request.
+
+use hourglass::Kind;
+use hourglass::proto::v1;
+use hourglass::series::{validate_metric, validate_tag};
+use hourglass::sketch::Sketch;
+use hourglass::sketch::bloom::Health;
+use tonic::Status;
+
+use crate::keys::Hour;
+use crate::planner::{Coverage, GroupBy, QueryError, Selector};
+use crate::store::StoreError;
+
+/// Converts a request's selector for the planner, checking every field.
+///
+/// `max_hours` bounds the span of the range; `kind` comes from the RPC (or, for Export,
+/// from the request).
+pub fn selector(
+    proto: Option<&v1::Selector>,
+    kind: Kind,
+    max_hours: u64,
+) -> Result<Selector, Status> {
+    let proto = proto.ok_or_else(|| Status::invalid_argument("selector is required"))?;
+    if proto.metric.is_empty() {
+        return Err(Status::invalid_argument("selector.metric is required"));
+    }
+    validate_metric(&proto.metric)
+        .map_err(|e| Status::invalid_argument(format!("selector.metric: {e}")))?;
+    let tags = pairs(&proto.tags, "selector.tags")?;
+    let labels = pairs(&proto.labels, "selector.labels")?;
+    let range = proto
+        .range
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("selector.range is required"))?;
+    if range.start_hour >= range.end_hour {
+        return Err(Status::invalid_argument(format!(
+            "selector.range: end_hour {} must be greater than start_hour {}",
+            range.end_hour, range.start_hour
+        )));
+    }
+    let span = u64::from(range.end_hour - range.start_hour);
+    if span > max_hours {
+        return Err(Status::invalid_argument(format!(
+            "selector.range spans {span} hours, more than the limit of {max_hours} (limits.max_query_range)"
+        )));
+    }
+    for (i, pattern) in proto.servers.iter().enumerate() {
+        if pattern.is_empty() || pattern.len() > MAX_SERVER_NAME_LEN {
+            return Err(Status::invalid_argument(format!(
+                "selector.servers[{i}] {pattern:?} must be 1 to {MAX_SERVER_NAME_LEN} bytes"
+            )));
+        }
+    }
+    let group_by = match v1::GroupBy::try_from(proto.group_by) {
+        Ok(v1::GroupBy::None) => GroupBy::None,
+        Ok(v1::GroupBy::Server) => GroupBy::Server,
+        Ok(v1::GroupBy::Hour) => GroupBy::Hour,
+        Ok(v1::GroupBy::Day) => GroupBy::Day,
+        Ok(v1::GroupBy::Tag) => {
+            validate_tag(&proto.group_tag, "").map_err(|_| {
+                Status::invalid_argument(format!(
+                    "selector.group_tag {:?} must name a tag key when group_by is GROUP_BY_TAG",
+                    proto.group_tag
+                ))
+            })?;
+            GroupBy::Tag(proto.group_tag.clone())
+        }
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "selector.group_by {} is not a known grouping",
+                proto.group_by
+            )));
+        }
+    };
+    if !proto.group_tag.is_empty() && !matches!(group_by, GroupBy::Tag(_)) {
+        return Err(Status::invalid_argument(format!(
+            "selector.group_tag {:?} is set but group_by is not GROUP_BY_TAG",
+            proto.group_tag
+        )));
+    }
+    Ok(Selector {
+        metric: proto.metric.clone(),
+        kind,
+        tags,
+        hours: Hour(range.start_hour)..Hour(range.end_hour),
+        servers: proto.servers.clone(),
+        labels,
+        group_by,
+    })
+}
+
+/// Longest server name, in bytes: a DNS name's limit, since the default is the hostname.
+pub const MAX_SERVER_NAME_LEN: usize = 253;
+
+/// Checks and converts tags or labels; `field` names the list in errors.
+pub fn pairs(tags: &[v1::Tag], field: &str) -> Result<Vec<(String, String)>, Status> {
+    tags.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            validate_tag(&t.key, &t.value)
+                .map_err(|e| Status::invalid_argument(format!("{field}[{i}]: {e}")))?;
+            Ok((t.key.clone(), t.value.clone()))
+        })
+        .collect()
+}
+
+/// The kind of a wire enum value, or why it is not one.
+pub fn kind(value: i32, field: &str) -> Result<Kind, String> {
+    let wire = v1::SketchKind::try_from(value)
+        .map_err(|_| format!("{field} {value} is not a known sketch kind"))?;
+    Kind::try_from(wire).map_err(|_| format!("{field} is unspecified"))
+}
+
+/// The gRPC status for a planner error: the caller's mistake, a mismatch in stored data,
+/// or a fault of ours.
+pub fn query_status(e: &QueryError) -> Status {
+    let message = e.to_string();
+    match e {
+        QueryError::UnknownMetric { .. }
+        | QueryError::WrongKind { .. }
+        | QueryError::NoSeries { .. }
+        | QueryError::NoServers { .. } => Status::not_found(message),
+        QueryError::EmptyRange { .. } => Status::invalid_argument(message),
+        QueryError::Incompatible { .. } => Status::failed_precondition(message),
+        QueryError::Corrupt { .. } => Status::internal(message),
+        QueryError::Store(store) => store_status(store),
+    }
+}
+
+/// The gRPC status for a storage error.
+pub fn store_status(e: &StoreError) -> Status {
+    match e {
+        StoreError::IdsExhausted { .. } => Status::resource_exhausted(e.to_string()),
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+/// The proto form of a planner coverage.
+pub fn coverage(c: &Coverage) -> v1::Coverage {
+    v1::Coverage {
+        sketches_merged: c.sketches_merged,
+        server_hours_missing: c.server_hours_missing,
+        missing: c
+            .missing
+            .iter()
+            .map(|(server, hours)| v1::MissingServer {
+                server: server.clone(),
+                hours: *hours,
+            })
+            .collect(),
+    }
+}
+
+/// A distinct answer; zeros when nothing was merged.
+pub fn distinct(sketch: Option<&Sketch>) -> v1::DistinctAnswer {
+    match sketch {
+        Some(Sketch::Distinct(hll)) => {
+            let e = hll.estimate();
+            v1::DistinctAnswer {
+                estimate: e.estimate,
+                std_error: e.std_error,
+                lower95: e.lower95,
+                upper95: e.upper95,
+            }
+        }
+        _ => v1::DistinctAnswer::default(),
+    }
+}
+
+/// A frequency answer for `item`; zeros when nothing was merged.
+pub fn frequency(sketch: Option<&Sketch>, item: &[u8]) -> v1::FrequencyAnswer {
+    match sketch {
+        Some(Sketch::Frequency(f)) => {
+            let e = f.estimate(item);
+            v1::FrequencyAnswer {
+                estimate: e.estimate,
+                max_overcount: e.max_overcount,
+                total: e.total,
+            }
+        }
+        _ => v1::FrequencyAnswer::default(),
+    }
+}
+
+/// The `k` heaviest items; none when nothing was merged.
+pub fn top_k(sketch: Option<&Sketch>, k: usize) -> Vec<v1::TopItem> {
+    match sketch {
+        Some(Sketch::Frequency(f)) => f
+            .top_k(k)
+            .into_iter()
+            .map(|t| v1::TopItem {
+                item: t.item,
+                estimate: t.estimate,
+                lower: t.lower,
+                upper: t.upper,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A membership answer for `item`; "certainly not seen" when nothing was merged.
+pub fn membership(sketch: Option<&Sketch>, item: &[u8]) -> v1::MembershipAnswer {
+    match sketch {
+        Some(Sketch::Membership(b)) => v1::MembershipAnswer {
+            maybe_present: b.contains(item),
+            fill_ratio: b.fill_ratio(),
+            estimated_fpr: b.estimated_fpr(),
+            past_design_point: b.health() != Health::Healthy,
+        },
+        _ => v1::MembershipAnswer::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> v1::Selector {
+        v1::Selector {
+            metric: "visitors".into(),
+            tags: vec![v1::Tag {
+                key: "country".into(),
+                value: "de".into(),
+            }],
+            range: Some(v1::TimeRange {
+                start_hour: 10,
+                end_hour: 34,
+            }),
+            servers: vec!["web-*".into()],
+            labels: vec![],
+            group_by: v1::GroupBy::Tag as i32,
+            group_tag: "device".into(),
+        }
+    }
+
+    #[test]
+    fn a_good_selector_converts_field_by_field() {
+        let s = selector(Some(&good()), Kind::Distinct, 9600).unwrap();
+        assert_eq!(s.metric, "visitors");
+        assert_eq!(s.tags, vec![("country".to_string(), "de".to_string())]);
+        assert_eq!(s.hours, Hour(10)..Hour(34));
+        assert_eq!(s.servers, vec!["web-*".to_string()]);
+        assert_eq!(s.group_by, GroupBy::Tag("device".into()));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases: Vec<(Box<dyn Fn(&mut v1::Selector)>, &str)> = vec![
+            (Box::new(|s| s.metric.clear()), "selector.metric"),
+            (Box::new(|s| s.metric = "9x".into()), "selector.metric"),
+            (Box::new(|s| s.range = None), "selector.range"),
+            (
+                Box::new(|s| {
+                    s.range = Some(v1::TimeRange {
+                        start_hour: 5,
+                        end_hour: 5,
+                    })
+                }),
+                "selector.range",
+            ),
+            (
+                Box::new(|s| {
+                    s.range = Some(v1::TimeRange {
+                        start_hour: 0,
+                        end_hour: 9601,
+                    })
+                }),
+                "limits.max_query_range",
+            ),
+            (
+                Box::new(|s| s.tags[0].key = "a b".into()),
+                "selector.tags[0]",
+            ),
+            (Box::new(|s| s.group_tag.clear()), "selector.group_tag"),
+            (Box::new(|s| s.group_by = 99), "selector.group_by"),
+            (
+                Box::new(|s| s.group_by = v1::GroupBy::Server as i32),
+                "selector.group_tag",
+            ),
+            (
+                Box::new(|s| s.servers.push(String::new())),
+                "selector.servers[1]",
+            ),
+        ];
+        for (edit, field) in cases {
+            let mut s = good();
+            edit(&mut s);
+            let status = selector(Some(&s), Kind::Distinct, 9600).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(
+                status.message().contains(field),
+                "{field}: {}",
+                status.message()
+            );
+        }
+        let missing = selector(None, Kind::Distinct, 9600).unwrap_err();
+        assert!(missing.message().contains("selector"));
+    }
+
+    #[test]
+    fn kinds_are_checked() {
+        assert_eq!(kind(1, "kind").unwrap(), Kind::Distinct);
+        assert_eq!(kind(0, "kind").unwrap_err(), "kind is unspecified");
+        assert!(
+            kind(9, "sketch.kind")
+                .unwrap_err()
+                .contains("sketch.kind 9")
+        );
+    }
+
+    #[test]
+    fn no_sketch_answers_zeros() {
+        assert_eq!(distinct(None), v1::DistinctAnswer::default());
+        assert_eq!(frequency(None, b"x").estimate, 0);
+        assert!(top_k(None, 10).is_empty());
+        assert!(!membership(None, b"x").maybe_present);
+    }
+}

@@ -1,0 +1,115 @@
+//! The gRPC side of the aggregator: the `Collector` and `Query` services (thin
+//! translations between proto and the store and planner), the standard health service,
+//! server reflection, and the server that carries them with compression and size limits.
+
+pub mod collector;
+pub mod convert;
+pub mod query;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use hourglass::proto::v1::collector_server::CollectorServer;
+use hourglass::proto::v1::query_server::QueryServer;
+use tokio::net::TcpListener;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::LimitsConfig;
+use crate::metrics::Metrics;
+use crate::store::Store;
+pub use collector::CollectorService;
+pub use query::QueryService;
+
+/// The metric label of a gRPC status code: snake case, as Prometheus labels go.
+pub fn outcome_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+/// Serves every gRPC service on `listener` until `shutdown` completes, then stops
+/// accepting and waits for the RPCs in flight.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    limits: LimitsConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let max_message = limits.max_message_bytes();
+    let collector = CollectorServer::new(CollectorService::new(
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+        limits.clone(),
+    ))
+    .accept_compressed(CompressionEncoding::Gzip)
+    .accept_compressed(CompressionEncoding::Zstd)
+    .send_compressed(CompressionEncoding::Zstd)
+    .send_compressed(CompressionEncoding::Gzip)
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
+    let query = QueryServer::new(QueryService::new(store, metrics, limits))
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<CollectorServer<CollectorService>>()
+        .await;
+    health.set_serving::<QueryServer<QueryService>>().await;
+    // The empty name is the whole server, which clients without a service name ask about.
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(hourglass::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1();
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(hourglass::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha();
+
+    let mut builder = tonic::transport::Server::builder();
+    let mut router = builder
+        .add_service(health_service)
+        .add_service(collector)
+        .add_service(query);
+    // Reflection is a convenience for grpcurl and friends; a descriptor set that does not
+    // load must not keep the aggregator from serving.
+    match reflection_v1 {
+        Ok(service) => router = router.add_service(service),
+        Err(e) => tracing::warn!(error = %e, "gRPC reflection v1 is off"),
+    }
+    match reflection_v1alpha {
+        Ok(service) => router = router.add_service(service),
+        Err(e) => tracing::warn!(error = %e, "gRPC reflection v1alpha is off"),
+    }
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

@@ -1,0 +1,308 @@
+//! The `Query` service: each RPC converts its selector, asks the [`Planner`] for the
+//! merged sketch (on a blocking thread: it reads RocksDB and merges), and turns the
+//! merged sketch into the answer of its question.
+//!
+//! A selection that matches series and servers but holds no sketches in its range
+//! answers zeros with its coverage, since "no events" is an answer; only a metric,
+//! kind, tag or server selection that matches nothing is NOT_FOUND.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hourglass::Kind;
+use hourglass::proto::v1::{self, query_server::Query};
+use hourglass::sketch::Sketch;
+use hourglass::sketch::frequent::MAX_CAPACITY;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, field};
+
+use super::convert;
+use super::outcome_label;
+use crate::config::LimitsConfig;
+use crate::metrics::Metrics;
+use crate::planner::{Answer, Merged, Planner, Selector};
+use crate::store::Store;
+
+/// The `Query` gRPC service.
+pub struct QueryService {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    limits: LimitsConfig,
+}
+
+impl QueryService {
+    /// A service answering from `store` within `limits`.
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>, limits: LimitsConfig) -> Self {
+        QueryService {
+            store,
+            metrics,
+            limits,
+        }
+    }
+
+    /// Runs `work` as one counted, timed, traced query.
+    async fn measured<T, F>(&self, method: &'static str, work: F) -> Result<Response<T>, Status>
+    where
+        F: Future<Output = Result<T, Status>>,
+    {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "query",
+            method,
+            metric = field::Empty,
+            kind = field::Empty,
+            hourly_rows = field::Empty,
+            rollups = field::Empty,
+            sketches_merged = field::Empty,
+        );
+        let result = work.instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(_) => {
+                span.in_scope(|| tracing::debug!(elapsed = ?started.elapsed(), "query answered"));
+                "ok"
+            }
+            Err(status) => {
+                span.in_scope(
+                    || tracing::info!(code = ?status.code(), "query refused: {}", status.message()),
+                );
+                outcome_label(status.code())
+            }
+        };
+        self.metrics
+            .query_done(method, outcome, started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+
+    /// Converts the selector and asks the planner, off the async threads.
+    async fn plan(&self, selector: Option<&v1::Selector>, kind: Kind) -> Result<Answer, Status> {
+        let selector: Selector = convert::selector(selector, kind, self.limits.max_query_hours())?;
+        let span = tracing::Span::current();
+        span.record("metric", selector.metric.as_str());
+        span.record("kind", kind.to_string());
+        let store = Arc::clone(&self.store);
+        let answer =
+            tokio::task::spawn_blocking(move || Planner::new(store.as_ref()).answer(&selector))
+                .await
+                .map_err(|e| Status::internal(format!("query task failed: {e}")))?
+                .map_err(|e| convert::query_status(&e))?;
+        span.record("hourly_rows", answer.plan.hourly_rows);
+        span.record("rollups", answer.plan.rollups);
+        span.record("sketches_merged", answer.total.coverage.sketches_merged);
+        Ok(answer)
+    }
+
+    /// Runs a blocking store read off the async threads.
+    async fn read<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || work(store.as_ref()))
+            .await
+            .map_err(|e| Status::internal(format!("store task failed: {e}")))?
+            .map_err(|e| convert::store_status(&e))
+    }
+}
+
+/// The answer and coverage of every group, converted by `f`.
+fn groups<G>(answer: &Answer, f: impl Fn(&str, &Merged) -> G) -> Vec<G> {
+    answer.groups.iter().map(|(key, m)| f(key, m)).collect()
+}
+
+/// Checks `k` against the merged sketch's frequent-items capacity.
+fn check_k(k: u32, sketch: Option<&Sketch>) -> Result<usize, Status> {
+    if k == 0 {
+        return Err(Status::invalid_argument("k must be at least 1"));
+    }
+    let capacity = match sketch {
+        Some(Sketch::Frequency(f)) => f.frequent_items().capacity(),
+        _ => MAX_CAPACITY,
+    };
+    if k > capacity {
+        return Err(Status::invalid_argument(format!(
+            "k {k} is more than the sketches' frequent-items capacity of {capacity}"
+        )));
+    }
+    Ok(k as usize)
+}
+
+#[tonic::async_trait]
+impl Query for QueryService {
+    async fn distinct(
+        &self,
+        request: Request<v1::DistinctRequest>,
+    ) -> Result<Response<v1::DistinctResponse>, Status> {
+        let request = request.into_inner();
+        self.measured("distinct", async {
+            let a = self.plan(request.selector.as_ref(), Kind::Distinct).await?;
+            Ok(v1::DistinctResponse {
+                answer: Some(convert::distinct(a.total.sketch.as_ref())),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+                groups: groups(&a, |key, m| v1::DistinctGroup {
+                    key: key.to_string(),
+                    answer: Some(convert::distinct(m.sketch.as_ref())),
+                    coverage: Some(convert::coverage(&m.coverage)),
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn frequency(
+        &self,
+        request: Request<v1::FrequencyRequest>,
+    ) -> Result<Response<v1::FrequencyResponse>, Status> {
+        let request = request.into_inner();
+        self.measured("frequency", async {
+            let a = self
+                .plan(request.selector.as_ref(), Kind::Frequency)
+                .await?;
+            let item = request.item.as_slice();
+            Ok(v1::FrequencyResponse {
+                answer: Some(convert::frequency(a.total.sketch.as_ref(), item)),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+                groups: groups(&a, |key, m| v1::FrequencyGroup {
+                    key: key.to_string(),
+                    answer: Some(convert::frequency(m.sketch.as_ref(), item)),
+                    coverage: Some(convert::coverage(&m.coverage)),
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn top_k(
+        &self,
+        request: Request<v1::TopKRequest>,
+    ) -> Result<Response<v1::TopKResponse>, Status> {
+        let request = request.into_inner();
+        self.measured("topk", async {
+            // Checked before reading anything, then again against the merged capacity.
+            check_k(request.k, None)?;
+            let a = self
+                .plan(request.selector.as_ref(), Kind::Frequency)
+                .await?;
+            let k = check_k(request.k, a.total.sketch.as_ref())?;
+            Ok(v1::TopKResponse {
+                items: convert::top_k(a.total.sketch.as_ref(), k),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+                groups: groups(&a, |key, m| v1::TopKGroup {
+                    key: key.to_string(),
+                    items: convert::top_k(m.sketch.as_ref(), k),
+                    coverage: Some(convert::coverage(&m.coverage)),
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn membership(
+        &self,
+        request: Request<v1::MembershipRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let request = request.into_inner();
+        self.measured("membership", async {
+            let a = self
+                .plan(request.selector.as_ref(), Kind::Membership)
+                .await?;
+            let item = request.item.as_slice();
+            Ok(v1::MembershipResponse {
+                answer: Some(convert::membership(a.total.sketch.as_ref(), item)),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+                groups: groups(&a, |key, m| v1::MembershipGroup {
+                    key: key.to_string(),
+                    answer: Some(convert::membership(m.sketch.as_ref(), item)),
+                    coverage: Some(convert::coverage(&m.coverage)),
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn list_series(
+        &self,
+        request: Request<v1::ListSeriesRequest>,
+    ) -> Result<Response<v1::ListSeriesResponse>, Status> {
+        let metric = request.into_inner().metric;
+        self.measured("list_series", async {
+            let mut names: Vec<_> = self
+                .read(|store| store.list_series())
+                .await?
+                .into_iter()
+                .map(|(_, name)| name)
+                .filter(|name| metric.is_empty() || name.metric == metric)
+                .collect();
+            names.sort();
+            Ok(v1::ListSeriesResponse {
+                series: names
+                    .into_iter()
+                    .map(|name| v1::SeriesInfo {
+                        series: Some(v1::Series {
+                            metric: name.metric,
+                            tags: name
+                                .tags
+                                .into_iter()
+                                .map(|(key, value)| v1::Tag { key, value })
+                                .collect(),
+                        }),
+                        kind: v1::SketchKind::from(name.kind) as i32,
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn list_servers(
+        &self,
+        _request: Request<v1::ListServersRequest>,
+    ) -> Result<Response<v1::ListServersResponse>, Status> {
+        self.measured("list_servers", async {
+            let mut servers = self.read(|store| store.list_servers()).await?;
+            servers.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(v1::ListServersResponse {
+                servers: servers
+                    .into_iter()
+                    .map(|s| v1::ServerInfo {
+                        name: s.name,
+                        labels: s
+                            .labels
+                            .into_iter()
+                            .map(|(key, value)| v1::Tag { key, value })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn export(
+        &self,
+        request: Request<v1::ExportRequest>,
+    ) -> Result<Response<v1::ExportResponse>, Status> {
+        let request = request.into_inner();
+        self.measured("export", async {
+            let kind = convert::kind(request.kind, "kind").map_err(Status::invalid_argument)?;
+            if request
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.group_by != v1::GroupBy::None as i32)
+            {
+                return Err(Status::invalid_argument(
+                    "selector.group_by must be GROUP_BY_NONE for Export: it returns one sketch",
+                ));
+            }
+            let a = self.plan(request.selector.as_ref(), kind).await?;
+            // No sketch in the range: no sketch in the reply, and the coverage says why.
+            Ok(v1::ExportResponse {
+                sketch: a.total.sketch.as_ref().map(|s| v1::EncodedSketch {
+                    kind: v1::SketchKind::from(s.kind()) as i32,
+                    data: s.encode(),
+                }),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+            })
+        })
+        .await
+    }
+}
