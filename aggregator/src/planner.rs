@@ -647,7 +647,7 @@ mod tests {
 
     fn items(hour: u32, server: u32, device: &str) -> Vec<Vec<u8>> {
         (0..200u32)
-            .filter(|u| (u + hour + server) % 3 == 0)
+            .filter(|u| (u + hour + server).is_multiple_of(3))
             .map(|u| format!("{device}-user{u}").into_bytes())
             .collect()
     }

@@ -250,7 +250,8 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let cases: Vec<(Box<dyn Fn(&mut v1::Selector)>, &str)> = vec![
+        type Edit = Box<dyn Fn(&mut v1::Selector)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (Box::new(|s| s.metric.clear()), "selector.metric"),
             (Box::new(|s| s.metric = "9x".into()), "selector.metric"),
             (Box::new(|s| s.range = None), "selector.range"),

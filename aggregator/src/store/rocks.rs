@@ -190,11 +190,8 @@ impl RocksStore {
         db_options.set_keep_log_file_num(5);
         db_options.set_max_log_file_size(16 << 20);
 
-        let existing = match DB::list_cf(&Options::default(), &dir) {
-            Ok(cfs) => Some(cfs),
-            // No database there yet (or no directory): it will be created.
-            Err(_) => None,
-        };
+        // An error here means there is no database yet: it will be created.
+        let existing = DB::list_cf(&Options::default(), &dir).ok();
         if let Some(cfs) = &existing
             && !cfs.iter().any(|cf| cf == CF_META)
         {
