@@ -105,9 +105,12 @@ pub fn lines(prefix: &str, range: std::ops::Range<u64>) -> Vec<u8> {
 /// `CARGO_BIN_EXE_*` names only binaries of the test's own package, and the aggregator is
 /// another workspace member, so it is found beside this test executable instead
 /// (`target/<profile>/hourglass-aggregator`). Because `cargo test` of this package does
-/// not build other packages' binaries, the first call runs `cargo build -p
-/// hourglass-aggregator` into the same target directory and profile; when the binary is
-/// up to date that is a no-op of a second or so.
+/// not build other packages' binaries, the first call runs `cargo build --workspace
+/// --all-targets` into the same target directory and profile. Building the whole
+/// workspace with all targets resolves features exactly as `cargo test --workspace
+/// --all-targets` does, so RocksDB is not compiled a second time (`-p
+/// hourglass-aggregator` alone unifies features differently and would rebuild it, ~10
+/// minutes); after such a test build it takes seconds.
 pub fn aggregator_binary() -> PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().expect("path of the test executable");
@@ -128,9 +131,7 @@ pub fn aggregator_binary() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
         let mut build = Command::new(cargo);
         build
-            .args(["build", "-p", "hourglass-aggregator", "--bin"])
-            .arg("hourglass-aggregator")
-            .arg("--target-dir")
+            .args(["build", "--workspace", "--all-targets", "--target-dir"])
             .arg(target_dir);
         if profile_dir
             .file_name()
