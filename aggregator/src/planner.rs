@@ -194,6 +194,16 @@ pub struct DaySketches {
     pub rows: u64,
 }
 
+/// Which day sketches [`merge_day`] builds: both cost a decode-and-merge per row, so a
+/// query builds only the one it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DayParts {
+    /// Build [`DaySketches::all`].
+    pub all: bool,
+    /// Build [`DaySketches::per_server`].
+    pub per_server: bool,
+}
+
 /// Merges the hourly rows of `series` in `hours` (within one day) the way rollups are
 /// built: the single definition of the merge order (module docs).
 pub fn merge_day(
@@ -202,6 +212,7 @@ pub fn merge_day(
     series_id: SeriesId,
     hours: Range<Hour>,
     keep: &dyn Fn(ServerId) -> bool,
+    parts: DayParts,
 ) -> Result<DaySketches, QueryError> {
     let mut day = DaySketches::default();
     let mut failure = None;
@@ -226,14 +237,22 @@ pub fn merge_day(
                 return false;
             }
         };
-        let merged = match day.per_server.get_mut(&key.server) {
-            Some(s) => s.merge(&sketch),
-            None => {
-                day.per_server.insert(key.server, sketch.clone());
-                Ok(())
-            }
-        }
-        .and_then(|()| fold(&mut day.all, sketch));
+        let per_server = if !parts.per_server {
+            Ok(())
+        } else if let Some(s) = day.per_server.get_mut(&key.server) {
+            s.merge(&sketch)
+        } else if parts.all {
+            day.per_server.insert(key.server, sketch.clone());
+            Ok(())
+        } else {
+            day.per_server.insert(key.server, sketch);
+            day.rows += 1;
+            return true;
+        };
+        let merged = per_server.and_then(|()| match parts.all {
+            true => fold(&mut day.all, sketch),
+            false => Ok(()),
+        });
         if let Err(source) = merged {
             failure = Some(QueryError::Incompatible {
                 series: series.to_string(),
@@ -417,7 +436,11 @@ impl<'a> Planner<'a> {
                         sketch
                     }
                     None => {
-                        let day_rows = merge_day(self.store, name, series_id, hours, &keep)?;
+                        let parts = DayParts {
+                            all: every_server,
+                            per_server: !every_server,
+                        };
+                        let day_rows = merge_day(self.store, name, series_id, hours, &keep, parts)?;
                         plan.hourly_rows += day_rows.rows;
                         sketches_merged += day_rows.rows;
                         if every_server {

@@ -10,7 +10,7 @@
 //! an old rollup.
 
 use crate::keys::{Day, DayKey, ServerId};
-use crate::planner::{QueryError, merge_day};
+use crate::planner::{DayParts, QueryError, merge_day};
 use crate::store::Store;
 use std::collections::HashMap;
 
@@ -45,7 +45,11 @@ pub fn build_dirty_days(
             store.replace_rollups(mark.series, mark.day, Vec::new(), mark.mark)?;
             continue;
         };
-        let day = merge_day(store, name, mark.series, mark.day.hours(), &|_| true)?;
+        let both = DayParts {
+            all: true,
+            per_server: true,
+        };
+        let day = merge_day(store, name, mark.series, mark.day.hours(), &|_| true, both)?;
         let mut rollups: Vec<(DayKey, Vec<u8>)> = day
             .per_server
             .iter()

@@ -116,8 +116,12 @@ pub(super) fn pack(registers: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The inverse of [`pack`]: fills `registers` from `bytes` (three bytes per four
-/// registers; extra bytes or registers on either side are left alone).
-pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) {
+/// registers; extra bytes or registers on either side are left alone). Returns the
+/// largest register value written, so a decoder validates without a second pass.
+pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) -> u8 {
+    // Eight registers from each six bytes: one 64-bit load, eight shifts and masks; the
+    // running maximum costs one compare per register in the same pass.
+    let mut top = 0u8;
     let whole = (registers.len() / 8).min(bytes.len() / 6);
     for (eight, six) in registers[..whole * 8]
         .chunks_exact_mut(8)
@@ -127,7 +131,9 @@ pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) {
         word[..6].copy_from_slice(six);
         let bits = u64::from_le_bytes(word);
         for (i, r) in eight.iter_mut().enumerate() {
-            *r = (bits >> (6 * i) & 0x3f) as u8;
+            let value = (bits >> (6 * i) & 0x3f) as u8;
+            top = top.max(value);
+            *r = value;
         }
     }
     let (registers, bytes) = (&mut registers[whole * 8..], &bytes[whole * 6..]);
@@ -136,9 +142,12 @@ pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) {
         word[..3].copy_from_slice(triple);
         let bits = u32::from_le_bytes(word);
         for (i, r) in quad.iter_mut().enumerate() {
-            *r = (bits >> (6 * i) & 0x3f) as u8;
+            let value = (bits >> (6 * i) & 0x3f) as u8;
+            top = top.max(value);
+            *r = value;
         }
     }
+    top
 }
 
 #[cfg(test)]
@@ -160,7 +169,7 @@ mod tests {
         pack(&registers, &mut bytes);
         assert_eq!(bytes.len(), 48);
         let mut back = vec![0u8; 64];
-        unpack(&bytes, &mut back);
+        assert_eq!(unpack(&bytes, &mut back), 61);
         assert_eq!(back, registers);
         let mut bytes = Vec::new();
         pack(&[1, 2, 3, 61], &mut bytes);

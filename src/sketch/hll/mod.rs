@@ -518,11 +518,11 @@ fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseLis
 fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>, DecodeError> {
     let mut registers = dense::empty(precision);
     let bytes = reader.take(registers.len() / 4 * 3, "dense registers")?;
-    dense::unpack(bytes, &mut registers);
+    let top = dense::unpack(bytes, &mut registers);
     let max_rank = 65 - precision;
-    // One vectorised pass finds whether any register is out of range; only then is the
-    // first one looked for, to name it.
-    if registers.iter().max().is_some_and(|&top| top > max_rank)
+    // Unpacking reports the largest register; only when it is out of range is the first
+    // offender looked for, to name it.
+    if top > max_rank
         && let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank)
     {
         return Err(invalid(
