@@ -159,6 +159,18 @@ enum Repr {
     Dense(Box<[u8]>),
 }
 
+/// `1/√m` for a power of two `m`, without a square root (a cached estimate is otherwise
+/// a load and a few multiplies): `2^(−k/2)`, times `1/√2` when `k` is odd.
+fn inverse_sqrt_power_of_two(m: u64) -> f64 {
+    let k = m.trailing_zeros();
+    let half = 1.0 / (1u64 << (k / 2)) as f64;
+    if k % 2 == 1 {
+        half * std::f64::consts::FRAC_1_SQRT_2
+    } else {
+        half
+    }
+}
+
 /// The most sparse entries a sketch of `precision` holds before it turns dense.
 fn sparse_limit(precision: u8) -> usize {
     3 * (1usize << precision) / 16
@@ -301,7 +313,7 @@ impl Hll {
         // 3·2^18/16 items in 2^25 registers, where the estimate is close to linear
         // counting with relative error about 1/√(2m); a dense sketch below a few m items
         // is in the same linear-counting range, where the error is also smaller.
-        let std_error = estimate * 1.04 / (registers as f64).sqrt();
+        let std_error = estimate * 1.04 * inverse_sqrt_power_of_two(registers);
         Estimate::normal(estimate, std_error, floor)
     }
 

@@ -575,3 +575,15 @@ fn cached_estimate_follows_every_change() {
         assert_eq!(sketch.clone(), Hll::decode(&sketch.encode()).unwrap());
     }
 }
+
+#[test]
+fn inverse_square_roots_of_powers_of_two_are_exact_enough() {
+    for k in 4..=25u32 {
+        let m = 1u64 << k;
+        let exact = 1.0 / (m as f64).sqrt();
+        assert!(
+            (super::inverse_sqrt_power_of_two(m) - exact).abs() <= exact * 1e-15,
+            "2^{k}"
+        );
+    }
+}
