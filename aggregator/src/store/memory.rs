@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{
     DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError, StoredSketch, check_frame,
-    is_empty_range, sorted_labels,
+    check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -59,9 +59,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
-        for (i, (key, _, sketch)) in batch.iter().enumerate() {
-            check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
-        }
+        check_hourly_batch(batch)?;
         let mut inner = self.lock();
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, version, sketch) in batch {
@@ -268,9 +266,7 @@ impl Store for MemoryStore {
         rollups: Vec<(DayKey, Vec<u8>)>,
         mark: u64,
     ) -> Result<bool, StoreError> {
-        for (key, sketch) in &rollups {
-            check_frame(sketch, || format!("rollup {key:?}"))?;
-        }
+        check_rollups(&rollups)?;
         let mut inner = self.lock();
         inner
             .rollups

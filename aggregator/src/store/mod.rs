@@ -324,6 +324,22 @@ fn check_frame(sketch: &[u8], what: impl FnOnce() -> String) -> Result<(), Store
         })
 }
 
+/// Checks every frame of an hourly batch, so a bad entry fails it before anything is written.
+fn check_hourly_batch(batch: &[(HourKey, u64, Vec<u8>)]) -> Result<(), StoreError> {
+    for (i, (key, _, sketch)) in batch.iter().enumerate() {
+        check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
+    }
+    Ok(())
+}
+
+/// Checks every frame of a set of rollups before any is written.
+fn check_rollups(rollups: &[(DayKey, Vec<u8>)]) -> Result<(), StoreError> {
+    for (key, sketch) in rollups {
+        check_frame(sketch, || format!("rollup {key:?}"))?;
+    }
+    Ok(())
+}
+
 /// Sorted labels, the form the registry stores and compares.
 fn sorted_labels(labels: &[(String, String)]) -> Vec<(String, String)> {
     let mut labels = labels.to_vec();

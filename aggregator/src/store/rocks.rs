@@ -50,7 +50,7 @@ use rocksdb::{
 use super::memory::next_id;
 use super::{
     DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store, StoreError, StoredSketch,
-    check_frame, is_empty_range, sorted_labels,
+    check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds, hour_range_bounds,
@@ -472,9 +472,7 @@ impl RocksStore {
 
 impl Store for RocksStore {
     fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
-        for (i, (key, _, sketch)) in batch.iter().enumerate() {
-            check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
-        }
+        check_hourly_batch(batch)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -776,9 +774,7 @@ impl Store for RocksStore {
         rollups: Vec<(DayKey, Vec<u8>)>,
         mark: u64,
     ) -> Result<bool, StoreError> {
-        for (key, sketch) in &rollups {
-            check_frame(sketch, || format!("rollup {key:?}"))?;
-        }
+        check_rollups(&rollups)?;
         let cf = self.cf(CF_ROLLUPS);
         let prefix = series_time_prefix(series.0, day.0);
         let mut batch = WriteBatch::default();
