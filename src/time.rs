@@ -133,6 +133,31 @@ pub fn hour_range(
     Ok(start..end)
 }
 
+/// Parses a duration as a whole number and one unit: `250ms`, `90s`, `15m`, `1h`, `35d`.
+/// Used by both processes' flags and config files.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("duration {text:?} has no unit: add ms, s, m, h or d"))?;
+    let (digits, unit) = text.split_at(split);
+    let amount: u64 = digits
+        .parse()
+        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+    let millis_per = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("duration {text:?}: unit must be ms, s, m, h or d")),
+    };
+    amount
+        .checked_mul(millis_per)
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(|| format!("duration {text:?} is too long"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +221,20 @@ mod tests {
             hour_range(at("1960-01-01T00:00:00Z"), at("2026-11-23T00:00:00Z")),
             Err(TimeError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn durations_parse_with_one_unit() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(
+            parse_duration("2d").unwrap(),
+            Duration::from_secs(2 * 86_400)
+        );
+        for bad in ["", "h", "10", "1.5h", "-1h", "1hh", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

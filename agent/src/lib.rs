@@ -1,1 +1,319 @@
-//! The hourglass agent library.
+//! # hourglass-agent
+//!
+//! The agent runs on every host. Applications hand it events — DogStatsD lines over UDP
+//! or a Unix datagram socket, or batches over the gRPC `Ingest` service — and it keeps,
+//! per series and UTC hour of the event's own time, cumulative sketches that it ships to
+//! the aggregator as snapshots, effectively once (DESIGN §2, §3, §6).
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`statsd`] | the DogStatsD line parser: borrows, never allocates, never panics |
+//! | [`table`] | the sketches per (series, hour), their versions and acknowledgements, limits |
+//! | [`ingest`] | the datagram receivers (`recvmmsg` bursts) and the gRPC `Ingest` service |
+//! | [`shipper`] | flushes: versions, checkpoint, push with backoff, freeing closed hours |
+//! | [`checkpoint`] | the atomic checkpoint file and its hostile-input reader |
+//! | [`admin`] | `/metrics`, `/healthz`, `/readyz` |
+//! | [`metrics`] | the Prometheus counters and gauges |
+//! | [`config`] | the configuration file, its defaults and validation |
+//!
+//! [`Agent::open`] takes the data dir (one agent per directory) and restores the
+//! checkpoint, or starts a new epoch when there is none or it is damaged; [`Agent::serve`]
+//! runs until its shutdown future completes, then stops taking events, makes a final
+//! flush bounded in time, and writes a last checkpoint.
+
+pub mod admin;
+pub mod checkpoint;
+pub mod config;
+pub mod ingest;
+pub mod metrics;
+pub mod shipper;
+pub mod statsd;
+pub mod table;
+
+use std::fs::File;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use hourglass::proto::v1;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::Endpoint;
+use tonic::transport::server::TcpIncoming;
+
+pub use config::Config;
+
+use crate::metrics::Metrics;
+use crate::table::Table;
+
+/// Who the agent is and where it ships.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The server name, unique in the fleet.
+    pub server_name: String,
+    /// The server's labels.
+    pub labels: Vec<(String, String)>,
+    /// The aggregator's URL, `http://host:port`.
+    pub aggregator: String,
+    /// Where the checkpoint lives.
+    pub data_dir: PathBuf,
+    /// Everything else.
+    pub config: Config,
+}
+
+/// The sockets the agent serves on, bound by the caller (port 0 in tests).
+#[derive(Debug)]
+pub struct Listeners {
+    /// DogStatsD over UDP, if enabled.
+    pub statsd: Option<std::net::UdpSocket>,
+    /// DogStatsD over a Unix datagram socket, if enabled.
+    pub statsd_unix: Option<std::os::unix::net::UnixDatagram>,
+    /// The gRPC `Ingest` service.
+    pub ingest: TcpListener,
+    /// The admin HTTP port.
+    pub admin: TcpListener,
+}
+
+/// An agent whose state is loaded, ready to serve.
+pub struct Agent {
+    options: Options,
+    config: Arc<Config>,
+    table: Arc<Mutex<Table>>,
+    metrics: Arc<Metrics>,
+    // Held for the agent's life: the lock on the data dir.
+    _lock: File,
+}
+
+impl Agent {
+    /// Validates the options, locks the data dir and restores its checkpoint.
+    pub fn open(options: Options) -> anyhow::Result<Agent> {
+        options.config.validate()?;
+        hourglass::series::validate_tag("server", &options.server_name)
+            .map_err(|_| anyhow::anyhow!("server name {:?} is not usable: at most 256 bytes without ',', '|', '{{', '}}', '=' or control characters", options.server_name))?;
+        if options.server_name.is_empty() {
+            anyhow::bail!("server name is empty (--server-name)");
+        }
+        let dir = &options.data_dir;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
+        let lock = File::create(dir.join("lock"))
+            .with_context(|| format!("cannot write in the data dir {}", dir.display()))?;
+        if lock.try_lock().is_err() {
+            anyhow::bail!(
+                "data dir {} is in use by another agent (one agent per data dir)",
+                dir.display()
+            );
+        }
+        let config = Arc::new(options.config.clone());
+        let metrics = Arc::new(Metrics::new());
+        let table = restore(&config, &options, &metrics);
+        metrics.epoch.set(table.epoch());
+        Ok(Agent {
+            options,
+            config,
+            table: Arc::new(Mutex::new(table)),
+            metrics,
+            _lock: lock,
+        })
+    }
+
+    /// The epoch of the agent's state.
+    pub fn epoch(&self) -> u64 {
+        self.table.lock().expect("table lock").epoch()
+    }
+
+    /// Serves until `shutdown` completes; then stops taking events, flushes (bounded by
+    /// `shipping.shutdown_timeout`) and checkpoints.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Agent {
+            options,
+            config,
+            table,
+            metrics,
+            _lock,
+        } = self;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopper = tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let ingesting = Arc::new(AtomicBool::new(true));
+
+        // Datagram receivers: one thread per socket, polling `stop_udp` between bursts.
+        let stop_udp = Arc::new(AtomicBool::new(false));
+        let mut receivers = Vec::new();
+        if let Some(socket) = listeners.statsd {
+            let granted =
+                ingest::prepare_socket(&socket).context("configuring the statsd socket")?;
+            tracing::info!(receive_buffer = granted, "statsd (UDP) receiving");
+            let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
+            let stop = Arc::clone(&stop_udp);
+            receivers.push(
+                std::thread::Builder::new()
+                    .name("statsd-udp".into())
+                    .spawn(move || ingest::receive_loop(socket, handler, stop))?,
+            );
+        }
+        if let Some(socket) = listeners.statsd_unix {
+            let granted =
+                ingest::prepare_socket(&socket).context("configuring the statsd Unix socket")?;
+            tracing::info!(receive_buffer = granted, "statsd (Unix socket) receiving");
+            let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
+            let stop = Arc::clone(&stop_udp);
+            receivers.push(
+                std::thread::Builder::new()
+                    .name("statsd-unix".into())
+                    .spawn(move || ingest::receive_loop(socket, handler, stop))?,
+            );
+        }
+
+        let admin = tokio::spawn(admin::serve(
+            listeners.admin,
+            admin::AdminState {
+                table: Arc::clone(&table),
+                metrics: Arc::clone(&metrics),
+                ingesting: Arc::clone(&ingesting),
+            },
+            stopped(stop_rx.clone()),
+        ));
+
+        let channel = Endpoint::from_shared(options.aggregator.clone())
+            .with_context(|| {
+                format!(
+                    "aggregator URL {:?} is not valid (--aggregator)",
+                    options.aggregator
+                )
+            })?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let server = v1::Server {
+            name: options.server_name.clone(),
+            labels: options
+                .labels
+                .iter()
+                .map(|(key, value)| v1::Tag {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        };
+        // The shipper's own stop comes after ingest has stopped, so its final flush sees
+        // every event that was acknowledged.
+        let (ship_stop_tx, ship_stop_rx) = watch::channel(false);
+        let shipper = shipper::Shipper::new(
+            Arc::clone(&table),
+            Arc::clone(&metrics),
+            Arc::clone(&config),
+            options.data_dir.clone(),
+            server,
+            channel,
+        );
+        let shipping = tokio::spawn(shipper.run(ship_stop_rx));
+
+        let service = v1::ingest_server::IngestServer::new(ingest::IngestService::new(
+            Arc::clone(&table),
+            Arc::clone(&metrics),
+            Arc::clone(&config),
+        ))
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(256 << 20);
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        let incoming = TcpIncoming::from(listeners.ingest).with_nodelay(Some(true));
+        let grpc = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()))
+            .await;
+        ingesting.store(false, Ordering::Release);
+        tracing::info!("stopped taking events");
+        stop_udp.store(true, Ordering::Relaxed);
+        for r in receivers {
+            let _ = r.join();
+        }
+        let _ = ship_stop_tx.send(true);
+        let shipped = shipping.await;
+        stopper.abort();
+        drop(stop_rx);
+        let admin = admin.await;
+        grpc.map_err(|e| anyhow::anyhow!("gRPC ingest server failed: {e}"))?;
+        shipped.map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?;
+        admin
+            .map_err(|e| anyhow::anyhow!("admin server task failed: {e}"))?
+            .map_err(|e| anyhow::anyhow!("admin server failed: {e}"))?;
+        Ok(())
+    }
+}
+
+/// The table of the checkpoint in the data dir, or an empty one in a new epoch — with a
+/// loud log line and a metric — when there is none or it is damaged.
+fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table {
+    let dir = &options.data_dir;
+    let new_epoch = || {
+        // Microseconds since the Unix epoch: unique per start of this server, and growing.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64)
+    };
+    let lost = |reason: &str| {
+        metrics
+            .checkpoint_lost
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    };
+    match checkpoint::read(dir) {
+        Ok(Some(loaded)) => {
+            let mut table = Table::new(Arc::clone(config), loaded.epoch);
+            let entries = loaded.entries.len();
+            for (series, hour, entry) in loaded.entries {
+                table.restore(series, hour, entry);
+            }
+            for hour in loaded.live_hours {
+                table.mark_live(hour);
+            }
+            tracing::info!(
+                epoch = table.epoch(),
+                entries,
+                "restored the checkpoint; continuing its epoch"
+            );
+            table
+        }
+        Ok(None) => {
+            let epoch = new_epoch();
+            lost("missing");
+            tracing::warn!(
+                epoch,
+                dir = %dir.display(),
+                "NO CHECKPOINT in the data dir: starting a new epoch (expected on a first start; otherwise the agent's earlier state is gone, and what it had not shipped is lost)"
+            );
+            Table::new(Arc::clone(config), epoch)
+        }
+        Err(e) => {
+            let epoch = new_epoch();
+            lost("corrupt");
+            let aside = dir.join(format!("checkpoint.corrupt-{epoch}"));
+            let kept = std::fs::rename(checkpoint::path(dir), &aside).is_ok();
+            tracing::error!(
+                error = %e,
+                epoch,
+                kept_as = %if kept { aside.display().to_string() } else { "(could not move it aside)".into() },
+                "CHECKPOINT UNUSABLE: starting a new epoch; what it held and had not been shipped is lost"
+            );
+            Table::new(Arc::clone(config), epoch)
+        }
+    }
+}

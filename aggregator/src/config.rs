@@ -23,9 +23,10 @@
 //! max_query_range = "400d"
 //! ```
 //!
-//! Durations are a whole number followed by a unit: `s`, `m`, `h` or `d`.
+//! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
 //! [`Config::validate`] checks every bound and names the field that breaks it.
 
+use hourglass::time::parse_duration;
 use serde::{Deserialize, Deserializer};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -344,29 +345,6 @@ impl Config {
     }
 }
 
-/// Parses `90s`, `15m`, `1h`, `35d`: a whole number and one unit.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration {text:?} has no unit: add s, m, h or d"))?;
-    let (digits, unit) = text.split_at(split);
-    let amount: u64 = digits
-        .parse()
-        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
-    let seconds_per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("duration {text:?}: unit must be s, m, h or d")),
-    };
-    amount
-        .checked_mul(seconds_per)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("duration {text:?} is too long"))
-}
-
 fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
     parse_duration(&text).map_err(serde::de::Error::custom)
@@ -447,15 +425,5 @@ mod tests {
         c.limits.max_sketch_mib = 100;
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("limits.max_sketch_mib"), "{e}");
-    }
-
-    #[test]
-    fn durations_parse_with_one_unit() {
-        assert_eq!(parse_duration("90s").unwrap(), 90 * SECOND);
-        assert_eq!(parse_duration("15m").unwrap(), 900 * SECOND);
-        assert_eq!(parse_duration("2d").unwrap(), 2 * DAY);
-        for bad in ["", "h", "10", "1.5h", "-1h", "1hh", "99999999999999999999d"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -21,29 +21,7 @@ use crate::store::Store;
 pub use collector::CollectorService;
 pub use query::QueryService;
 
-/// The metric label of a gRPC status code: snake case, as Prometheus labels go.
-pub fn outcome_label(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "ok",
-        Code::Cancelled => "cancelled",
-        Code::Unknown => "unknown",
-        Code::InvalidArgument => "invalid_argument",
-        Code::DeadlineExceeded => "deadline_exceeded",
-        Code::NotFound => "not_found",
-        Code::AlreadyExists => "already_exists",
-        Code::PermissionDenied => "permission_denied",
-        Code::ResourceExhausted => "resource_exhausted",
-        Code::FailedPrecondition => "failed_precondition",
-        Code::Aborted => "aborted",
-        Code::OutOfRange => "out_of_range",
-        Code::Unimplemented => "unimplemented",
-        Code::Internal => "internal",
-        Code::Unavailable => "unavailable",
-        Code::DataLoss => "data_loss",
-        Code::Unauthenticated => "unauthenticated",
-    }
-}
+pub use hourglass::proto::code_label as outcome_label;
 
 /// Serves every gRPC service on `listener` until `shutdown` completes, then stops
 /// accepting and waits for the RPCs in flight.

@@ -1,0 +1,519 @@
+//! The agent's configuration: identity and listeners from the command line, everything
+//! else from an optional TOML file, with a default for every field.
+//!
+//! ```toml
+//! flush_interval = "10s"                   # how often changed sketches are shipped and checkpointed
+//! lateness = "1h"                          # how long an hour stays open after it ends
+//! default_kinds = ["distinct", "frequency"] # kinds of metrics not listed under [metrics]
+//!
+//! [defaults]              # parameters of each kind, unless a metric says otherwise
+//! precision = 14          # HyperLogLog precision p (4..=18): RSE 1.04/sqrt(2^p)
+//! epsilon = 0.001         # frequency: overcount at most epsilon·N ...
+//! delta = 0.01            # ... with probability 1 - delta
+//! capacity = 100000       # membership: items per (series, hour) the Bloom filter is sized for
+//! fpr = 0.01              # membership: false-positive rate at that capacity
+//!
+//! [metrics.visitors]      # per-metric settings; every field optional
+//! kinds = ["distinct", "membership"]
+//! precision = 16
+//! allowed_tags = ["country", "device"] # other tag keys are dropped (and counted)
+//!
+//! [limits]
+//! max_series = 10000      # active series held at once
+//! max_tags = 16           # tags per series
+//! max_item_len = 1024     # bytes per item
+//! max_metric_len = 200    # bytes per metric name
+//! max_events_per_request = 100000 # events per Ingest call
+//! max_future = "5m"       # events further ahead of the clock are rejected
+//!
+//! [shipping]
+//! max_batch_mib = 4       # encoded sketches per Push, at most
+//! push_timeout = "30s"    # one Push call, at most
+//! backoff_initial = "1s"  # first retry delay after a failed push ...
+//! backoff_max = "60s"     # ... doubling up to this, with jitter
+//! shutdown_timeout = "10s" # the final flush on SIGTERM, at most
+//! ```
+//!
+//! Durations are a whole number and a unit: `ms`, `s`, `m`, `h` or `d`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hourglass::format::Kind;
+use hourglass::series::{MAX_METRIC_LEN, MAX_TAGS};
+use hourglass::sketch::Sketch;
+use hourglass::sketch::bloom::Bloom;
+use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+use hourglass::sketch::frequent::MAX_ITEM_LEN;
+use hourglass::sketch::hll::Hll;
+use hourglass::time::parse_duration;
+use serde::{Deserialize, Deserializer};
+use thiserror::Error;
+
+/// Everything the agent reads from its file (the command line overrides some fields).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// How often changed sketches are shipped and the checkpoint written.
+    #[serde(deserialize_with = "duration")]
+    pub flush_interval: Duration,
+    /// How long an hour accepts events after it ends.
+    #[serde(deserialize_with = "duration")]
+    pub lateness: Duration,
+    /// Kinds kept for metrics that `metrics` does not list.
+    #[serde(deserialize_with = "kinds")]
+    pub default_kinds: Vec<Kind>,
+    /// Parameters of each kind when a metric does not set them.
+    pub defaults: KindParams,
+    /// Per-metric settings.
+    pub metrics: BTreeMap<String, MetricConfig>,
+    /// Bounds on what the agent accepts.
+    pub limits: Limits,
+    /// How snapshots travel to the aggregator.
+    pub shipping: Shipping,
+}
+
+/// The parameters of the three kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KindParams {
+    /// HyperLogLog precision.
+    pub precision: u8,
+    /// Frequency: relative error ε.
+    pub epsilon: f64,
+    /// Frequency: failure probability δ.
+    pub delta: f64,
+    /// Membership: designed capacity per (series, hour).
+    pub capacity: u64,
+    /// Membership: false-positive rate at capacity.
+    pub fpr: f64,
+}
+
+impl Default for KindParams {
+    fn default() -> Self {
+        KindParams {
+            precision: 14,
+            epsilon: hourglass::sketch::frequency::DEFAULT_EPSILON,
+            delta: hourglass::sketch::frequency::DEFAULT_DELTA,
+            capacity: 100_000,
+            fpr: 0.01,
+        }
+    }
+}
+
+/// `[metrics.NAME]`: what one metric keeps. Unset fields fall back to the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricConfig {
+    /// Kinds kept; `default_kinds` if unset.
+    #[serde(deserialize_with = "some_kinds")]
+    pub kinds: Option<Vec<Kind>>,
+    /// HyperLogLog precision.
+    pub precision: Option<u8>,
+    /// Frequency ε.
+    pub epsilon: Option<f64>,
+    /// Frequency δ.
+    pub delta: Option<f64>,
+    /// Bloom capacity.
+    pub capacity: Option<u64>,
+    /// Bloom false-positive rate.
+    pub fpr: Option<f64>,
+    /// Tag keys kept; any key if unset. Other keys are dropped from the event (and
+    /// counted), so the event still counts in the coarser series.
+    pub allowed_tags: Option<Vec<String>>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Series held at once.
+    pub max_series: usize,
+    /// Tags per series.
+    pub max_tags: usize,
+    /// Bytes per item.
+    pub max_item_len: usize,
+    /// Bytes per metric name.
+    pub max_metric_len: usize,
+    /// Events per Ingest request.
+    pub max_events_per_request: usize,
+    /// How far ahead of the clock an event may be.
+    #[serde(deserialize_with = "duration")]
+    pub max_future: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_series: 10_000,
+            max_tags: MAX_TAGS,
+            max_item_len: 1024,
+            max_metric_len: MAX_METRIC_LEN,
+            max_events_per_request: 100_000,
+            max_future: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `[shipping]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shipping {
+    /// Encoded sketch bytes per Push.
+    pub max_batch_mib: usize,
+    /// Deadline of one Push.
+    #[serde(deserialize_with = "duration")]
+    pub push_timeout: Duration,
+    /// First retry delay.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    #[serde(deserialize_with = "duration")]
+    pub backoff_max: Duration,
+    /// Longest final flush at shutdown.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Shipping {
+    fn default() -> Self {
+        Shipping {
+            max_batch_mib: 4,
+            push_timeout: Duration::from_secs(30),
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            flush_interval: Duration::from_secs(10),
+            lateness: Duration::from_secs(3600),
+            default_kinds: vec![Kind::Distinct, Kind::Frequency],
+            defaults: KindParams::default(),
+            metrics: BTreeMap::new(),
+            limits: Limits::default(),
+            shipping: Shipping::default(),
+        }
+    }
+}
+
+/// A config file that cannot be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field is out of its bounds.
+    #[error("config: {field} {message}")]
+    Invalid {
+        /// The field, as written in the file.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What a series of one metric keeps: the kinds and a ready sketch of each, cloned for
+/// every new (series, hour).
+#[derive(Debug, Clone)]
+pub struct MetricSpec {
+    /// One empty sketch per kind, in kind order.
+    pub empty: Vec<Sketch>,
+    /// Tag keys kept, sorted; `None` keeps all.
+    pub allowed_tags: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Reads a TOML file; fields it leaves out keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Checks every field, including that every metric's sketches can be built.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            field: field.to_string(),
+            message,
+        };
+        if self.flush_interval < Duration::from_millis(100) || self.flush_interval > HOUR {
+            return Err(invalid(
+                "flush_interval",
+                format!(
+                    "is {:?}; it must be between 100ms and 1h",
+                    self.flush_interval
+                ),
+            ));
+        }
+        if self.lateness > Duration::from_secs(400 * 86_400) {
+            return Err(invalid(
+                "lateness",
+                format!("is {:?}; at most 400d", self.lateness),
+            ));
+        }
+        let l = &self.limits;
+        let bounds: [(&str, usize, std::ops::RangeInclusive<usize>); 5] = [
+            ("limits.max_series", l.max_series, 1..=10_000_000),
+            ("limits.max_tags", l.max_tags, 0..=MAX_TAGS),
+            ("limits.max_item_len", l.max_item_len, 1..=MAX_ITEM_LEN),
+            (
+                "limits.max_metric_len",
+                l.max_metric_len,
+                1..=MAX_METRIC_LEN,
+            ),
+            (
+                "limits.max_events_per_request",
+                l.max_events_per_request,
+                1..=10_000_000,
+            ),
+        ];
+        for (field, value, range) in bounds {
+            if !range.contains(&value) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "is {value}; it must be between {} and {}",
+                        range.start(),
+                        range.end()
+                    ),
+                ));
+            }
+        }
+        let s = &self.shipping;
+        if !(1..=256).contains(&s.max_batch_mib) {
+            return Err(invalid(
+                "shipping.max_batch_mib",
+                format!("is {}; it must be between 1 and 256", s.max_batch_mib),
+            ));
+        }
+        if s.backoff_initial.is_zero() || s.backoff_max < s.backoff_initial {
+            return Err(invalid(
+                "shipping.backoff_max",
+                "must be at least shipping.backoff_initial, which must be above zero".into(),
+            ));
+        }
+        if s.push_timeout.is_zero() {
+            return Err(invalid(
+                "shipping.push_timeout",
+                "must be above zero".into(),
+            ));
+        }
+        if self.default_kinds.is_empty() {
+            return Err(invalid(
+                "default_kinds",
+                "must name at least one kind".into(),
+            ));
+        }
+        self.spec_for("(defaults)")
+            .map_err(|m| invalid("defaults", m))?;
+        for name in self.metrics.keys() {
+            hourglass::series::validate_metric(name)
+                .map_err(|e| invalid(&format!("metrics.{name}"), e.to_string()))?;
+            self.spec_for(name)
+                .map_err(|m| invalid(&format!("metrics.{name}"), m))?;
+        }
+        Ok(())
+    }
+
+    /// The batch byte bound in bytes.
+    pub fn max_batch_bytes(&self) -> usize {
+        self.shipping.max_batch_mib << 20
+    }
+
+    /// What series of `metric` keep; an error names the parameter that cannot be used.
+    pub fn spec_for(&self, metric: &str) -> Result<MetricSpec, String> {
+        let m = self.metrics.get(metric);
+        let d = &self.defaults;
+        let get =
+            |f: fn(&MetricConfig) -> Option<f64>, default: f64| m.and_then(f).unwrap_or(default);
+        let mut kinds = m
+            .and_then(|m| m.kinds.clone())
+            .unwrap_or_else(|| self.default_kinds.clone());
+        kinds.sort_by_key(|k| *k as u8);
+        kinds.dedup();
+        if kinds.is_empty() {
+            return Err("kinds must name at least one kind".into());
+        }
+        let mut empty = Vec::with_capacity(kinds.len());
+        for kind in kinds {
+            let sketch = match kind {
+                Kind::Distinct => Sketch::Distinct(
+                    Hll::new(m.and_then(|m| m.precision).unwrap_or(d.precision))
+                        .map_err(|e| e.to_string())?,
+                ),
+                Kind::Frequency => {
+                    let params = FrequencyParams::from_error(
+                        get(|m| m.epsilon, d.epsilon),
+                        get(|m| m.delta, d.delta),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    Sketch::Frequency(Frequency::new(params).map_err(|e| e.to_string())?)
+                }
+                Kind::Membership => Sketch::Membership(
+                    Bloom::new(
+                        m.and_then(|m| m.capacity).unwrap_or(d.capacity),
+                        get(|m| m.fpr, d.fpr),
+                    )
+                    .map_err(|e| e.to_string())?,
+                ),
+            };
+            empty.push(sketch);
+        }
+        let allowed_tags = m.and_then(|m| m.allowed_tags.clone()).map(|mut keys| {
+            keys.sort();
+            keys.dedup();
+            keys
+        });
+        Ok(MetricSpec {
+            empty,
+            allowed_tags,
+        })
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Parses `distinct,frequency,membership` (as given to `--default-kinds`).
+pub fn parse_kinds(text: &str) -> Result<Vec<Kind>, String> {
+    text.split(',')
+        .map(|name| parse_kind(name.trim()))
+        .collect()
+}
+
+fn parse_kind(name: &str) -> Result<Kind, String> {
+    match name {
+        "distinct" => Ok(Kind::Distinct),
+        "frequency" => Ok(Kind::Frequency),
+        "membership" => Ok(Kind::Membership),
+        other => Err(format!(
+            "unknown sketch kind {other:?}: expected distinct, frequency or membership"
+        )),
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+fn kinds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Kind>, D::Error> {
+    let names = Vec::<String>::deserialize(deserializer)?;
+    names
+        .iter()
+        .map(|n| parse_kind(n))
+        .collect::<Result<_, _>>()
+        .map_err(serde::de::Error::custom)
+}
+
+fn some_kinds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<Kind>>, D::Error> {
+    kinds(deserializer).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_documentation() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.flush_interval, Duration::from_secs(10));
+        assert_eq!(c.lateness, HOUR);
+        assert_eq!(c.default_kinds, vec![Kind::Distinct, Kind::Frequency]);
+        let spec = c.spec_for("anything").unwrap();
+        let kinds: Vec<Kind> = spec.empty.iter().map(Sketch::kind).collect();
+        assert_eq!(kinds, vec![Kind::Distinct, Kind::Frequency]);
+        assert!(spec.allowed_tags.is_none());
+        // The module documentation's example is the defaults plus one metric.
+        let doc = include_str!("config.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .filter_map(|l| l.strip_prefix("//! "))
+            .skip_while(|l| !l.starts_with("```toml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("```"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let parsed: Config = toml::from_str(&doc).unwrap();
+        let mut expected = Config::default();
+        expected.metrics.insert(
+            "visitors".into(),
+            MetricConfig {
+                kinds: Some(vec![Kind::Distinct, Kind::Membership]),
+                precision: Some(16),
+                allowed_tags: Some(vec!["country".into(), "device".into()]),
+                ..MetricConfig::default()
+            },
+        );
+        assert_eq!(parsed, expected);
+    }
+
+    #[test]
+    fn per_metric_settings_override_defaults() {
+        let c: Config = toml::from_str(
+            "[metrics.pages]\nkinds = [\"membership\", \"frequency\"]\nepsilon = 0.01\nfpr = 0.001\nallowed_tags = [\"b\", \"a\"]\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let spec = c.spec_for("pages").unwrap();
+        match &spec.empty[..] {
+            [Sketch::Frequency(f), Sketch::Membership(b)] => {
+                assert_eq!(f.params(), FrequencyParams::from_error(0.01, 0.01).unwrap());
+                assert_eq!(b.target_fpr(), 0.001);
+            }
+            other => panic!("unexpected kinds {other:?}"),
+        }
+        assert_eq!(spec.allowed_tags, Some(vec!["a".into(), "b".into()]));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = toml::from_str::<Config>("default_kinds = [\"sets\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown sketch kind \"sets\""), "{e}");
+        let c: Config = toml::from_str("[metrics.v]\nprecision = 30").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("metrics.v") && e.contains("precision"), "{e}");
+        let c: Config = toml::from_str("[limits]\nmax_item_len = 0").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.max_item_len"), "{e}");
+        let c: Config = toml::from_str("flush_interval = \"10ms\"").unwrap();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("flush_interval")
+        );
+        assert!(toml::from_str::<Config>("bogus = 1").is_err());
+        assert_eq!(
+            parse_kinds("distinct, membership").unwrap(),
+            vec![Kind::Distinct, Kind::Membership]
+        );
+        assert!(parse_kinds("distinct,").is_err());
+    }
+}

@@ -1,0 +1,363 @@
+//! Where events come in: DogStatsD datagrams (UDP or a Unix datagram socket) and the gRPC
+//! `Ingest` service. Both add whole batches under one hold of the table's lock and count
+//! what they refused by reason; bad input is logged at a bounded rate and never stops the
+//! agent.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hourglass::proto::v1;
+use tonic::{Request, Response, Status};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::shipper::unix_now;
+use crate::statsd::{self, Parsed};
+use crate::table::{IngestStats, Table};
+
+/// Logs at most `per_window` messages per window and then one line saying how many it
+/// held back, so a flood of bad input cannot flood the log.
+pub struct LogLimiter {
+    window: Duration,
+    per_window: u32,
+    started: Instant,
+    logged: u32,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    /// At most `per_window` lines per `window`.
+    pub fn new(window: Duration, per_window: u32) -> LogLimiter {
+        LogLimiter {
+            window,
+            per_window,
+            started: Instant::now(),
+            logged: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether to log one more line now.
+    pub fn allow(&mut self) -> bool {
+        if self.started.elapsed() >= self.window {
+            if self.suppressed > 0 {
+                tracing::warn!(
+                    suppressed = self.suppressed,
+                    "more bad input was not logged (see the rejected counters)"
+                );
+            }
+            self.started = Instant::now();
+            self.logged = 0;
+            self.suppressed = 0;
+        }
+        if self.logged < self.per_window {
+            self.logged += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+}
+
+/// Adds the lines of DogStatsD datagrams to the table.
+pub struct StatsdHandler {
+    table: Arc<Mutex<Table>>,
+    metrics: Arc<Metrics>,
+    log: LogLimiter,
+}
+
+impl StatsdHandler {
+    /// A handler adding to `table`.
+    pub fn new(table: Arc<Mutex<Table>>, metrics: Arc<Metrics>) -> StatsdHandler {
+        StatsdHandler {
+            table,
+            metrics,
+            log: LogLimiter::new(Duration::from_secs(10), 10),
+        }
+    }
+
+    /// Adds every line of `datagrams`, under one hold of the lock.
+    pub fn handle<'a>(&mut self, datagrams: impl Iterator<Item = &'a [u8]>) {
+        let now = unix_now();
+        let mut stats = IngestStats::default();
+        let mut unsupported = 0u64;
+        let mut count = 0u64;
+        {
+            let mut table = self.table.lock().expect("table lock");
+            for datagram in datagrams {
+                count += 1;
+                for line in statsd::lines(datagram) {
+                    let reason = match statsd::parse_line(line) {
+                        Ok(Parsed::Set(set)) => {
+                            // The tag section was checked to be UTF-8 by the parser.
+                            let tags = std::str::from_utf8(set.tags).unwrap_or_default();
+                            let added = table
+                                .resolve_statsd(set.metric, tags, &mut stats)
+                                .and_then(|id| {
+                                    table.insert(id, set.timestamp.unwrap_or(now), now, set.item, 1)
+                                });
+                            match added {
+                                Ok(()) => {
+                                    stats.accepted += 1;
+                                    continue;
+                                }
+                                Err(e) => {
+                                    if self.log.allow() {
+                                        tracing::warn!(line = %String::from_utf8_lossy(line), error = %e, "statsd line rejected");
+                                    }
+                                    e.reason()
+                                }
+                            }
+                        }
+                        Ok(Parsed::Unsupported) => {
+                            unsupported += 1;
+                            continue;
+                        }
+                        Err(e) => {
+                            if self.log.allow() {
+                                tracing::warn!(line = %String::from_utf8_lossy(line), error = %e, "malformed statsd line");
+                            }
+                            e.reason()
+                        }
+                    };
+                    stats.reject(reason);
+                }
+            }
+        }
+        self.metrics.datagrams.inc_by(count);
+        self.metrics.unsupported.inc_by(unsupported);
+        self.metrics.ingested("statsd", &stats);
+    }
+}
+
+/// Datagrams received per system call at most.
+pub const DATAGRAMS_PER_CALL: usize = 32;
+/// The largest datagram: the UDP payload limit.
+pub const MAX_DATAGRAM: usize = 65_536;
+/// Receive buffer asked of the kernel, so bursts wait in the socket rather than drop.
+pub const RECEIVE_BUFFER: usize = 16 << 20;
+
+/// A datagram socket the receiver reads: UDP or Unix.
+pub trait DatagramSocket: Send + 'static {
+    /// The raw descriptor.
+    fn fd(&self) -> std::os::fd::RawFd;
+}
+
+impl DatagramSocket for std::net::UdpSocket {
+    fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self)
+    }
+}
+
+impl DatagramSocket for std::os::unix::net::UnixDatagram {
+    fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self)
+    }
+}
+
+/// Asks for a large receive buffer (forcing past `rmem_max` when privileged) and a read
+/// timeout, so the receiving thread sees `stop` in time; returns the buffer granted.
+pub fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
+    let fd = socket.fd();
+    let size = RECEIVE_BUFFER as libc::c_int;
+    let set = |opt| {
+        // SAFETY: fd is an open socket owned by the caller; the option value is a c_int
+        // that outlives the call.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_RCVBUFFORCE) != 0 && set(libc::SO_RCVBUF) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 200_000,
+    };
+    // SAFETY: as above, with a timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut granted: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: as above; granted and len are valid for writes.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut granted as *mut libc::c_int).cast(),
+            &mut len,
+        );
+    }
+    Ok(granted.max(0) as usize)
+}
+
+/// Receives datagrams on `socket` until `stop`, up to [`DATAGRAMS_PER_CALL`] per
+/// `recvmmsg` call, and hands each burst to `handler`. Runs on its own thread.
+pub fn receive_loop(
+    socket: impl DatagramSocket,
+    mut handler: StatsdHandler,
+    stop: Arc<AtomicBool>,
+) {
+    let fd = socket.fd();
+    let mut buffers = vec![0u8; DATAGRAMS_PER_CALL * MAX_DATAGRAM];
+    let mut lens = [0usize; DATAGRAMS_PER_CALL];
+    let mut log = LogLimiter::new(Duration::from_secs(10), 3);
+    while !stop.load(Ordering::Relaxed) {
+        match recv_burst(fd, &mut buffers, &mut lens) {
+            Ok(0) => {}
+            Ok(n) => handler.handle(
+                lens[..n]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &len)| &buffers[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]),
+            ),
+            Err(e) => {
+                if log.allow() {
+                    tracing::warn!(error = %e, "receiving datagrams failed");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    drop(socket);
+}
+
+/// One `recvmmsg`: waits up to the socket's timeout for the first datagram, then takes
+/// whatever else is queued. Returns how many arrived (0 on timeout).
+fn recv_burst(
+    fd: std::os::fd::RawFd,
+    buffers: &mut [u8],
+    lens: &mut [usize; DATAGRAMS_PER_CALL],
+) -> std::io::Result<usize> {
+    // SAFETY: zeroed iovec/mmsghdr are valid "empty" values; every pointer set below
+    // points into `buffers` or `iovecs`, which outlive the call, and each iovec covers
+    // exactly its own MAX_DATAGRAM slice of `buffers`.
+    unsafe {
+        let mut iovecs: [libc::iovec; DATAGRAMS_PER_CALL] = std::mem::zeroed();
+        let mut headers: [libc::mmsghdr; DATAGRAMS_PER_CALL] = std::mem::zeroed();
+        for i in 0..DATAGRAMS_PER_CALL {
+            iovecs[i].iov_base = buffers.as_mut_ptr().add(i * MAX_DATAGRAM).cast();
+            iovecs[i].iov_len = MAX_DATAGRAM;
+            headers[i].msg_hdr.msg_iov = &mut iovecs[i];
+            headers[i].msg_hdr.msg_iovlen = 1;
+        }
+        let n = libc::recvmmsg(
+            fd,
+            headers.as_mut_ptr(),
+            DATAGRAMS_PER_CALL as libc::c_uint,
+            libc::MSG_WAITFORONE,
+            std::ptr::null_mut(),
+        );
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.kind() {
+                std::io::ErrorKind::WouldBlock
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let n = n as usize;
+        for i in 0..n {
+            lens[i] = (headers[i].msg_len as usize).min(MAX_DATAGRAM);
+        }
+        Ok(n)
+    }
+}
+
+/// The gRPC `Ingest` service.
+pub struct IngestService {
+    table: Arc<Mutex<Table>>,
+    metrics: Arc<Metrics>,
+    config: Arc<Config>,
+}
+
+impl IngestService {
+    /// A service adding to `table`.
+    pub fn new(
+        table: Arc<Mutex<Table>>,
+        metrics: Arc<Metrics>,
+        config: Arc<Config>,
+    ) -> IngestService {
+        IngestService {
+            table,
+            metrics,
+            config,
+        }
+    }
+}
+
+/// Rejected events listed in a reply at most.
+const MAX_LISTED_REJECTS: usize = 100;
+
+#[tonic::async_trait]
+impl v1::ingest_server::Ingest for IngestService {
+    async fn send(
+        &self,
+        request: Request<v1::IngestRequest>,
+    ) -> Result<Response<v1::IngestResponse>, Status> {
+        let events = request.into_inner().events;
+        let max = self.config.limits.max_events_per_request;
+        if events.len() > max {
+            self.metrics
+                .reject("ingest", "too_many_events", events.len() as u64);
+            return Err(Status::resource_exhausted(format!(
+                "{} events in one request, above limits.max_events_per_request = {max}",
+                events.len()
+            )));
+        }
+        let now = unix_now();
+        let mut stats = IngestStats::default();
+        let mut listed = Vec::new();
+        {
+            let mut table = self.table.lock().expect("table lock");
+            for (i, e) in events.iter().enumerate() {
+                let time = if e.time_unix_seconds == 0 {
+                    now
+                } else {
+                    e.time_unix_seconds
+                };
+                let added = table
+                    .resolve_tags(&e.metric, &e.tags, &mut stats)
+                    .and_then(|id| table.insert(id, time, now, &e.item, e.weight));
+                match added {
+                    Ok(()) => stats.accepted += 1,
+                    Err(reject) => {
+                        stats.reject(reject.reason());
+                        if listed.len() < MAX_LISTED_REJECTS {
+                            listed.push(v1::RejectedEvent {
+                                index: i as u32,
+                                reason: reject.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        self.metrics.ingested("ingest", &stats);
+        Ok(Response::new(v1::IngestResponse {
+            accepted: stats.accepted,
+            rejected: stats.rejected_total(),
+            rejected_events: listed,
+        }))
+    }
+}

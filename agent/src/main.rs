@@ -1,0 +1,238 @@
+//! `hourglass-agent`: parses the command line, reads the config file, restores the
+//! checkpoint, binds the listeners and runs the agent until SIGTERM or SIGINT.
+//!
+//! On stderr it writes exactly `statsd listening on ADDR` (when enabled), `ingest
+//! listening on ADDR` and `admin listening on ADDR` once it serves (scripts and tests read
+//! the ports from there), and one `error: …` line before exiting 1 when it cannot start.
+//! Logs go to stdout.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use hourglass::format::Kind;
+use hourglass_agent::{Agent, Config, Listeners, Options};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// The hourglass agent: turns this host's events into hourly sketches and ships them to
+/// an aggregator, effectively once.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// This server's name, unique in the fleet. Default: the hostname.
+    #[arg(long, env = "HOURGLASS_SERVER_NAME")]
+    server_name: Option<String>,
+    /// A label of this server, `key=value` (repeat for more), used by queries to select
+    /// servers: `--label region=eu --label role=web`. In the environment, comma-separated.
+    #[arg(long = "label", env = "HOURGLASS_LABELS", value_delimiter = ',', value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// The aggregator's gRPC URL.
+    #[arg(
+        long,
+        env = "HOURGLASS_AGGREGATOR",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    aggregator: String,
+    /// UDP address for DogStatsD lines; `off` disables it. Loopback by default: open it to
+    /// the network only where that is intended.
+    #[arg(
+        long,
+        env = "HOURGLASS_STATSD_LISTEN",
+        default_value = "127.0.0.1:8125"
+    )]
+    statsd_listen: String,
+    /// Path of a Unix datagram socket for DogStatsD lines (off unless given). A stale
+    /// socket file at the path is replaced.
+    #[arg(long, env = "HOURGLASS_STATSD_SOCKET")]
+    statsd_socket: Option<PathBuf>,
+    /// Address of the gRPC `Ingest` service (and the health service).
+    #[arg(
+        long,
+        env = "HOURGLASS_INGEST_LISTEN",
+        default_value = "127.0.0.1:7710"
+    )]
+    ingest_listen: SocketAddr,
+    /// Address of the admin HTTP port (/metrics, /healthz, /readyz).
+    #[arg(long, env = "HOURGLASS_ADMIN_LISTEN", default_value = "0.0.0.0:7711")]
+    admin_listen: SocketAddr,
+    /// Directory of the checkpoint; created if missing. One agent per directory.
+    #[arg(
+        long,
+        env = "HOURGLASS_DATA_DIR",
+        default_value = "./hourglass-agent-data"
+    )]
+    data_dir: PathBuf,
+    /// How often changed sketches are shipped and checkpointed [default: 10s, or the
+    /// config file's].
+    #[arg(long, env = "HOURGLASS_FLUSH_INTERVAL", value_parser = hourglass::time::parse_duration)]
+    flush_interval: Option<Duration>,
+    /// How long an hour accepts events after it ends; older events are rejected and
+    /// counted [default: 1h, or the config file's].
+    #[arg(long, env = "HOURGLASS_LATENESS", value_parser = hourglass::time::parse_duration)]
+    lateness: Option<Duration>,
+    /// Sketch kinds of metrics the config file does not list, comma-separated from
+    /// distinct, frequency, membership [default: distinct,frequency, or the config file's].
+    #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = hourglass_agent::config::parse_kinds)]
+    default_kinds: Option<Vec<Kind>>,
+    /// TOML file with per-metric settings, limits and shipping; every field has a
+    /// default, so the file is optional.
+    #[arg(long, env = "HOURGLASS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    hourglass::series::parse_pair(text).map_err(|e| e.to_string())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match start(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for writes of its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("reading the hostname (give --server-name)");
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+fn start(cli: Cli) -> anyhow::Result<()> {
+    let mut config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(d) = cli.flush_interval {
+        config.flush_interval = d;
+    }
+    if let Some(d) = cli.lateness {
+        config.lateness = d;
+    }
+    if let Some(kinds) = cli.default_kinds {
+        config.default_kinds = kinds;
+    }
+    let server_name = match cli.server_name {
+        Some(name) => name,
+        None => hostname()?,
+    };
+    let agent = Agent::open(Options {
+        server_name,
+        labels: cli.labels,
+        aggregator: cli.aggregator,
+        data_dir: cli.data_dir,
+        config,
+    })?;
+    tracing::info!(epoch = agent.epoch(), "agent state ready");
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal()?;
+        let statsd = match cli.statsd_listen.as_str() {
+            "off" | "" => None,
+            addr => Some(
+                std::net::UdpSocket::bind(addr)
+                    .with_context(|| format!("cannot listen on UDP {addr} (--statsd-listen)"))?,
+            ),
+        };
+        let statsd_unix = match &cli.statsd_socket {
+            Some(path) => {
+                // A socket file left by an earlier run would make bind fail.
+                if std::fs::symlink_metadata(path)
+                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+                {
+                    std::fs::remove_file(path).ok();
+                }
+                Some(
+                    std::os::unix::net::UnixDatagram::bind(path).with_context(|| {
+                        format!("cannot bind {} (--statsd-socket)", path.display())
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let ingest = TcpListener::bind(cli.ingest_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--ingest-listen)", cli.ingest_listen))?;
+        let admin = TcpListener::bind(cli.admin_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
+        if let Some(s) = &statsd {
+            let addr = s.local_addr()?;
+            tracing::info!("statsd listening on {addr}");
+            eprintln!("statsd listening on {addr}");
+        }
+        if let Some(path) = &cli.statsd_socket {
+            tracing::info!("statsd socket at {}", path.display());
+        }
+        for (what, listener) in [("ingest", &ingest), ("admin", &admin)] {
+            let addr = listener.local_addr()?;
+            tracing::info!("{what} listening on {addr}");
+            eprintln!("{what} listening on {addr}");
+        }
+        agent
+            .serve(
+                Listeners {
+                    statsd,
+                    statsd_unix,
+                    ingest,
+                    admin,
+                },
+                shutdown,
+            )
+            .await
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Watches SIGTERM and SIGINT from now on; the future completes on either. Installed
+/// before the ports are announced, so an early signal still stops the agent gracefully.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("watching SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("watching SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}

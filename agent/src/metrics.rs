@@ -1,0 +1,306 @@
+//! The agent's Prometheus metrics, served as text on the admin port's `/metrics`.
+//!
+//! Counters are added once per batch of events (a datagram burst, an Ingest call), not per
+//! event; the backlog and Bloom gauges are read from the table when `/metrics` is scraped.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::table::{Backlog, IngestStats};
+
+/// Label pairs of one time series of a metric family.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Events added to sketches, by source (`statsd`, `ingest`).
+    pub events: Family<Labels, Counter>,
+    /// Events or lines refused, by source and reason.
+    pub rejected: Family<Labels, Counter>,
+    /// StatsD lines of types hourglass does not count.
+    pub unsupported: Counter,
+    /// Datagrams received.
+    pub datagrams: Counter,
+    /// Tags dropped because the metric does not allow their key.
+    pub dropped_tags: Counter,
+    /// Snapshots sent in pushes.
+    pub snapshots_sent: Counter,
+    /// Snapshots the aggregator acknowledged (stored or stale).
+    pub snapshots_acked: Counter,
+    /// Snapshots the aggregator refused, by nothing more than a count (the reason is
+    /// logged).
+    pub snapshots_rejected: Counter,
+    /// Snapshots sent again after a failed push.
+    pub snapshots_retried: Counter,
+    /// Push RPCs, by outcome (`ok` or the gRPC code).
+    pub pushes: Family<Labels, Counter>,
+    /// Push latency, seconds.
+    pub push_seconds: Histogram,
+    /// Flushes, by outcome.
+    pub flushes: Family<Labels, Counter>,
+    /// Checkpoints written, by outcome.
+    pub checkpoints: Family<Labels, Counter>,
+    /// Bytes of the last checkpoint.
+    pub checkpoint_bytes: Gauge,
+    /// Starts without a usable checkpoint, by reason (`missing`, `corrupt`).
+    pub checkpoint_lost: Family<Labels, Counter>,
+    /// The current epoch.
+    pub epoch: Gauge<u64, AtomicU64>,
+    /// Unix time of the last successful push, 0 before the first.
+    pub last_push: Gauge,
+    /// Snapshots not yet acknowledged.
+    pub pending_snapshots: Gauge,
+    /// Bytes of sketches not yet acknowledged.
+    pub pending_bytes: Gauge,
+    /// Start (Unix time) of the oldest hour with something unacknowledged; 0 if none.
+    pub oldest_unacked_hour: Gauge,
+    /// Series held.
+    pub active_series: Gauge,
+    /// Open (series, hour) entries.
+    pub open_entries: Gauge,
+    /// Bytes of all sketches held.
+    pub sketch_bytes: Gauge,
+    /// Fill ratio of Bloom filters more than half full, by series and hour.
+    pub bloom_fill: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics at zero, under the `hourglass_agent` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("hourglass_agent");
+        let m = Metrics {
+            events: Family::default(),
+            rejected: Family::default(),
+            unsupported: Counter::default(),
+            datagrams: Counter::default(),
+            dropped_tags: Counter::default(),
+            snapshots_sent: Counter::default(),
+            snapshots_acked: Counter::default(),
+            snapshots_rejected: Counter::default(),
+            snapshots_retried: Counter::default(),
+            pushes: Family::default(),
+            // 0.5 ms to about 16 s.
+            push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            flushes: Family::default(),
+            checkpoints: Family::default(),
+            checkpoint_bytes: Gauge::default(),
+            checkpoint_lost: Family::default(),
+            epoch: Gauge::default(),
+            last_push: Gauge::default(),
+            pending_snapshots: Gauge::default(),
+            pending_bytes: Gauge::default(),
+            oldest_unacked_hour: Gauge::default(),
+            active_series: Gauge::default(),
+            open_entries: Gauge::default(),
+            sketch_bytes: Gauge::default(),
+            bloom_fill: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "events",
+            "Events added to sketches, by source",
+            m.events.clone(),
+        );
+        r.register(
+            "rejected",
+            "Events and lines refused, by source and reason",
+            m.rejected.clone(),
+        );
+        r.register(
+            "unsupported_lines",
+            "StatsD lines of types hourglass does not count",
+            m.unsupported.clone(),
+        );
+        r.register("datagrams", "Datagrams received", m.datagrams.clone());
+        r.register(
+            "dropped_tags",
+            "Tags dropped because the metric does not allow their key",
+            m.dropped_tags.clone(),
+        );
+        r.register(
+            "snapshots_sent",
+            "Snapshots sent in pushes",
+            m.snapshots_sent.clone(),
+        );
+        r.register(
+            "snapshots_acked",
+            "Snapshots the aggregator stored or already held",
+            m.snapshots_acked.clone(),
+        );
+        r.register(
+            "snapshots_rejected",
+            "Snapshots the aggregator refused (reasons are logged)",
+            m.snapshots_rejected.clone(),
+        );
+        r.register(
+            "snapshots_retried",
+            "Snapshots sent again after a failed push",
+            m.snapshots_retried.clone(),
+        );
+        r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
+        r.register(
+            "push_duration_seconds",
+            "Push latency",
+            m.push_seconds.clone(),
+        );
+        r.register("flushes", "Flushes, by outcome", m.flushes.clone());
+        r.register(
+            "checkpoints",
+            "Checkpoints written, by outcome",
+            m.checkpoints.clone(),
+        );
+        r.register(
+            "checkpoint_bytes",
+            "Size of the last checkpoint",
+            m.checkpoint_bytes.clone(),
+        );
+        r.register(
+            "checkpoint_lost",
+            "Starts without a usable checkpoint (a new epoch), by reason",
+            m.checkpoint_lost.clone(),
+        );
+        r.register("epoch", "The epoch of the agent's state", m.epoch.clone());
+        r.register(
+            "last_push_timestamp_seconds",
+            "Unix time of the last successful push",
+            m.last_push.clone(),
+        );
+        r.register(
+            "pending_snapshots",
+            "Snapshots not yet acknowledged by the aggregator",
+            m.pending_snapshots.clone(),
+        );
+        r.register(
+            "pending_bytes",
+            "Bytes of sketches not yet acknowledged",
+            m.pending_bytes.clone(),
+        );
+        r.register(
+            "oldest_unacked_hour_timestamp_seconds",
+            "Start of the oldest hour with something unacknowledged, 0 if none",
+            m.oldest_unacked_hour.clone(),
+        );
+        r.register("active_series", "Series held", m.active_series.clone());
+        r.register(
+            "open_entries",
+            "Open (series, hour) entries",
+            m.open_entries.clone(),
+        );
+        r.register(
+            "sketch_bytes",
+            "Bytes of all sketches held",
+            m.sketch_bytes.clone(),
+        );
+        r.register(
+            "bloom_fill_ratio",
+            "Fill ratio of Bloom filters more than half full",
+            m.bloom_fill.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Adds a batch's counts.
+    pub fn ingested(&self, source: &'static str, stats: &IngestStats) {
+        if stats.accepted > 0 {
+            self.events
+                .get_or_create(&vec![("source", source.to_string())])
+                .inc_by(stats.accepted);
+        }
+        for (reason, n) in &stats.rejected {
+            self.reject(source, reason, *n);
+        }
+        if stats.dropped_tags > 0 {
+            self.dropped_tags.inc_by(stats.dropped_tags);
+        }
+    }
+
+    /// Counts refusals.
+    pub fn reject(&self, source: &'static str, reason: &'static str, n: u64) {
+        self.rejected
+            .get_or_create(&vec![
+                ("source", source.to_string()),
+                ("reason", reason.to_string()),
+            ])
+            .inc_by(n);
+    }
+
+    /// Sets the gauges read from the table.
+    pub fn set_table(&self, backlog: &Backlog, blooms: &[(String, u32, f64)]) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pending_snapshots.set(clamp(backlog.snapshots));
+        self.pending_bytes.set(clamp(backlog.bytes));
+        self.oldest_unacked_hour
+            .set(backlog.oldest_hour.map_or(0, |h| i64::from(h) * 3600));
+        self.active_series.set(clamp(backlog.series));
+        self.open_entries.set(clamp(backlog.entries));
+        self.sketch_bytes.set(clamp(backlog.sketch_bytes));
+        self.bloom_fill.clear();
+        for (series, hour, fill) in blooms {
+            self.bloom_fill
+                .get_or_create(&vec![
+                    ("series", series.clone()),
+                    ("hour", hourglass::time::format_hour(*hour)),
+                ])
+                .set(*fill);
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_names_every_family_with_its_prefix() {
+        let m = Metrics::new();
+        let mut stats = IngestStats {
+            accepted: 5,
+            dropped_tags: 2,
+            ..IngestStats::default()
+        };
+        stats.reject("too_late");
+        stats.reject("too_late");
+        m.ingested("statsd", &stats);
+        m.set_table(
+            &Backlog {
+                snapshots: 4,
+                oldest_hour: Some(10),
+                ..Backlog::default()
+            },
+            &[("pages".into(), 10, 0.75)],
+        );
+        let text = m.encode();
+        for want in [
+            r#"hourglass_agent_events_total{source="statsd"} 5"#,
+            r#"hourglass_agent_rejected_total{source="statsd",reason="too_late"} 2"#,
+            "hourglass_agent_dropped_tags_total 2",
+            "hourglass_agent_pending_snapshots 4",
+            "hourglass_agent_oldest_unacked_hour_timestamp_seconds 36000",
+            r#"hourglass_agent_bloom_fill_ratio{series="pages",hour="1970-01-01T10:00Z"} 0.75"#,
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Flushing: every flush interval, give changed sketches their next version, checkpoint,
+//! push what the aggregator lacks, and free closed hours it has (DESIGN §3).
+//!
+//! The checkpoint is written before the push, so every version the aggregator can hold is
+//! also in the checkpoint: a restarted agent continues above it and its next snapshot
+//! replaces, never trails, what it had sent. After a failed push the next attempt waits an
+//! exponentially growing, jittered delay (checkpoints continue on every tick meanwhile);
+//! what waits is at most one snapshot per (series, hour).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hourglass::proto::v1;
+use hourglass::proto::v1::collector_client::CollectorClient;
+use tokio::sync::watch;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::Channel;
+
+use crate::checkpoint;
+use crate::config::Config;
+use crate::metrics::{Labels, Metrics};
+use crate::table::Table;
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Why a push did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    /// The RPC failed: unreachable, timed out, or refused as a whole.
+    #[error("push failed: {0}")]
+    Rpc(#[from] tonic::Status),
+    /// The reply does not match the request.
+    #[error("push reply has {got} results for {sent} snapshots")]
+    Mismatch {
+        /// Results received.
+        got: usize,
+        /// Snapshots sent.
+        sent: usize,
+    },
+}
+
+/// Ships the table's sketches to one aggregator.
+pub struct Shipper {
+    table: Arc<Mutex<Table>>,
+    metrics: Arc<Metrics>,
+    config: Arc<Config>,
+    data_dir: PathBuf,
+    server: v1::Server,
+    client: CollectorClient<Channel>,
+    failures: u32,
+    next_push: Instant,
+    jitter: u64,
+}
+
+impl Shipper {
+    /// A shipper for `server` to the aggregator at `channel` (connected lazily).
+    pub fn new(
+        table: Arc<Mutex<Table>>,
+        metrics: Arc<Metrics>,
+        config: Arc<Config>,
+        data_dir: PathBuf,
+        server: v1::Server,
+        channel: Channel,
+    ) -> Shipper {
+        let max = 512 << 20;
+        let client = CollectorClient::new(channel)
+            .send_compressed(CompressionEncoding::Zstd)
+            .accept_compressed(CompressionEncoding::Zstd)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        Shipper {
+            table,
+            metrics,
+            config,
+            data_dir,
+            server,
+            client,
+            failures: 0,
+            next_push: Instant::now(),
+            jitter: seed,
+        }
+    }
+
+    /// Flushes every flush interval until `stop` turns true, then makes a final flush
+    /// bounded by `shipping.shutdown_timeout` and a last checkpoint.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.config.flush_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is immediate
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let push = Instant::now() >= self.next_push;
+            self.flush(push).await;
+        }
+        let limit = self.config.shipping.shutdown_timeout;
+        tracing::info!(timeout = ?limit, "final flush");
+        self.failures = 0;
+        if tokio::time::timeout(limit, self.flush(true)).await.is_err() {
+            tracing::warn!(timeout = ?limit, "final flush timed out; what it did not send stays in the checkpoint");
+        }
+        // The final checkpoint records the acknowledgements of the final push, so a
+        // restart does not send again what the aggregator already has.
+        self.checkpoint().await;
+    }
+
+    /// One flush: versions, checkpoint, push (when `push` and not backing off), free.
+    pub async fn flush(&mut self, push: bool) {
+        let now = unix_now();
+        {
+            let mut t = self.table.lock().expect("table lock");
+            t.mark_live(hourglass::time::hour_of(now).unwrap_or(0));
+            t.assign_versions();
+        }
+        let checkpointed = self.checkpoint().await;
+        let pushed = if push {
+            match self.push_all().await {
+                Ok(()) => {
+                    self.failures = 0;
+                    self.next_push = Instant::now();
+                    true
+                }
+                Err(e) => {
+                    self.failures += 1;
+                    let delay = self.backoff();
+                    self.next_push = Instant::now() + delay;
+                    tracing::warn!(error = %e, retry_in = ?delay, failures = self.failures, "push failed; keeping the snapshots");
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        let freed = self.table.lock().expect("table lock").free_closed(now);
+        if freed > 0 {
+            tracing::debug!(freed, "freed closed hours");
+        }
+        let outcome = match (checkpointed, pushed || !push) {
+            (true, true) => "ok",
+            (false, _) => "checkpoint_failed",
+            (true, false) => "push_failed",
+        };
+        self.metrics
+            .flushes
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+    }
+
+    /// The delay before the next push after `failures` failures in a row: doubling from
+    /// `backoff_initial` up to `backoff_max`, times a uniform factor in [0.5, 1).
+    fn backoff(&mut self) -> Duration {
+        let s = &self.config.shipping;
+        let doublings = self.failures.saturating_sub(1).min(30);
+        let full = s
+            .backoff_initial
+            .saturating_mul(1 << doublings)
+            .min(s.backoff_max);
+        // xorshift64: jitter only needs to differ between agents, not be unpredictable.
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let factor = 0.5 + 0.5 * (self.jitter >> 11) as f64 / (1u64 << 53) as f64;
+        full.mul_f64(factor)
+    }
+
+    /// Writes the checkpoint; false (logged and counted) if it failed.
+    pub async fn checkpoint(&self) -> bool {
+        let table = Arc::clone(&self.table);
+        let dir = self.data_dir.clone();
+        let result = tokio::task::spawn_blocking(move || checkpoint::write(&table, &dir)).await;
+        let outcome: Labels = match result {
+            Ok(Ok(bytes)) => {
+                self.metrics
+                    .checkpoint_bytes
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                vec![("outcome", "ok".into())]
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, dir = %self.data_dir.display(), "writing the checkpoint failed");
+                vec![("outcome", "error".into())]
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "checkpoint task failed");
+                vec![("outcome", "error".into())]
+            }
+        };
+        let ok = outcome[0].1 == "ok";
+        self.metrics.checkpoints.get_or_create(&outcome).inc();
+        ok
+    }
+
+    /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
+    async fn push_all(&mut self) -> Result<(), PushError> {
+        let (keys, live) = {
+            let t = self.table.lock().expect("table lock");
+            (t.unacked(), t.live_hours())
+        };
+        if keys.is_empty() && live.is_empty() {
+            return Ok(());
+        }
+        let max_bytes = self.config.max_batch_bytes();
+        let mut start = 0;
+        let mut first = true;
+        while first || start < keys.len() {
+            let (snapshots, sent, next) = {
+                let t = self.table.lock().expect("table lock");
+                t.encode_batch(&keys, start, max_bytes)
+            };
+            let count = snapshots.len();
+            let request = v1::PushRequest {
+                server: Some(self.server.clone()),
+                snapshots,
+                live_hours: if first { live.clone() } else { Vec::new() },
+            };
+            let started = Instant::now();
+            let mut call = tonic::Request::new(request);
+            call.set_timeout(self.config.shipping.push_timeout);
+            let reply = self.client.push(call).await;
+            self.metrics
+                .push_seconds
+                .observe(started.elapsed().as_secs_f64());
+            let code = reply
+                .as_ref()
+                .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+            self.metrics
+                .pushes
+                .get_or_create(&vec![(
+                    "outcome",
+                    hourglass::proto::code_label(code).to_string(),
+                )])
+                .inc();
+            self.metrics.snapshots_sent.inc_by(count as u64);
+            let results = match reply {
+                Ok(r) => r.into_inner().results,
+                Err(status) => {
+                    self.metrics.snapshots_retried.inc_by(count as u64);
+                    return Err(status.into());
+                }
+            };
+            if results.len() != count {
+                self.metrics.snapshots_retried.inc_by(count as u64);
+                return Err(PushError::Mismatch {
+                    got: results.len(),
+                    sent: count,
+                });
+            }
+            self.apply(&sent, &results);
+            if first {
+                self.table
+                    .lock()
+                    .expect("table lock")
+                    .live_hours_acked(&live);
+                self.metrics.last_push.set(unix_now());
+            }
+            first = false;
+            start = next;
+        }
+        self.metrics.last_push.set(unix_now());
+        Ok(())
+    }
+
+    /// Records a push's results: stored and stale snapshots are acknowledged; rejected
+    /// ones are logged and counted, and not sent again (the same bytes would be refused
+    /// again), until the entry changes.
+    fn apply(&self, sent: &[((u64, u32), u64, usize)], results: &[v1::SnapshotResult]) {
+        let mut t = self.table.lock().expect("table lock");
+        let mut at = 0;
+        for &(key, version, count) in sent {
+            for r in &results[at..at + count] {
+                match v1::PushOutcome::try_from(r.outcome) {
+                    Ok(v1::PushOutcome::Stored | v1::PushOutcome::Stale) => {
+                        self.metrics.snapshots_acked.inc();
+                    }
+                    _ => {
+                        self.metrics.snapshots_rejected.inc();
+                        let series = t.get(key).map(|(s, _)| s.to_string()).unwrap_or_default();
+                        tracing::error!(
+                            series,
+                            hour = key.1,
+                            version,
+                            reason = %r.reason,
+                            "the aggregator rejected a snapshot"
+                        );
+                    }
+                }
+            }
+            t.ack(key, version);
+            at += count;
+        }
+    }
+}

@@ -1,0 +1,813 @@
+//! The agent's sketches: one cumulative sketch per kind for every open (series, hour),
+//! and the bookkeeping of DESIGN §3 that makes shipping effectively once.
+//!
+//! Every (series, hour) entry has a `version`, the highest it has been given, and `acked`,
+//! the highest the aggregator acknowledged; `dirty` says it changed since it was last
+//! given a version. A flush gives every dirty entry the next version, checkpoints, then
+//! sends every entry whose `acked` is behind its `version` — the whole current sketch,
+//! never a delta. A failed send leaves the entry behind, so the next flush sends it again;
+//! the backlog is therefore at most one snapshot per (series, hour), however long the
+//! aggregator is away.
+//!
+//! Series are looked up by the raw bytes they arrived as (`metric` and tags as sent), so
+//! the common case — an application sending the same tags in the same order — costs one
+//! hash lookup; only a new spelling is parsed, validated and sorted into a [`Series`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use hourglass::proto::v1;
+use hourglass::series::{NameError, Series};
+use hourglass::sketch::Sketch;
+use hourglass::time::SECONDS_PER_HOUR;
+
+use crate::config::{Config, MetricSpec};
+
+/// A key of the table: a series id and an hour.
+pub type Key = (u64, u32);
+
+/// Why an event was not added. [`Reject::reason`] is its counter label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    /// The metric name or a tag breaks a naming rule.
+    Name(NameError),
+    /// The metric name is longer than `limits.max_metric_len`.
+    MetricTooLong(usize),
+    /// More tags than `limits.max_tags`.
+    TooManyTags(usize),
+    /// The item is longer than `limits.max_item_len`.
+    ItemTooLong(usize),
+    /// The item is empty.
+    EmptyItem,
+    /// The event's hour closed (its end plus the lateness) before it arrived.
+    TooLate {
+        /// The event time.
+        time: i64,
+    },
+    /// The event is further in the future than `limits.max_future`.
+    TooFarAhead {
+        /// The event time.
+        time: i64,
+    },
+    /// A new series beyond `limits.max_series`.
+    SeriesLimit(usize),
+}
+
+impl Reject {
+    /// The counter label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reject::Name(NameError::TooManyTags { .. }) | Reject::TooManyTags(_) => "too_many_tags",
+            Reject::Name(NameError::BadTagKey { .. } | NameError::BadTagValue { .. }) => "bad_tag",
+            Reject::Name(NameError::DuplicateTag { .. }) => "duplicate_tag",
+            Reject::Name(_) => "bad_metric",
+            Reject::MetricTooLong(_) => "metric_too_long",
+            Reject::ItemTooLong(_) => "item_too_long",
+            Reject::EmptyItem => "empty_item",
+            Reject::TooLate { .. } => "too_late",
+            Reject::TooFarAhead { .. } => "too_far_ahead",
+            Reject::SeriesLimit(_) => "series_limit",
+        }
+    }
+}
+
+impl std::fmt::Display for Reject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reject::Name(e) => write!(f, "{e}"),
+            Reject::MetricTooLong(n) => {
+                write!(f, "metric name is {n} bytes, above limits.max_metric_len")
+            }
+            Reject::TooManyTags(n) => write!(f, "{n} tags, above limits.max_tags"),
+            Reject::ItemTooLong(n) => write!(f, "item is {n} bytes, above limits.max_item_len"),
+            Reject::EmptyItem => write!(f, "item is empty"),
+            Reject::TooLate { time } => write!(
+                f,
+                "event time {time} is in an hour that closed (its end plus the lateness window is past)"
+            ),
+            Reject::TooFarAhead { time } => {
+                write!(
+                    f,
+                    "event time {time} is further ahead of the clock than limits.max_future"
+                )
+            }
+            Reject::SeriesLimit(n) => {
+                write!(
+                    f,
+                    "a new series would exceed limits.max_series ({n} series held)"
+                )
+            }
+        }
+    }
+}
+
+/// One open (series, hour).
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// One sketch per kind the series keeps.
+    pub sketches: Vec<Sketch>,
+    /// The highest version given.
+    pub version: u64,
+    /// The highest version the aggregator acknowledged.
+    pub acked: u64,
+    /// Changed since it was last given a version.
+    pub dirty: bool,
+}
+
+impl Entry {
+    /// Whether the aggregator lacks something this entry holds.
+    pub fn pending(&self) -> bool {
+        self.dirty || self.acked < self.version
+    }
+}
+
+/// A series the table holds.
+#[derive(Debug)]
+pub struct SeriesSlot {
+    /// The series.
+    pub series: Series,
+    /// Its wire form, built once.
+    pub wire: v1::Series,
+    /// What it keeps.
+    pub spec: Arc<MetricSpec>,
+    /// Its open hours.
+    pub hours: u32,
+}
+
+/// How a raw spelling resolves: the series and how many tags it drops.
+#[derive(Debug, Clone, Copy)]
+struct Alias {
+    id: u64,
+    dropped_tags: u32,
+}
+
+/// A fast hasher for integer keys (a multiply-xorshift of the written words); the keys
+/// are ours, not an attacker's.
+#[derive(Default)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(23) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+/// Counts of what a batch of events did, added to the metrics once per batch.
+#[derive(Debug, Default, Clone)]
+pub struct IngestStats {
+    /// Events added.
+    pub accepted: u64,
+    /// Events refused, by reason.
+    pub rejected: Vec<(&'static str, u64)>,
+    /// Tags dropped because the metric does not allow their key.
+    pub dropped_tags: u64,
+}
+
+impl IngestStats {
+    /// Counts one refusal.
+    pub fn reject(&mut self, reason: &'static str) {
+        match self.rejected.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.rejected.push((reason, 1)),
+        }
+    }
+
+    /// Events refused, all reasons.
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// What the aggregator is missing, for `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    /// Snapshots not yet acknowledged (one per kind of each pending entry).
+    pub snapshots: u64,
+    /// Bytes of those sketches in memory.
+    pub bytes: u64,
+    /// The oldest hour with something unacknowledged.
+    pub oldest_hour: Option<u32>,
+    /// Open (series, hour) entries.
+    pub entries: u64,
+    /// Series held.
+    pub series: u64,
+    /// Bytes of all sketches held.
+    pub sketch_bytes: u64,
+}
+
+/// The sketches of one agent.
+pub struct Table {
+    config: Arc<Config>,
+    epoch: u64,
+    specs: HashMap<String, Arc<MetricSpec>>,
+    series: IntMap<u64, SeriesSlot>,
+    by_series: HashMap<Series, u64>,
+    aliases: HashMap<Box<[u8]>, Alias>,
+    next_id: u64,
+    entries: IntMap<Key, Entry>,
+    live_hours: BTreeSet<u32>,
+    scratch: Vec<u8>,
+}
+
+/// The most hours kept in the set of live hours not yet reported (about 14 months).
+const MAX_LIVE_HOURS: usize = 10_000;
+
+impl Table {
+    /// An empty table for `epoch`.
+    pub fn new(config: Arc<Config>, epoch: u64) -> Table {
+        Table {
+            config,
+            epoch,
+            specs: HashMap::new(),
+            series: IntMap::default(),
+            by_series: HashMap::new(),
+            aliases: HashMap::new(),
+            next_id: 1,
+            entries: IntMap::default(),
+            live_hours: BTreeSet::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The epoch of this table's state.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Series held.
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    /// The series of a DogStatsD line: `tags` as sent (`k:v,k2:v2`).
+    pub fn resolve_statsd(
+        &mut self,
+        metric: &str,
+        tags: &str,
+        stats: &mut IngestStats,
+    ) -> Result<u64, Reject> {
+        let mut key = std::mem::take(&mut self.scratch);
+        key.clear();
+        key.push(b's');
+        key.extend_from_slice(metric.as_bytes());
+        key.push(b'|');
+        key.extend_from_slice(tags.as_bytes());
+        let result = self.resolve(&key, metric, || crate::statsd::tag_pairs(tags), stats);
+        self.scratch = key;
+        result
+    }
+
+    /// The series of an Ingest event.
+    pub fn resolve_tags(
+        &mut self,
+        metric: &str,
+        tags: &[v1::Tag],
+        stats: &mut IngestStats,
+    ) -> Result<u64, Reject> {
+        let mut key = std::mem::take(&mut self.scratch);
+        key.clear();
+        key.push(b'g');
+        key.extend_from_slice(metric.as_bytes());
+        for t in tags {
+            key.push(0);
+            key.extend_from_slice(t.key.as_bytes());
+            key.push(0);
+            key.extend_from_slice(t.value.as_bytes());
+        }
+        let pairs = || tags.iter().map(|t| (t.key.as_str(), t.value.as_str()));
+        let result = self.resolve(&key, metric, pairs, stats);
+        self.scratch = key;
+        result
+    }
+
+    fn resolve<'t, I: Iterator<Item = (&'t str, &'t str)>>(
+        &mut self,
+        key: &[u8],
+        metric: &str,
+        pairs: impl Fn() -> I,
+        stats: &mut IngestStats,
+    ) -> Result<u64, Reject> {
+        if let Some(alias) = self.aliases.get(key) {
+            stats.dropped_tags += u64::from(alias.dropped_tags);
+            return Ok(alias.id);
+        }
+        let config = Arc::clone(&self.config);
+        let limits = &config.limits;
+        if metric.len() > limits.max_metric_len {
+            return Err(Reject::MetricTooLong(metric.len()));
+        }
+        hourglass::series::validate_metric(metric).map_err(Reject::Name)?;
+        let spec = self.spec(metric);
+        let mut tags = Vec::new();
+        let mut dropped = 0u32;
+        for (k, v) in pairs() {
+            let allowed = spec
+                .allowed_tags
+                .as_ref()
+                .is_none_or(|keys| keys.binary_search_by(|a| a.as_str().cmp(k)).is_ok());
+            if allowed {
+                tags.push((k.to_string(), v.to_string()));
+            } else {
+                dropped += 1;
+            }
+        }
+        if tags.len() > limits.max_tags {
+            return Err(Reject::TooManyTags(tags.len()));
+        }
+        let series = Series::new(metric, tags).map_err(Reject::Name)?;
+        let id = match self.by_series.get(&series) {
+            Some(&id) => id,
+            None => {
+                if self.series.len() >= limits.max_series {
+                    return Err(Reject::SeriesLimit(self.series.len()));
+                }
+                self.insert_series(series, spec)
+            }
+        };
+        // A sender that varies its spelling endlessly must not grow memory without bound.
+        if self.aliases.len() >= 4 * limits.max_series + 1024 {
+            self.aliases.clear();
+        }
+        self.aliases.insert(
+            key.into(),
+            Alias {
+                id,
+                dropped_tags: dropped,
+            },
+        );
+        stats.dropped_tags += u64::from(dropped);
+        Ok(id)
+    }
+
+    fn spec(&mut self, metric: &str) -> Arc<MetricSpec> {
+        if let Some(spec) = self.specs.get(metric) {
+            return Arc::clone(spec);
+        }
+        // The config was validated, so every metric's spec builds.
+        let spec = Arc::new(
+            self.config
+                .spec_for(metric)
+                .expect("validated config builds every metric's sketches"),
+        );
+        self.specs.insert(metric.to_string(), Arc::clone(&spec));
+        spec
+    }
+
+    fn insert_series(&mut self, series: Series, spec: Arc<MetricSpec>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_series.insert(series.clone(), id);
+        self.series.insert(
+            id,
+            SeriesSlot {
+                wire: v1::Series::from(&series),
+                series,
+                spec,
+                hours: 0,
+            },
+        );
+        id
+    }
+
+    /// Checks an event's time against the open hours: its hour, or why not.
+    pub fn hour_for(&self, time: i64, now: i64) -> Result<u32, Reject> {
+        let lateness = i64::try_from(self.config.lateness.as_secs()).unwrap_or(i64::MAX);
+        let future = i64::try_from(self.config.limits.max_future.as_secs()).unwrap_or(i64::MAX);
+        if time > now.saturating_add(future) {
+            return Err(Reject::TooFarAhead { time });
+        }
+        let hour = hourglass::time::hour_of(time).ok_or(Reject::TooLate { time })?;
+        let hour_end = (i64::from(hour) + 1) * SECONDS_PER_HOUR;
+        if hour_end.saturating_add(lateness) <= now {
+            return Err(Reject::TooLate { time });
+        }
+        Ok(hour)
+    }
+
+    /// Adds `item` (`weight` times, for frequency) to series `id` in the hour of `time`.
+    pub fn insert(
+        &mut self,
+        id: u64,
+        time: i64,
+        now: i64,
+        item: &[u8],
+        weight: u64,
+    ) -> Result<(), Reject> {
+        if item.is_empty() {
+            return Err(Reject::EmptyItem);
+        }
+        if item.len() > self.config.limits.max_item_len {
+            return Err(Reject::ItemTooLong(item.len()));
+        }
+        let hour = self.hour_for(time, now)?;
+        let entry = match self.entries.get_mut(&(id, hour)) {
+            Some(entry) => entry,
+            None => {
+                let slot = self.series.get_mut(&id).expect("resolved series are held");
+                slot.hours += 1;
+                self.entries.entry((id, hour)).or_insert(Entry {
+                    sketches: slot.spec.empty.clone(),
+                    version: 0,
+                    acked: 0,
+                    dirty: true,
+                })
+            }
+        };
+        for sketch in &mut entry.sketches {
+            match sketch {
+                Sketch::Distinct(h) => h.insert(item),
+                // The item length was checked against a limit at most MAX_ITEM_LEN.
+                Sketch::Frequency(f) => f
+                    .insert_weighted(item, weight.max(1))
+                    .expect("items within limits.max_item_len fit the frequent-items summary"),
+                Sketch::Membership(b) => b.insert(item),
+            }
+        }
+        entry.dirty = true;
+        Ok(())
+    }
+
+    /// Records that the agent is up during `hour`.
+    pub fn mark_live(&mut self, hour: u32) {
+        self.live_hours.insert(hour);
+        while self.live_hours.len() > MAX_LIVE_HOURS {
+            self.live_hours.pop_first();
+        }
+    }
+
+    /// Live hours not yet reported to the aggregator.
+    pub fn live_hours(&self) -> Vec<u32> {
+        self.live_hours.iter().copied().collect()
+    }
+
+    /// Forgets live hours the aggregator acknowledged.
+    pub fn live_hours_acked(&mut self, hours: &[u32]) {
+        for h in hours {
+            self.live_hours.remove(h);
+        }
+    }
+
+    /// Gives every changed entry its next version; returns how many changed.
+    pub fn assign_versions(&mut self) -> usize {
+        let mut changed = 0;
+        for entry in self.entries.values_mut() {
+            if entry.dirty {
+                entry.version += 1;
+                entry.dirty = false;
+                changed += 1;
+            }
+        }
+        changed
+    }
+
+    /// Entries the aggregator has not acknowledged at their version, oldest hour first.
+    pub fn unacked(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.acked < e.version)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_by_key(|&(id, hour)| (hour, id));
+        keys
+    }
+
+    /// Every entry's key.
+    pub fn keys(&self) -> Vec<Key> {
+        self.entries.keys().copied().collect()
+    }
+
+    /// Encodes the snapshots of `keys` from `start` on, stopping before `max_bytes` of
+    /// sketches (at least one entry per call). Returns the snapshots, the (key, version,
+    /// snapshot count) of each entry sent, and the index to continue from.
+    pub fn encode_batch(
+        &self,
+        keys: &[Key],
+        start: usize,
+        max_bytes: usize,
+    ) -> (Vec<v1::Snapshot>, Vec<(Key, u64, usize)>, usize) {
+        let mut snapshots = Vec::new();
+        let mut sent = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = start;
+        while next < keys.len() {
+            let key = keys[next];
+            let (Some(entry), Some(slot)) = (self.entries.get(&key), self.series.get(&key.0))
+            else {
+                next += 1;
+                continue;
+            };
+            let size: usize = entry.sketches.iter().map(Sketch::size_bytes).sum();
+            if !sent.is_empty() && bytes + size > max_bytes {
+                break;
+            }
+            bytes += size;
+            for sketch in &entry.sketches {
+                snapshots.push(v1::Snapshot {
+                    series: Some(slot.wire.clone()),
+                    hour: key.1,
+                    epoch: self.epoch,
+                    version: entry.version,
+                    sketch: Some(v1::EncodedSketch {
+                        kind: v1::SketchKind::from(sketch.kind()) as i32,
+                        data: sketch.encode(),
+                    }),
+                });
+            }
+            sent.push((key, entry.version, entry.sketches.len()));
+            next += 1;
+        }
+        (snapshots, sent, next)
+    }
+
+    /// Records that the aggregator holds `version` of `key` (or a newer one).
+    pub fn ack(&mut self, key: Key, version: u64) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.acked = entry.acked.max(version);
+        }
+    }
+
+    /// Frees the entries of closed hours whose final snapshot is acknowledged, and the
+    /// series left without hours. Returns how many entries were freed.
+    pub fn free_closed(&mut self, now: i64) -> usize {
+        let lateness = i64::try_from(self.config.lateness.as_secs()).unwrap_or(i64::MAX);
+        let closed =
+            |hour: u32| ((i64::from(hour) + 1) * SECONDS_PER_HOUR).saturating_add(lateness) <= now;
+        let freed: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| closed(k.1) && !e.pending())
+            .map(|(k, _)| *k)
+            .collect();
+        let mut emptied = false;
+        for key in &freed {
+            self.entries.remove(key);
+            if let Some(slot) = self.series.get_mut(&key.0) {
+                slot.hours -= 1;
+                if slot.hours == 0 {
+                    let slot = self.series.remove(&key.0).expect("just seen");
+                    self.by_series.remove(&slot.series);
+                    emptied = true;
+                }
+            }
+        }
+        if emptied {
+            // Aliases may name a freed series; they are rebuilt on the next event.
+            self.aliases.clear();
+        }
+        freed.len()
+    }
+
+    /// What the aggregator is missing, and what the table holds.
+    pub fn backlog(&self) -> Backlog {
+        let mut b = Backlog {
+            entries: self.entries.len() as u64,
+            series: self.series.len() as u64,
+            ..Backlog::default()
+        };
+        for (key, entry) in &self.entries {
+            let bytes: u64 = entry.sketches.iter().map(|s| s.size_bytes() as u64).sum();
+            b.sketch_bytes += bytes;
+            if entry.pending() {
+                b.snapshots += entry.sketches.len() as u64;
+                b.bytes += bytes;
+                b.oldest_hour = Some(b.oldest_hour.map_or(key.1, |h| h.min(key.1)));
+            }
+        }
+        b
+    }
+
+    /// Bloom filters more than half full: (series, hour, fill ratio).
+    pub fn bloom_fill_above_half(&self) -> Vec<(String, u32, f64)> {
+        let mut out = Vec::new();
+        for (key, entry) in &self.entries {
+            for sketch in &entry.sketches {
+                if let Sketch::Membership(b) = sketch {
+                    let fill = b.fill_ratio();
+                    if fill > 0.5 {
+                        let name = self.series.get(&key.0).map(|s| s.series.to_string());
+                        out.push((name.unwrap_or_default(), key.1, fill));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The series and entry of `key`, for the checkpoint writer.
+    pub fn get(&self, key: Key) -> Option<(&Series, &Entry)> {
+        Some((&self.series.get(&key.0)?.series, self.entries.get(&key)?))
+    }
+
+    /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
+    /// the checkpoint shows the aggregator had their current state.
+    pub fn restore(&mut self, series: Series, hour: u32, entry: Entry) {
+        let id = match self.by_series.get(&series) {
+            Some(&id) => id,
+            None => {
+                let spec = self.spec(series.metric());
+                self.insert_series(series, spec)
+            }
+        };
+        let slot = self.series.get_mut(&id).expect("just inserted");
+        if self.entries.insert((id, hour), entry).is_none() {
+            slot.hours += 1;
+        }
+    }
+
+    /// Sum over held entries of a closure, for tests.
+    #[cfg(test)]
+    pub fn entry(&self, series: &str, hour: u32) -> Option<&Entry> {
+        let id = self.by_series.get(&Series::parse(series).ok()?)?;
+        self.entries.get(&(*id, hour))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hourglass::format::Kind;
+
+    const NOW: i64 = 1_764_000_000; // some hour of 2025
+    fn hour(t: i64) -> u32 {
+        (t / 3600) as u32
+    }
+
+    fn table() -> Table {
+        let mut config = Config::default();
+        config.limits.max_series = 3;
+        config.metrics.insert(
+            "pages".into(),
+            crate::config::MetricConfig {
+                kinds: Some(vec![Kind::Membership]),
+                allowed_tags: Some(vec!["region".into()]),
+                ..Default::default()
+            },
+        );
+        Table::new(Arc::new(config), 7)
+    }
+
+    fn add(t: &mut Table, metric: &str, tags: &str, item: &str, time: i64) -> Result<(), Reject> {
+        let mut stats = IngestStats::default();
+        let id = t.resolve_statsd(metric, tags, &mut stats)?;
+        t.insert(id, time, NOW, item.as_bytes(), 1)
+    }
+
+    #[test]
+    fn tags_in_any_order_are_one_series() {
+        let mut t = table();
+        add(&mut t, "visitors", "b:2,a:1", "u1", NOW).unwrap();
+        add(&mut t, "visitors", "a:1,b:2", "u2", NOW).unwrap();
+        assert_eq!(t.series_count(), 1);
+        let e = t.entry("visitors{a=1,b=2}", hour(NOW)).unwrap();
+        let kinds: Vec<Kind> = e.sketches.iter().map(Sketch::kind).collect();
+        assert_eq!(kinds, vec![Kind::Distinct, Kind::Frequency]);
+        match &e.sketches[0] {
+            Sketch::Distinct(h) => assert_eq!(h.estimate().estimate.round(), 2.0),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn disallowed_tags_are_dropped_and_counted() {
+        let mut t = table();
+        let mut stats = IngestStats::default();
+        let a = t
+            .resolve_statsd("pages", "region:eu,user:42", &mut stats)
+            .unwrap();
+        let b = t
+            .resolve_statsd("pages", "region:eu,user:42", &mut stats)
+            .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(stats.dropped_tags, 2, "counted per event, also when cached");
+        t.insert(a, NOW, NOW, b"/cart", 1).unwrap();
+        let e = t.entry("pages{region=eu}", hour(NOW)).unwrap();
+        assert!(matches!(&e.sketches[..], [Sketch::Membership(b)] if b.contains(b"/cart")));
+    }
+
+    #[test]
+    fn events_land_in_their_own_hour_within_the_window() {
+        let mut t = table();
+        let hour_start = NOW - NOW % 3600;
+        add(&mut t, "v", "", "a", hour_start - 1).unwrap(); // previous hour, within 1h lateness
+        add(&mut t, "v", "", "b", NOW + 299).unwrap();
+        assert!(t.entry("v", hour(hour_start - 1)).is_some());
+        // The hour before last ended more than an hour ago.
+        let e = add(&mut t, "v", "", "c", hour_start - 3601 - (NOW - hour_start)).unwrap_err();
+        assert_eq!(e.reason(), "too_late");
+        let e = add(&mut t, "v", "", "d", NOW + 301).unwrap_err();
+        assert_eq!(e.reason(), "too_far_ahead");
+        assert_eq!(
+            add(&mut t, "v", "", "", NOW).unwrap_err(),
+            Reject::EmptyItem
+        );
+        let long = "x".repeat(1025);
+        assert_eq!(
+            add(&mut t, "v", "", &long, NOW).unwrap_err().reason(),
+            "item_too_long"
+        );
+    }
+
+    #[test]
+    fn limits_and_names_are_enforced() {
+        let mut t = table();
+        for m in ["a", "b", "c"] {
+            add(&mut t, m, "", "x", NOW).unwrap();
+        }
+        assert_eq!(
+            add(&mut t, "d", "", "x", NOW).unwrap_err(),
+            Reject::SeriesLimit(3)
+        );
+        // Known series still take events.
+        add(&mut t, "a", "", "y", NOW).unwrap();
+        assert_eq!(
+            add(&mut t, "9bad", "", "x", NOW).unwrap_err().reason(),
+            "bad_metric"
+        );
+        assert_eq!(
+            add(&mut t, "a", "k:1,k:2", "x", NOW).unwrap_err().reason(),
+            "duplicate_tag"
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("k{i}:v")).collect();
+        assert_eq!(
+            add(&mut t, "a", &many.join(","), "x", NOW)
+                .unwrap_err()
+                .reason(),
+            "too_many_tags"
+        );
+    }
+
+    #[test]
+    fn versions_acks_and_freeing_follow_the_protocol() {
+        let mut t = table();
+        add(&mut t, "v", "", "a", NOW).unwrap();
+        assert_eq!(t.assign_versions(), 1);
+        assert_eq!(t.assign_versions(), 0, "nothing changed since");
+        let keys = t.unacked();
+        assert_eq!(keys.len(), 1);
+        let (snaps, sent, next) = t.encode_batch(&keys, 0, 1 << 20);
+        assert_eq!((snaps.len(), next), (2, 1), "one snapshot per kind");
+        assert!(snaps.iter().all(|s| s.version == 1 && s.epoch == 7));
+        // Not acknowledged: still owed, and a change makes the next version.
+        add(&mut t, "v", "", "b", NOW).unwrap();
+        assert_eq!(t.assign_versions(), 1);
+        assert_eq!(t.backlog().snapshots, 2);
+        t.ack(sent[0].0, sent[0].1);
+        assert_eq!(
+            t.unacked().len(),
+            1,
+            "version 1 acked, version 2 still owed"
+        );
+        t.ack(keys[0], 2);
+        assert!(t.unacked().is_empty());
+        assert_eq!(t.backlog().snapshots, 0);
+        // Open hours are kept; closed and acknowledged ones are freed with their series.
+        assert_eq!(t.free_closed(NOW), 0);
+        assert_eq!(t.free_closed(NOW + 3 * 3600), 1);
+        assert_eq!(t.series_count(), 0);
+        // A freed series comes back with its next event.
+        let later = NOW + 3 * 3600;
+        let id = t
+            .resolve_statsd("v", "", &mut IngestStats::default())
+            .unwrap();
+        t.insert(id, later, later, b"c", 1).unwrap();
+        assert_eq!(t.series_count(), 1);
+    }
+
+    #[test]
+    fn batches_respect_the_byte_bound() {
+        let mut t = table();
+        for m in ["a", "b", "c"] {
+            add(&mut t, m, "", "x", NOW).unwrap();
+        }
+        t.assign_versions();
+        let keys = t.unacked();
+        let one: usize = t
+            .get(keys[0])
+            .unwrap()
+            .1
+            .sketches
+            .iter()
+            .map(Sketch::size_bytes)
+            .sum();
+        let (_, sent, next) = t.encode_batch(&keys, 0, one);
+        assert_eq!((sent.len(), next), (1, 1));
+        let (_, sent, next) = t.encode_batch(&keys, 1, 10 * one);
+        assert_eq!((sent.len(), next), (2, 3));
+    }
+}
