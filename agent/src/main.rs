@@ -76,8 +76,8 @@ struct Cli {
     lateness: Option<Duration>,
     /// Sketch kinds of metrics the config file does not list, comma-separated from
     /// distinct, frequency, membership [default: distinct,frequency, or the config file's].
-    #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = hourglass_agent::config::parse_kinds)]
-    default_kinds: Option<Vec<Kind>>,
+    #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = parse_kind_list)]
+    default_kinds: Option<KindList>,
     /// TOML file with per-metric settings, limits and shipping; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -94,6 +94,15 @@ enum LogFormat {
     Text,
     /// One JSON object per line, for log collectors.
     Json,
+}
+
+/// `--default-kinds`: one value holding a list (clap would take a bare `Vec` for a
+/// repeated flag).
+#[derive(Debug, Clone)]
+struct KindList(Vec<Kind>);
+
+fn parse_kind_list(text: &str) -> Result<KindList, String> {
+    hourglass_agent::config::parse_kinds(text).map(KindList)
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -148,7 +157,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         config.lateness = d;
     }
     if let Some(kinds) = cli.default_kinds {
-        config.default_kinds = kinds;
+        config.default_kinds = kinds.0;
     }
     let server_name = match cli.server_name {
         Some(name) => name,
@@ -235,4 +244,34 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + S
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "hourglass-agent",
+            "--default-kinds",
+            "distinct,membership",
+            "--label",
+            "region=eu",
+            "--label",
+            "role=web",
+            "--flush-interval",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.default_kinds.unwrap().0,
+            vec![Kind::Distinct, Kind::Membership]
+        );
+        assert_eq!(cli.labels.len(), 2);
+        assert_eq!(cli.flush_interval, Some(Duration::from_millis(250)));
+        assert!(Cli::try_parse_from(["hourglass-agent", "--label", "novalue"]).is_err());
+    }
 }

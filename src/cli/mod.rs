@@ -2,6 +2,7 @@
 
 mod numbers;
 mod query;
+mod send;
 mod sketch;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,10 @@ enum Command {
     ///
     /// Example: `hourglass query distinct --metric visitors --from -7d --label region=eu`
     Query(query::QueryArgs),
+    /// Send events to an agent by hand: items as arguments or one per line of a file.
+    ///
+    /// Example: `hourglass send visitors user42 user43 --tag country=de`
+    Send(send::SendArgs),
 }
 
 /// Runs one parsed command line.
@@ -33,5 +38,32 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sketch(cmd) => sketch::run(cmd),
         Command::Query(args) => query::run(args),
+        Command::Send(args) => send::run(args),
     }
+}
+
+/// An error and its causes on one line: `transport error: Connection refused (os error 111)`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Connects to the gRPC server at `url` (the `what` named by `flag`), with an error a
+/// person can act on.
+async fn connect(url: &str, what: &str, flag: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|_| anyhow::anyhow!("{flag} {url:?} is not a URL"))?
+        .connect_timeout(std::time::Duration::from_secs(5));
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the {what} at {url}: {}", error_chain(&e)))
 }

@@ -151,20 +151,6 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An error and its causes on one line: `transport error: Connection refused (os error 111)`.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// Turns a gRPC failure into one line a person can act on.
 fn explain(status: tonic::Status, aggregator: &str) -> anyhow::Error {
     match status.code() {
@@ -181,16 +167,7 @@ async fn ask(
     selector: v1::Selector,
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
-    let endpoint = tonic::transport::Endpoint::from_shared(args.aggregator.clone())
-        .with_context(|| format!("--aggregator {:?} is not a URL", args.aggregator))?
-        .connect_timeout(std::time::Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach the aggregator at {}: {}",
-            args.aggregator,
-            error_chain(&e)
-        )
-    })?;
+    let channel = super::connect(&args.aggregator, "aggregator", "--aggregator").await?;
     let mut client = QueryClient::new(channel)
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);

@@ -1,5 +1,6 @@
 //! Integration tests: the real binaries, run as a user would run them.
 
+mod agent;
 mod aggregator;
 mod sketch_cli;
 mod util;

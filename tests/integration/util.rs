@@ -100,18 +100,18 @@ pub fn lines(prefix: &str, range: std::ops::Range<u64>) -> Vec<u8> {
     out
 }
 
-/// The `hourglass-aggregator` binary, built on first use.
+/// A binary of another workspace member (`hourglass-aggregator`, `hourglass-agent`),
+/// built on first use.
 ///
-/// `CARGO_BIN_EXE_*` names only binaries of the test's own package, and the aggregator is
-/// another workspace member, so it is found beside this test executable instead
-/// (`target/<profile>/hourglass-aggregator`). Because `cargo test` of this package does
-/// not build other packages' binaries, the first call runs `cargo build --workspace
-/// --all-targets` into the same target directory and profile. Building the whole
-/// workspace with all targets resolves features exactly as `cargo test --workspace
+/// `CARGO_BIN_EXE_*` names only binaries of the test's own package, so these are found
+/// beside this test executable instead (`target/<profile>/NAME`). Because `cargo test` of
+/// this package does not build other packages' binaries, the first call runs `cargo build
+/// --workspace --all-targets` into the same target directory and profile. Building the
+/// whole workspace with all targets resolves features exactly as `cargo test --workspace
 /// --all-targets` does, so RocksDB is not compiled a second time (`-p
 /// hourglass-aggregator` alone unifies features differently and would rebuild it, ~10
 /// minutes); after such a test build it takes seconds.
-pub fn aggregator_binary() -> PathBuf {
+pub fn workspace_binary(name: &str) -> PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().expect("path of the test executable");
     // target/<profile>/deps/<test> → target/<profile>
@@ -120,10 +120,7 @@ pub fn aggregator_binary() -> PathBuf {
         .and_then(std::path::Path::parent)
         .expect("test executable lives in target/<profile>/deps")
         .to_path_buf();
-    let binary = profile_dir.join(format!(
-        "hourglass-aggregator{}",
-        std::env::consts::EXE_SUFFIX
-    ));
+    let binary = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     BUILD.call_once(|| {
         let target_dir = profile_dir
             .parent()
@@ -139,49 +136,43 @@ pub fn aggregator_binary() -> PathBuf {
         {
             build.arg("--release");
         }
-        let status = build.status().expect("run cargo build for the aggregator");
-        assert!(status.success(), "building hourglass-aggregator failed");
+        let status = build
+            .status()
+            .expect("run cargo build for the workspace binaries");
+        assert!(status.success(), "building the workspace binaries failed");
     });
-    assert!(
-        binary.exists(),
-        "no aggregator binary at {}",
-        binary.display()
-    );
+    assert!(binary.exists(), "no binary at {}", binary.display());
     binary
 }
 
-/// A running `hourglass-aggregator`, killed (SIGKILL) when dropped.
-pub struct AggregatorProcess {
+/// A running service process (aggregator or agent), killed (SIGKILL) when dropped.
+pub struct ServiceProcess {
     child: std::process::Child,
-    /// The gRPC address as a URL, `http://127.0.0.1:PORT`.
-    pub grpc: String,
-    /// The admin HTTP address.
-    pub admin: std::net::SocketAddr,
+    what: &'static str,
+    /// The addresses it announced on stderr (`NAME listening on ADDR`), by NAME.
+    addrs: std::collections::HashMap<String, String>,
     /// Everything the process wrote to stdout (its logs), for failure messages.
     logs: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
-impl AggregatorProcess {
-    /// Starts the aggregator on free ports with its data in `data_dir`, plus `extra`
-    /// arguments, and waits until it announces both ports on stderr.
-    pub fn start(data_dir: &str, extra: &[&str]) -> AggregatorProcess {
+impl ServiceProcess {
+    /// Starts `binary ARGS` and waits until it announced `NAME listening on ADDR` for every
+    /// name of `announces`.
+    pub fn start(
+        what: &'static str,
+        binary: PathBuf,
+        args: &[&str],
+        announces: &[&str],
+    ) -> ServiceProcess {
         use std::io::BufRead;
-        let mut child = Command::new(aggregator_binary())
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data_dir,
-            ])
-            .args(extra)
+        let mut child = Command::new(binary)
+            .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start hourglass-aggregator");
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
         // Both pipes are drained from threads, so a chatty process never blocks on a
         // full pipe.
         let logs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -207,33 +198,36 @@ impl AggregatorProcess {
                 let _ = tx.send(line);
             }
         });
-        let (mut grpc, mut admin) = (None, None);
+        let mut addrs = std::collections::HashMap::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let mut seen = String::new();
-        while grpc.is_none() || admin.is_none() {
+        while announces.iter().any(|n| !addrs.contains_key(*n)) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "aggregator did not announce its ports; stderr:\n{seen}\nlogs:\n{}",
+                    "{what} did not announce its ports; stderr:\n{seen}\nlogs:\n{}",
                     logs.lock().expect("log buffer")
                 );
             };
             seen.push_str(&line);
             seen.push('\n');
-            if let Some(addr) = line.strip_prefix("grpc listening on ") {
-                grpc = Some(addr.trim().to_string());
-            } else if let Some(addr) = line.strip_prefix("admin listening on ") {
-                admin = Some(addr.trim().parse().expect("admin address"));
+            if let Some((name, addr)) = line.split_once(" listening on ") {
+                addrs.insert(name.to_string(), addr.trim().to_string());
             }
         }
-        AggregatorProcess {
+        ServiceProcess {
             child,
-            grpc: format!("http://{}", grpc.expect("grpc address")),
-            admin: admin.expect("admin address"),
+            what,
+            addrs,
             logs,
         }
+    }
+
+    /// The address announced for `name`.
+    pub fn addr(&self, name: &str) -> String {
+        self.addrs[name].clone()
     }
 
     /// Kills the process with SIGKILL, as a crash would, and waits for it.
@@ -251,12 +245,13 @@ impl AggregatorProcess {
         assert!(sent.success(), "kill -TERM failed");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.try_wait().expect("wait for aggregator") {
+            if let Some(status) = self.child.try_wait().expect("wait for the process") {
                 return status;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "aggregator still running 30 s after SIGTERM; logs:\n{}",
+                "{} still running 30 s after SIGTERM; logs:\n{}",
+                self.what,
                 self.logs()
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -269,10 +264,137 @@ impl AggregatorProcess {
     }
 }
 
-impl Drop for AggregatorProcess {
+impl Drop for ServiceProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A running `hourglass-aggregator` on free loopback ports.
+pub struct AggregatorProcess {
+    process: ServiceProcess,
+    /// The gRPC address as a URL, `http://127.0.0.1:PORT`.
+    pub grpc: String,
+    /// The admin HTTP address.
+    pub admin: std::net::SocketAddr,
+}
+
+impl AggregatorProcess {
+    /// Starts the aggregator on free ports with its data in `data_dir`, plus `extra`
+    /// arguments, and waits until it announces both ports on stderr.
+    pub fn start(data_dir: &str, extra: &[&str]) -> AggregatorProcess {
+        AggregatorProcess::start_on("127.0.0.1:0", data_dir, extra)
+    }
+
+    /// Like [`AggregatorProcess::start`], with gRPC on `listen`.
+    pub fn start_on(listen: &str, data_dir: &str, extra: &[&str]) -> AggregatorProcess {
+        let mut args = vec![
+            "--listen",
+            listen,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+        ];
+        args.extend_from_slice(extra);
+        let process = ServiceProcess::start(
+            "aggregator",
+            workspace_binary("hourglass-aggregator"),
+            &args,
+            &["grpc", "admin"],
+        );
+        AggregatorProcess {
+            grpc: format!("http://{}", process.addr("grpc")),
+            admin: process.addr("admin").parse().expect("admin address"),
+            process,
+        }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and waits for it.
+    pub fn kill(self) {
+        self.process.kill();
+    }
+
+    /// Sends SIGTERM and waits up to 30 s for the process to exit; returns its status.
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.process.terminate()
+    }
+
+    /// Its logs so far.
+    pub fn logs(&self) -> String {
+        self.process.logs()
+    }
+}
+
+/// A running `hourglass-agent` on free loopback ports.
+pub struct AgentProcess {
+    process: ServiceProcess,
+    /// The Ingest address as a URL.
+    pub ingest: String,
+    /// The DogStatsD UDP address.
+    pub statsd: std::net::SocketAddr,
+    /// The admin HTTP address.
+    pub admin: std::net::SocketAddr,
+}
+
+impl AgentProcess {
+    /// Starts an agent named `name` shipping to `aggregator` (a URL, need not be up), with
+    /// its checkpoint in `data_dir`, plus `extra` arguments.
+    pub fn start(name: &str, aggregator: &str, data_dir: &str, extra: &[&str]) -> AgentProcess {
+        let mut args = vec![
+            "--server-name",
+            name,
+            "--aggregator",
+            aggregator,
+            "--statsd-listen",
+            "127.0.0.1:0",
+            "--ingest-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+        ];
+        args.extend_from_slice(extra);
+        let process = ServiceProcess::start(
+            "agent",
+            workspace_binary("hourglass-agent"),
+            &args,
+            &["statsd", "ingest", "admin"],
+        );
+        AgentProcess {
+            ingest: format!("http://{}", process.addr("ingest")),
+            statsd: process.addr("statsd").parse().expect("statsd address"),
+            admin: process.addr("admin").parse().expect("admin address"),
+            process,
+        }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and waits for it.
+    pub fn kill(self) {
+        self.process.kill();
+    }
+
+    /// Sends SIGTERM and waits up to 30 s for the process to exit; returns its status.
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.process.terminate()
+    }
+
+    /// Its logs so far.
+    pub fn logs(&self) -> String {
+        self.process.logs()
+    }
+
+    /// The value of one un-labelled metric on `/metrics` (`name` without the prefix's
+    /// `hourglass_agent_`), or of a labelled one when `name` includes the labels.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = http_get(self.admin, "/metrics");
+        let full = format!("hourglass_agent_{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&full))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 }
 

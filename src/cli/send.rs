@@ -1,0 +1,155 @@
+//! `hourglass send`: events to an agent's gRPC `Ingest` service, for trying hourglass by
+//! hand and for scripts.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use hourglass::proto::v1::{self, ingest_client::IngestClient};
+use hourglass::series::{parse_pair, validate_metric};
+use hourglass::time::parse_time;
+
+/// The default agent address, where `hourglass-agent` serves Ingest by default.
+pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7710";
+/// Events per Ingest call.
+const BATCH: usize = 10_000;
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The agent's gRPC Ingest address.
+    #[arg(long, env = "HOURGLASS_AGENT", default_value = DEFAULT_AGENT)]
+    agent: String,
+    /// The metric, such as `visitors`.
+    metric: String,
+    /// Items to send, one event each.
+    items: Vec<String>,
+    /// A tag of the series, `key=value` (repeat for more).
+    #[arg(long = "tag", value_parser = parse_tag)]
+    tags: Vec<(String, String)>,
+    /// When the events happened: RFC 3339, a date, `now`, or relative (`-2h`). Default:
+    /// now, as the agent's clock reads on arrival.
+    #[arg(long)]
+    time: Option<String>,
+    /// How many occurrences each event stands for (frequency sketches).
+    #[arg(long, default_value_t = 1)]
+    weight: u64,
+    /// Also send one item per line of this file (`-` for standard input); empty lines
+    /// are skipped.
+    #[arg(long)]
+    file: Option<PathBuf>,
+}
+
+fn parse_tag(text: &str) -> Result<(String, String), String> {
+    parse_pair(text).map_err(|e| e.to_string())
+}
+
+/// Sends the events and reports what the agent accepted; exits non-zero if it rejected
+/// any.
+pub fn run(args: SendArgs) -> anyhow::Result<()> {
+    validate_metric(&args.metric)?;
+    if args.items.is_empty() && args.file.is_none() {
+        bail!("nothing to send: give items after the metric, or --file F");
+    }
+    if args.weight == 0 {
+        bail!("--weight must be at least 1");
+    }
+    let time = match &args.time {
+        Some(t) => parse_time(t, chrono::Utc::now())?.timestamp(),
+        None => 0,
+    };
+    let mut items: Vec<Vec<u8>> = args.items.iter().map(|i| i.clone().into_bytes()).collect();
+    if let Some(path) = &args.file {
+        let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?,
+            ))
+        };
+        for line in reader.split(b'\n') {
+            let mut line = line.with_context(|| format!("reading {}", path.display()))?;
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            if !line.is_empty() {
+                items.push(line);
+            }
+        }
+    }
+    let tags: Vec<v1::Tag> = args
+        .tags
+        .iter()
+        .map(|(key, value)| v1::Tag {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (accepted, rejected, reasons) = runtime.block_on(async {
+        let channel = super::connect(&args.agent, "agent", "--agent").await?;
+        let mut client = IngestClient::new(channel)
+            .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+            .max_encoding_message_size(256 << 20);
+        let (mut accepted, mut rejected, mut reasons) = (0u64, 0u64, Vec::new());
+        let mut sent = 0usize;
+        let progress =
+            items.len() > 10 * BATCH && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        for (n, chunk) in items.chunks(BATCH).enumerate() {
+            let events = chunk
+                .iter()
+                .map(|item| v1::Event {
+                    metric: args.metric.clone(),
+                    item: item.clone(),
+                    tags: tags.clone(),
+                    time_unix_seconds: time,
+                    weight: args.weight,
+                })
+                .collect();
+            let reply = client
+                .send(v1::IngestRequest { events })
+                .await
+                .map_err(|s| {
+                    anyhow::anyhow!("the agent at {} answered: {}", args.agent, s.message())
+                })?
+                .into_inner();
+            accepted += reply.accepted;
+            rejected += reply.rejected;
+            for r in reply.rejected_events {
+                if reasons.len() < 10 {
+                    reasons.push(format!(
+                        "item {}: {}",
+                        n * BATCH + r.index as usize + 1,
+                        r.reason
+                    ));
+                }
+            }
+            sent += chunk.len();
+            if progress {
+                eprint!("\rsent {sent} of {} events", items.len());
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        Ok::<_, anyhow::Error>((accepted, rejected, reasons))
+    })?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "sent {} events to {}: {accepted} accepted, {rejected} rejected",
+        items.len(),
+        args.agent
+    )?;
+    for r in &reasons {
+        writeln!(out, "  rejected {r}")?;
+    }
+    if rejected > 0 {
+        bail!("the agent rejected {rejected} of {} events", items.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,759 @@
+//! `hourglass-agent` as a process, with a real aggregator: events in over UDP DogStatsD and
+//! gRPC Ingest, answers out of the aggregator; the aggregator away and back; the agent
+//! SIGKILLed and restarted from its checkpoint; duplicated and reordered pushes; events
+//! spread over past days.
+//!
+//! Where a fault could lose or double-count, the test runs a second, untouched agent
+//! ("ref") with the same events beside the faulty one, and requires the aggregator's
+//! merged sketches of the two servers to be byte-identical.
+
+use std::net::UdpSocket;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass, http_get};
+use hourglass::proto::v1::{
+    self, collector_client::CollectorClient, ingest_client::IngestClient, query_client::QueryClient,
+};
+use hourglass::sketch::Sketch;
+use tonic::transport::Channel;
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64
+}
+
+fn this_hour() -> u32 {
+    (now_secs() / 3600) as u32
+}
+
+/// A free loopback port: bound and released, for a process started later.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A config file with fast retries, so tests do not wait on the default backoff.
+fn fast_config(dir: &TempDir, extra: &str) -> String {
+    let path = dir.file("agent.toml");
+    std::fs::write(
+        &path,
+        format!("[shipping]\nbackoff_initial = \"100ms\"\nbackoff_max = \"500ms\"\n{extra}"),
+    )
+    .expect("write config");
+    path
+}
+
+async fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_string())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn tag(key: &str, value: &str) -> v1::Tag {
+    v1::Tag {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+/// Sends `items` of `metric{tags}` through Ingest at `time` (0 = now).
+async fn ingest(
+    agent: &AgentProcess,
+    metric: &str,
+    tags: &[(&str, &str)],
+    items: &[String],
+    time: i64,
+) -> v1::IngestResponse {
+    let mut client = IngestClient::new(channel(&agent.ingest).await);
+    let events = items
+        .iter()
+        .map(|i| v1::Event {
+            metric: metric.into(),
+            item: i.clone().into_bytes(),
+            tags: tags.iter().map(|(k, v)| tag(k, v)).collect(),
+            time_unix_seconds: time,
+            weight: 0,
+        })
+        .collect();
+    client
+        .send(v1::IngestRequest { events })
+        .await
+        .expect("ingest call")
+        .into_inner()
+}
+
+/// Sends `lines` over UDP, many per datagram, paced so loopback does not drop.
+fn send_udp(to: std::net::SocketAddr, lines: &[String]) {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let mut datagram = String::new();
+    for line in lines {
+        if datagram.len() + line.len() + 1 > 1400 {
+            socket.send_to(datagram.as_bytes(), to).expect("send");
+            datagram.clear();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        datagram.push_str(line);
+        datagram.push('\n');
+    }
+    if !datagram.is_empty() {
+        socket.send_to(datagram.as_bytes(), to).expect("send");
+    }
+}
+
+/// Waits until `agent`'s metric `name` reaches `at_least`.
+fn wait_metric(agent: &AgentProcess, name: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = agent.metric(name);
+        if v >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} is {v}, expected at least {at_least}; logs:\n{}",
+            agent.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the agent has nothing unacknowledged and has pushed since `since` events.
+fn wait_shipped(agent: &AgentProcess) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // One flush after the events assigns versions and pushes; require two successful
+    // flushes to be sure the events were in one of them.
+    let flushes = agent.metric(r#"flushes_total{outcome="ok"}"#);
+    loop {
+        let done = agent.metric(r#"flushes_total{outcome="ok"}"#) >= flushes + 2.0
+            && agent.metric("pending_snapshots") == 0.0;
+        if done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not ship; logs:\n{}",
+            agent.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn selector(metric: &str, hours: std::ops::Range<u32>, servers: &[&str]) -> Option<v1::Selector> {
+    Some(v1::Selector {
+        metric: metric.into(),
+        range: Some(v1::TimeRange {
+            start_hour: hours.start,
+            end_hour: hours.end,
+        }),
+        servers: servers.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    })
+}
+
+/// The merged sketch of `kind` for `servers` over `hours`, as exported.
+async fn export(
+    agg: &AggregatorProcess,
+    metric: &str,
+    kind: v1::SketchKind,
+    hours: std::ops::Range<u32>,
+    servers: &[&str],
+) -> Vec<u8> {
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    q.export(v1::ExportRequest {
+        selector: selector(metric, hours, servers),
+        kind: kind as i32,
+    })
+    .await
+    .expect("export")
+    .into_inner()
+    .sketch
+    .map(|s| s.data)
+    .unwrap_or_default()
+}
+
+async fn distinct(
+    agg: &AggregatorProcess,
+    metric: &str,
+    hours: std::ops::Range<u32>,
+    servers: &[&str],
+) -> v1::DistinctAnswer {
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    q.distinct(v1::DistinctRequest {
+        selector: selector(metric, hours, servers),
+    })
+    .await
+    .expect("distinct")
+    .into_inner()
+    .answer
+    .expect("answer")
+}
+
+fn users(range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|i| format!("user{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_over_udp_and_grpc_answer_within_their_error() {
+    let dir = TempDir::new("agent-answers");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let config = fast_config(&dir, "");
+    let agent = AgentProcess::start(
+        "web-1",
+        &agg.grpc,
+        &dir.file("agent"),
+        &[
+            "--flush-interval",
+            "200ms",
+            "--default-kinds",
+            "distinct,frequency,membership",
+            "--config",
+            &config,
+            "--label",
+            "region=eu",
+        ],
+    );
+    // 6,000 users over UDP, in multi-line datagrams; tags in either order are one series.
+    let lines: Vec<String> = (0..6000u32)
+        .map(|i| {
+            if i % 2 == 0 {
+                format!("visitors:user{i}|s|#country:de,device:mobile")
+            } else {
+                format!("visitors:user{i}|s|#device:mobile,country:de")
+            }
+        })
+        .collect();
+    let statsd = agent.statsd;
+    tokio::task::spawn_blocking(move || send_udp(statsd, &lines))
+        .await
+        .unwrap();
+    // 3,000 more over gRPC, 1,000 of them already seen: 8,000 distinct in all.
+    let reply = ingest(
+        &agent,
+        "visitors",
+        &[("country", "de"), ("device", "mobile")],
+        &users(5000..8000),
+        0,
+    )
+    .await;
+    assert_eq!((reply.accepted, reply.rejected), (3000, 0));
+    // The same page 700 times over gRPC and 300 over UDP, with other pages between.
+    let pages: Vec<String> = (0..1000)
+        .map(|i| {
+            if i % 10 < 7 {
+                "/cart".into()
+            } else {
+                format!("/p{i}")
+            }
+        })
+        .collect();
+    ingest(&agent, "pages", &[], &pages, 0).await;
+    let udp_pages: Vec<String> = (0..300).map(|_| "pages:/cart|s".to_string()).collect();
+    tokio::task::spawn_blocking(move || send_udp(statsd, &udp_pages))
+        .await
+        .unwrap();
+    // Bad and unsupported input is counted by reason and stops nothing.
+    let garbage = vec![
+        "no-colon".to_string(),
+        "visitors:x|q".into(),
+        "9bad:x|s".into(),
+        "hits:1|c".into(),
+        format!("visitors:late|s|T{}", now_secs() - 3 * 3600),
+        "visitors:\u{0}|s|#a:b,a:c".into(),
+    ];
+    tokio::task::spawn_blocking(move || send_udp(statsd, &garbage))
+        .await
+        .unwrap();
+    wait_metric(&agent, r#"events_total{source="statsd"}"#, 6300.0);
+    wait_shipped(&agent);
+
+    let h = this_hour();
+    // Events may straddle an hour boundary: ask for both.
+    let hours = h - 1..h + 1;
+    let answer = distinct(&agg, "visitors", hours.clone(), &["web-1"]).await;
+    let truth = 8000.0;
+    assert!(
+        (answer.estimate - truth).abs() <= 4.0 * answer.std_error,
+        "estimate {} vs truth {truth} (se {})",
+        answer.estimate,
+        answer.std_error
+    );
+    let via_cli = hourglass(
+        &[
+            "query",
+            "frequency",
+            "--metric",
+            "pages",
+            "--item",
+            "/cart",
+            "--aggregator",
+            &agg.grpc,
+            "--from",
+            &hourglass::time::hour_start(hours.start).to_rfc3339(),
+            "--to",
+            &hourglass::time::hour_start(hours.end).to_rfc3339(),
+            "--label",
+            "region=eu",
+            "--json",
+        ],
+        b"",
+    )
+    .ok()
+    .json();
+    let estimate = via_cli["estimate"].as_u64().expect("estimate");
+    let over = via_cli["max_overcount"].as_u64().expect("max_overcount");
+    assert!((1000..=1000 + over).contains(&estimate), "{via_cli}");
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    let seen = |item: &str| {
+        let mut q = q.clone();
+        let item = item.as_bytes().to_vec();
+        let sel = selector("visitors", hours.clone(), &[]);
+        async move {
+            q.membership(v1::MembershipRequest {
+                selector: sel,
+                item,
+            })
+            .await
+            .expect("membership")
+            .into_inner()
+            .answer
+            .expect("answer")
+            .maybe_present
+        }
+    };
+    assert!(seen("user7999").await && seen("user0").await);
+    assert!(!seen("user-never").await);
+    q.list_series(v1::ListSeriesRequest::default())
+        .await
+        .expect("list series");
+
+    let (_, metrics) = http_get(agent.admin, "/metrics");
+    for (line, reason) in [
+        ("no-colon", "no_value"),
+        ("visitors:x|q", "unknown_type"),
+        ("9bad:x|s", "bad_metric"),
+        ("late", "too_late"),
+        ("duplicate", "duplicate_tag"),
+    ] {
+        let want =
+            format!(r#"hourglass_agent_rejected_total{{source="statsd",reason="{reason}"}} 1"#);
+        assert!(
+            metrics.contains(&want),
+            "{line}: {want} missing from\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("hourglass_agent_unsupported_lines_total 1"),
+        "{metrics}"
+    );
+    assert_eq!(http_get(agent.admin, "/readyz").0, 200);
+    assert_eq!(agent.terminate().code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_makes_a_final_flush() {
+    let dir = TempDir::new("agent-term");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    // A flush interval far beyond the test: only the final flush can ship.
+    let agent = AgentProcess::start(
+        "web-1",
+        &agg.grpc,
+        &dir.file("agent"),
+        &["--flush-interval", "1h"],
+    );
+    let reply = ingest(&agent, "visitors", &[], &users(0..50), 0).await;
+    assert_eq!(reply.accepted, 50);
+    assert_eq!(agent.terminate().code(), Some(0));
+    let h = this_hour();
+    let answer = distinct(&agg, "visitors", h - 1..h + 1, &["web-1"]).await;
+    assert_eq!(answer.estimate.round(), 50.0, "small counts are exact");
+}
+
+/// Starts a "ref" and a "fault" agent with the same config, shipping to `aggregator`.
+fn pair(dir: &TempDir, aggregator: &str, extra: &[&str]) -> (AgentProcess, AgentProcess) {
+    let config = fast_config(dir, "");
+    let mut args = vec!["--flush-interval", "200ms", "--config", &config];
+    args.extend_from_slice(extra);
+    (
+        AgentProcess::start("ref", aggregator, &dir.file("ref"), &args),
+        AgentProcess::start("fault", aggregator, &dir.file("fault"), &args),
+    )
+}
+
+/// Requires the two servers' merged sketches of every kind to be byte-identical.
+async fn same_answers(agg: &AggregatorProcess, metric: &str, hours: std::ops::Range<u32>) {
+    for kind in [v1::SketchKind::Distinct, v1::SketchKind::Frequency] {
+        let a = export(agg, metric, kind, hours.clone(), &["ref"]).await;
+        let b = export(agg, metric, kind, hours.clone(), &["fault"]).await;
+        assert!(!a.is_empty(), "{kind:?}: nothing stored");
+        assert!(
+            a == b,
+            "{kind:?}: the faulty run's sketch differs from the reference"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn aggregator_away_then_back_loses_nothing_and_a_killed_agent_resumes_from_its_checkpoint() {
+    let dir = TempDir::new("agent-faults");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (reference, fault) = pair(&dir, &url, &[]);
+    let epoch = fault.metric("epoch");
+    assert!(epoch > 0.0);
+    // The aggregator is not there: both agents hold and retry.
+    for agent in [&reference, &fault] {
+        ingest(agent, "visitors", &[("country", "de")], &users(0..3000), 0).await;
+        ingest(
+            agent,
+            "visitors",
+            &[("country", "fr")],
+            &users(2000..2500),
+            0,
+        )
+        .await;
+    }
+    wait_metric(&fault, r#"pushes_total{outcome="unavailable"}"#, 3.0);
+    wait_metric(&fault, r#"checkpoints_total{outcome="ok"}"#, 3.0);
+    assert!(
+        fault.metric("pending_snapshots") >= 4.0,
+        "two series, two kinds each"
+    );
+    assert!(fault.metric("pending_bytes") > 0.0);
+    assert!(fault.metric("oldest_unacked_hour_timestamp_seconds") > 0.0);
+    assert_eq!(fault.metric("last_push_timestamp_seconds"), 0.0);
+    // The faulty agent dies with everything unshipped, and comes back from its checkpoint.
+    fault.kill();
+    let config = fast_config(&dir, "");
+    let fault = AgentProcess::start(
+        "fault",
+        &url,
+        &dir.file("fault"),
+        &["--flush-interval", "200ms", "--config", &config],
+    );
+    assert_eq!(fault.metric("epoch"), epoch, "the same epoch continues");
+    assert_eq!(
+        fault.metric(r#"checkpoint_lost_total{reason="corrupt"}"#),
+        0.0
+    );
+    // More events after the restart, to both.
+    for agent in [&reference, &fault] {
+        ingest(
+            agent,
+            "visitors",
+            &[("country", "de")],
+            &users(2500..4000),
+            0,
+        )
+        .await;
+    }
+    // The aggregator arrives.
+    let agg = AggregatorProcess::start_on(&format!("127.0.0.1:{port}"), &dir.file("agg"), &[]);
+    wait_shipped(&reference);
+    wait_shipped(&fault);
+    assert!(fault.metric("last_push_timestamp_seconds") > 0.0);
+    let h = this_hour();
+    same_answers(&agg, "visitors", h - 1..h + 1).await;
+    let answer = distinct(&agg, "visitors", h - 1..h + 1, &["fault"]).await;
+    assert!(
+        (answer.estimate - 4000.0).abs() <= 4.0 * answer.std_error,
+        "{answer:?}"
+    );
+    assert!(reference.metric("snapshots_retried_total") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_checkpoint_starts_a_new_epoch_loudly() {
+    let dir = TempDir::new("agent-corrupt");
+    let data = dir.file("agent");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        format!("{data}/checkpoint"),
+        b"HGCP\x01 this is not a checkpoint",
+    )
+    .unwrap();
+    let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &data, &[]);
+    assert_eq!(
+        agent.metric(r#"checkpoint_lost_total{reason="corrupt"}"#),
+        1.0
+    );
+    assert!(
+        agent.logs().contains("CHECKPOINT UNUSABLE"),
+        "{}",
+        agent.logs()
+    );
+    let kept = std::fs::read_dir(&data)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("checkpoint.corrupt-")
+        });
+    assert!(kept, "the damaged file is kept aside for a post-mortem");
+    // And it still takes events.
+    assert_eq!(
+        ingest(&agent, "visitors", &[], &users(0..5), 0)
+            .await
+            .accepted,
+        5
+    );
+    // A second agent on the same data dir is refused with one clear line.
+    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+        .args([
+            "--server-name",
+            "x",
+            "--statsd-listen",
+            "off",
+            "--ingest-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("in use by another agent"),
+        "{stderr}"
+    );
+}
+
+/// A Collector that forwards every push to the real aggregator and records it.
+struct Recorder {
+    upstream: CollectorClient<Channel>,
+    pushes: Arc<Mutex<Vec<v1::PushRequest>>>,
+}
+
+#[tonic::async_trait]
+impl v1::collector_server::Collector for Recorder {
+    async fn push(
+        &self,
+        request: tonic::Request<v1::PushRequest>,
+    ) -> Result<tonic::Response<v1::PushResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.pushes.lock().unwrap().push(request.clone());
+        self.upstream.clone().push(request).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicated_and_reordered_pushes_change_nothing() {
+    let dir = TempDir::new("agent-replay");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let pushes = Arc::new(Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    let recorder = Recorder {
+        upstream: CollectorClient::new(channel(&agg.grpc).await),
+        pushes: Arc::clone(&pushes),
+    };
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                v1::collector_server::CollectorServer::new(recorder)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Zstd),
+            )
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let config = fast_config(&dir, "");
+    let agent = AgentProcess::start(
+        "web-1",
+        &proxy,
+        &dir.file("agent"),
+        &["--flush-interval", "200ms", "--config", &config],
+    );
+    // Several rounds, so the same (series, hour) is pushed at several versions.
+    for round in 0..4u32 {
+        ingest(
+            &agent,
+            "visitors",
+            &[],
+            &users(round * 500..round * 500 + 700),
+            0,
+        )
+        .await;
+        wait_shipped(&agent);
+    }
+    let h = this_hour();
+    let before_d = export(
+        &agg,
+        "visitors",
+        v1::SketchKind::Distinct,
+        h - 1..h + 1,
+        &[],
+    )
+    .await;
+    let before_f = export(
+        &agg,
+        "visitors",
+        v1::SketchKind::Frequency,
+        h - 1..h + 1,
+        &[],
+    )
+    .await;
+    let recorded = pushes.lock().unwrap().clone();
+    let versions: std::collections::BTreeSet<u64> = recorded
+        .iter()
+        .flat_map(|p| p.snapshots.iter().map(|s| s.version))
+        .collect();
+    assert!(
+        versions.len() >= 4,
+        "several versions were pushed: {versions:?}"
+    );
+    // Every recorded push again, newest first, twice over.
+    let mut direct = CollectorClient::new(channel(&agg.grpc).await);
+    for request in recorded.iter().rev().chain(recorded.iter()) {
+        let results = direct
+            .push(request.clone())
+            .await
+            .expect("replay")
+            .into_inner()
+            .results;
+        for r in results {
+            assert_eq!(r.outcome(), v1::PushOutcome::Stale, "{r:?}");
+        }
+    }
+    assert_eq!(
+        export(
+            &agg,
+            "visitors",
+            v1::SketchKind::Distinct,
+            h - 1..h + 1,
+            &[]
+        )
+        .await,
+        before_d
+    );
+    assert_eq!(
+        export(
+            &agg,
+            "visitors",
+            v1::SketchKind::Frequency,
+            h - 1..h + 1,
+            &[]
+        )
+        .await,
+        before_f
+    );
+    // The frequency total counts every event once: 4 rounds of 700.
+    match Sketch::decode(&before_f).expect("frequency sketch") {
+        Sketch::Frequency(f) => assert_eq!(f.total(), 2800),
+        other => panic!("{:?}", other.kind()),
+    }
+    drop(agent);
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_from_past_days_land_in_their_own_hours() {
+    let dir = TempDir::new("agent-backfill");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let config = fast_config(&dir, "");
+    let agent = AgentProcess::start(
+        "web-1",
+        &agg.grpc,
+        &dir.file("agent"),
+        &[
+            "--flush-interval",
+            "200ms",
+            "--lateness",
+            "4d",
+            "--config",
+            &config,
+        ],
+    );
+    let now = now_secs();
+    // Day d (1..=3 days ago) gets 20·d users of its own, all at one moment of that day.
+    for d in 1..=3u32 {
+        let time = now - i64::from(d) * 86_400;
+        let reply = ingest(
+            &agent,
+            "signups",
+            &[],
+            &users(d * 1000..d * 1000 + 20 * d),
+            time,
+        )
+        .await;
+        assert_eq!(reply.accepted, u64::from(20 * d));
+    }
+    // Older than the window: refused, and the reply says why.
+    let reply = ingest(&agent, "signups", &[], &users(0..1), now - 6 * 86_400).await;
+    assert_eq!(reply.rejected, 1);
+    assert!(
+        reply.rejected_events[0].reason.contains("closed"),
+        "{:?}",
+        reply.rejected_events
+    );
+    wait_shipped(&agent);
+    for d in 1..=3u32 {
+        let hour = ((now - i64::from(d) * 86_400) / 3600) as u32;
+        let answer = distinct(&agg, "signups", hour..hour + 1, &[]).await;
+        assert_eq!(answer.estimate.round() as u32, 20 * d, "day -{d}");
+        // And nothing in the hour after it.
+        let next = distinct(&agg, "signups", hour + 1..hour + 2, &[]).await;
+        assert_eq!(next.estimate, 0.0, "day -{d}, next hour");
+    }
+    let h = this_hour();
+    let week = distinct(&agg, "signups", h - 24 * 7..h + 1, &[]).await;
+    assert_eq!(week.estimate.round(), 120.0);
+}
+
+#[test]
+fn send_command_reports_what_the_agent_took() {
+    let dir = TempDir::new("agent-send");
+    let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &dir.file("agent"), &[]);
+    let file = dir.file("items.txt");
+    std::fs::write(&file, "a\nb\n\nc\n").unwrap();
+    let run = hourglass(
+        &[
+            "send",
+            "--agent",
+            &agent.ingest,
+            "visitors",
+            "x",
+            "y",
+            "--tag",
+            "country=de",
+            "--file",
+            &file,
+        ],
+        b"",
+    )
+    .ok();
+    assert!(
+        run.text().contains("sent 5 events") && run.text().contains("5 accepted, 0 rejected"),
+        "{}",
+        run.text()
+    );
+    let long = "z".repeat(2000);
+    let run = hourglass(
+        &["send", "--agent", &agent.ingest, "visitors", "ok", &long],
+        b"",
+    );
+    assert!(!run.status.success());
+    assert!(
+        run.text().contains("1 accepted, 1 rejected")
+            && run.text().contains("item 2: item is 2000 bytes"),
+        "{}",
+        run.text()
+    );
+    let run = hourglass(
+        &["send", "--agent", "http://127.0.0.1:1", "visitors", "x"],
+        b"",
+    );
+    assert!(
+        run.stderr.contains("cannot reach the agent"),
+        "{}",
+        run.stderr
+    );
+}
