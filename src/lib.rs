@@ -16,6 +16,7 @@
 pub mod error;
 pub mod format;
 pub mod hash;
+pub mod process;
 pub mod proto;
 pub mod series;
 pub mod sketch;

@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use hourglass::format::Kind;
+use hourglass::process::{LogFormat, init_logging, shutdown_signal};
 use hourglass_agent::{Agent, Config, Listeners, Options};
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 /// The hourglass agent: turns this host's events into hourly sketches and ships them to
 /// an aggregator, effectively once.
@@ -87,15 +87,6 @@ struct Cli {
     log_format: LogFormat,
 }
 
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
-
 /// `--default-kinds`: one value holding a list (clap would take a bare `Vec` for a
 /// repeated flag).
 #[derive(Debug, Clone)]
@@ -107,18 +98,6 @@ fn parse_kind_list(text: &str) -> Result<KindList, String> {
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
     hourglass::series::parse_pair(text).map_err(|e| e.to_string())
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
 }
 
 fn main() -> ExitCode {
@@ -173,7 +152,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     tracing::info!(epoch = agent.epoch(), "agent state ready");
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let shutdown = shutdown_signal()?;
+        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let statsd = match cli.statsd_listen.as_str() {
             "off" | "" => None,
             addr => Some(
@@ -230,20 +209,6 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     })?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Watches SIGTERM and SIGINT from now on; the future completes on either. Installed
-/// before the ports are announced, so an early signal still stops the agent gracefully.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("watching SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("watching SIGINT")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-    })
 }
 
 #[cfg(test)]

@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use hourglass::process::{LogFormat, init_logging, shutdown_signal};
 use hourglass_aggregator::{Aggregator, Config, Listeners};
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 /// The hourglass aggregator: stores the sketches agents push and answers queries by
 /// merging them.
@@ -39,28 +39,6 @@ struct Cli {
     log_format: LogFormat,
 }
 
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colours only for a terminal: escape codes in a log file or collector are noise.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -84,7 +62,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     let aggregator = Aggregator::open(config)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let shutdown = shutdown_signal()?;
+        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let grpc = TcpListener::bind(cli.listen)
             .await
             .with_context(|| format!("cannot listen on {} (--listen)", cli.listen))?;
@@ -100,31 +78,4 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     })?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Watches SIGTERM and SIGINT (Ctrl-C) from now on; the returned future completes on
-/// either.
-///
-/// The handlers are installed before the ports are announced: a signal that arrives
-/// right after the announcement must stop the aggregator gracefully, not by the default
-/// action that kills it mid-write.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("watching SIGTERM")?;
-        let mut int = signal(SignalKind::interrupt()).context("watching SIGINT")?;
-        Ok(async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }
