@@ -315,42 +315,86 @@ impl v1::ingest_server::Ingest for IngestService {
         &self,
         request: Request<v1::IngestRequest>,
     ) -> Result<Response<v1::IngestResponse>, Status> {
-        let events = request.into_inner().events;
+        let request = request.into_inner();
+        let count =
+            request.events.len() + request.batches.iter().map(|b| b.items.len()).sum::<usize>();
         let max = self.config.limits.max_events_per_request;
-        if events.len() > max {
+        if count > max {
             self.metrics
-                .reject("ingest", "too_many_events", events.len() as u64);
+                .reject("ingest", "too_many_events", count as u64);
             return Err(Status::resource_exhausted(format!(
-                "{} events in one request, above limits.max_events_per_request = {max}",
-                events.len()
+                "{count} events in one request, above limits.max_events_per_request = {max}"
             )));
         }
         let now = unix_now();
+        let at = |t: i64| if t == 0 { now } else { t };
         let mut stats = IngestStats::default();
         let mut listed = Vec::new();
+        let mut refuse =
+            |stats: &mut IngestStats, index: usize, why: String, reason: &'static str| {
+                stats.reject(reason);
+                if listed.len() < MAX_LISTED_REJECTS {
+                    listed.push(v1::RejectedEvent {
+                        index: index as u32,
+                        reason: why,
+                    });
+                }
+            };
         {
             let mut table = self.table.lock().expect("table lock");
-            for (i, e) in events.iter().enumerate() {
-                let time = if e.time_unix_seconds == 0 {
-                    now
-                } else {
-                    e.time_unix_seconds
-                };
+            for (i, e) in request.events.iter().enumerate() {
                 let added = table
                     .resolve_tags(&e.metric, &e.tags, &mut stats)
-                    .and_then(|id| table.insert(id, time, now, &e.item, e.weight));
+                    .and_then(|id| {
+                        table.insert(id, at(e.time_unix_seconds), now, &e.item, e.weight)
+                    });
                 match added {
                     Ok(()) => stats.accepted += 1,
-                    Err(reject) => {
-                        stats.reject(reject.reason());
-                        if listed.len() < MAX_LISTED_REJECTS {
-                            listed.push(v1::RejectedEvent {
-                                index: i as u32,
-                                reason: reject.to_string(),
-                            });
+                    Err(reject) => refuse(&mut stats, i, reject.to_string(), reject.reason()),
+                }
+            }
+            let mut index = request.events.len();
+            for batch in &request.batches {
+                let n = batch.items.len();
+                let fits = |len: usize| len <= 1 || len == n;
+                let series = if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
+                    table
+                        .resolve_tags(&batch.metric, &batch.tags, &mut stats)
+                        .map_err(|r| (r.to_string(), r.reason()))
+                } else {
+                    Err((
+                        format!(
+                            "batch has {} times and {} weights for {n} items: each must be 0, 1 or {n}",
+                            batch.times_unix_seconds.len(),
+                            batch.weights.len()
+                        ),
+                        "bad_batch",
+                    ))
+                };
+                match series {
+                    Ok(id) => {
+                        for (j, item) in batch.items.iter().enumerate() {
+                            let time = at(one_or_each(&batch.times_unix_seconds, j));
+                            let weight = one_or_each(&batch.weights, j);
+                            match table.insert(id, time, now, item, weight) {
+                                Ok(()) => stats.accepted += 1,
+                                Err(reject) => refuse(
+                                    &mut stats,
+                                    index + j,
+                                    reject.to_string(),
+                                    reject.reason(),
+                                ),
+                            }
+                        }
+                    }
+                    // The whole batch shares the problem: every item is refused.
+                    Err((why, reason)) => {
+                        for j in 0..n {
+                            refuse(&mut stats, index + j, why.clone(), reason);
                         }
                     }
                 }
+                index += n;
             }
         }
         self.metrics.ingested("ingest", &stats);
@@ -360,4 +404,13 @@ impl v1::ingest_server::Ingest for IngestService {
             rejected_events: listed,
         }))
     }
+}
+
+/// The `j`-th of per-item values that may also be one value for all, or none (zero).
+fn one_or_each<T: Copy + Default>(values: &[T], j: usize) -> T {
+    values
+        .get(j)
+        .or(values.first())
+        .copied()
+        .unwrap_or_default()
 }

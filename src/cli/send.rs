@@ -100,18 +100,18 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         let progress =
             items.len() > 10 * BATCH && std::io::IsTerminal::is_terminal(&std::io::stderr());
         for (n, chunk) in items.chunks(BATCH).enumerate() {
-            let events = chunk
-                .iter()
-                .map(|item| v1::Event {
-                    metric: args.metric.clone(),
-                    item: item.clone(),
-                    tags: tags.clone(),
-                    time_unix_seconds: time,
-                    weight: args.weight,
-                })
-                .collect();
+            let batch = v1::SeriesBatch {
+                metric: args.metric.clone(),
+                tags: tags.clone(),
+                items: chunk.iter().map(|item| item.clone().into()).collect(),
+                times_unix_seconds: vec![time],
+                weights: vec![args.weight],
+            };
             let reply = client
-                .send(v1::IngestRequest { events })
+                .send(v1::IngestRequest {
+                    events: Vec::new(),
+                    batches: vec![batch],
+                })
                 .await
                 .map_err(|s| {
                     anyhow::anyhow!("the agent at {} answered: {}", args.agent, s.message())

@@ -77,14 +77,17 @@ async fn ingest(
         .iter()
         .map(|i| v1::Event {
             metric: metric.into(),
-            item: i.clone().into_bytes(),
+            item: i.clone().into_bytes().into(),
             tags: tags.iter().map(|(k, v)| tag(k, v)).collect(),
             time_unix_seconds: time,
             weight: 0,
         })
         .collect();
     client
-        .send(v1::IngestRequest { events })
+        .send(v1::IngestRequest {
+            events,
+            batches: Vec::new(),
+        })
         .await
         .expect("ingest call")
         .into_inner()
@@ -755,5 +758,52 @@ fn send_command_reports_what_the_agent_took() {
         run.stderr.contains("cannot reach the agent"),
         "{}",
         run.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
+    let dir = TempDir::new("agent-batches");
+    let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &dir.file("agent"), &[]);
+    let mut client = IngestClient::new(channel(&agent.ingest).await);
+    let now = now_secs();
+    let batch = |items: Vec<&str>, times: Vec<i64>| v1::SeriesBatch {
+        metric: "visitors".into(),
+        tags: vec![tag("country", "de")],
+        items: items
+            .into_iter()
+            .map(|i| i.as_bytes().to_vec().into())
+            .collect(),
+        times_unix_seconds: times,
+        weights: vec![],
+    };
+    let reply = client
+        .send(v1::IngestRequest {
+            events: vec![v1::Event {
+                metric: "visitors".into(),
+                item: b"solo".to_vec().into(),
+                ..Default::default()
+            }],
+            batches: vec![
+                // Per-item times: the second is a day old and refused, by its own index.
+                batch(vec!["a", "b", "c"], vec![now, now - 86_400, 0]),
+                // Two times for three items: the whole batch is refused.
+                batch(vec!["d", "e", "f"], vec![now, now]),
+            ],
+        })
+        .await
+        .expect("ingest")
+        .into_inner();
+    assert_eq!((reply.accepted, reply.rejected), (3, 4), "{reply:?}");
+    let indexes: Vec<u32> = reply.rejected_events.iter().map(|r| r.index).collect();
+    assert_eq!(indexes, vec![2, 4, 5, 6]);
+    assert!(
+        reply.rejected_events[1].reason.contains("2 times"),
+        "{reply:?}"
+    );
+    let (_, metrics) = http_get(agent.admin, "/metrics");
+    assert!(
+        metrics.contains(r#"hourglass_agent_rejected_total{source="ingest",reason="bad_batch"} 3"#),
+        "{metrics}"
     );
 }
