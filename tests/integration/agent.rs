@@ -807,3 +807,30 @@ async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
         "{metrics}"
     );
 }
+
+#[test]
+fn dogstatsd_over_a_unix_datagram_socket() {
+    let dir = TempDir::new("agent-unix");
+    let path = dir.file("statsd.sock");
+    // A stale socket file from an earlier run is replaced, not an error.
+    drop(std::os::unix::net::UnixDatagram::bind(&path).unwrap());
+    let agent = AgentProcess::start(
+        "web-1",
+        "http://127.0.0.1:1",
+        &dir.file("agent"),
+        &["--statsd-socket", &path],
+    );
+    let socket = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    let lines: String = (0..100)
+        .map(|i| format!("visitors:user{i}|s|#country:de\n"))
+        .collect();
+    socket.send_to(lines.as_bytes(), &path).unwrap();
+    socket.send_to(b"visitors:x|s|bogus", &path).unwrap();
+    wait_metric(&agent, r#"events_total{source="statsd"}"#, 100.0);
+    wait_metric(
+        &agent,
+        r#"rejected_total{source="statsd",reason="unknown_section"}"#,
+        1.0,
+    );
+    assert_eq!(agent.metric("datagrams_total"), 2.0);
+}
