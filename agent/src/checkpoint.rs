@@ -4,7 +4,8 @@
 //! The file (`checkpoint` in the data dir; layout in docs/FORMAT.md):
 //!
 //! ```text
-//! "HGCP" | format version u8 = 1 | epoch u64 | live hour count u32 | live hours u32…
+//! "HGCP" | format version u8 = 1 | epoch u64 | last version u64
+//!        | live hour count u32 | live hours u32…
 //! entries: 0x01 | series text len u16 | series text | hour u32 | version u64 | acked u64
 //!          | dirty u8 | sketch count u8 | (frame len u32 | framed sketch)…
 //! end:     0x00 | xxh3-64 of every byte before it
@@ -52,6 +53,8 @@ pub enum CheckpointError {
 pub struct Loaded {
     /// The epoch it belongs to.
     pub epoch: u64,
+    /// The highest version given in the epoch.
+    pub last_version: u64,
     /// Live hours not yet reported.
     pub live_hours: Vec<u32>,
     /// The entries.
@@ -88,13 +91,14 @@ pub fn write(table: &Mutex<Table>, data_dir: &Path) -> Result<u64, CheckpointErr
         hasher: Xxh3::new(),
         written: 0,
     };
-    let (epoch, live, keys) = {
+    let (epoch, last_version, live, keys) = {
         let t = table.lock().expect("table lock");
-        (t.epoch(), t.live_hours(), t.keys())
+        (t.epoch(), t.last_version(), t.live_hours(), t.keys())
     };
     out.write_all(MAGIC)?;
     out.write_all(&[VERSION])?;
     out.write_all(&epoch.to_le_bytes())?;
+    out.write_all(&last_version.to_le_bytes())?;
     out.write_all(&(live.len() as u32).to_le_bytes())?;
     for h in &live {
         out.write_all(&h.to_le_bytes())?;
@@ -160,7 +164,7 @@ pub fn read(data_dir: &Path) -> Result<Option<Loaded>, CheckpointError> {
 /// Decodes a checkpoint's bytes.
 pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     let corrupt = |what: &str| CheckpointError::Corrupt(what.to_string());
-    if bytes.len() < MAGIC.len() + 1 + 8 + 4 + 1 + 8 {
+    if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 4 + 1 + 8 {
         return Err(corrupt("file is shorter than an empty checkpoint"));
     }
     let (body, sum) = bytes.split_at(bytes.len() - 8);
@@ -181,6 +185,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         )));
     }
     let epoch = r.u64()?;
+    let last_version = r.u64()?;
     let live_count = r.u32()? as usize;
     if live_count > r.remaining() / 4 {
         return Err(corrupt("live hour count exceeds the file"));
@@ -230,6 +235,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     }
     Ok(Loaded {
         epoch,
+        last_version,
         live_hours,
         entries,
     })
@@ -308,6 +314,7 @@ mod tests {
         assert_eq!(written, std::fs::metadata(path(dir.path())).unwrap().len());
         let loaded = read(dir.path()).unwrap().unwrap();
         assert_eq!(loaded.epoch, 42);
+        assert_eq!(loaded.last_version, 1);
         assert_eq!(loaded.live_hours, vec![(NOW / 3600) as u32]);
         assert_eq!(loaded.entries.len(), 3);
         let t = table.lock().unwrap();

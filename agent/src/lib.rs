@@ -278,6 +278,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table 
     match checkpoint::read(dir) {
         Ok(Some(loaded)) => {
             let mut table = Table::new(Arc::clone(config), loaded.epoch);
+            table.raise_last_version(loaded.last_version);
             let entries = loaded.entries.len();
             for (series, hour, entry) in loaded.entries {
                 table.restore(series, hour, entry);

@@ -221,6 +221,7 @@ pub struct Table {
     next_id: u64,
     entries: IntMap<Key, Entry>,
     live_hours: BTreeSet<u32>,
+    last_version: u64,
     scratch: Vec<u8>,
 }
 
@@ -240,6 +241,7 @@ impl Table {
             next_id: 1,
             entries: IntMap::default(),
             live_hours: BTreeSet::new(),
+            last_version: 0,
             scratch: Vec::new(),
         }
     }
@@ -462,15 +464,34 @@ impl Table {
         }
     }
 
-    /// Gives every changed entry its next version; returns how many changed.
+    /// The highest version given to any entry of this epoch.
+    pub fn last_version(&self) -> u64 {
+        self.last_version
+    }
+
+    /// Raises the version counter to at least `version` (when restoring a checkpoint).
+    pub fn raise_last_version(&mut self, version: u64) {
+        self.last_version = self.last_version.max(version);
+    }
+
+    /// Gives every changed entry the next version of the epoch; returns how many changed.
+    ///
+    /// Versions come from one counter for the whole epoch, not one per entry: an entry
+    /// that is freed and made again for the same hour (a clock stepped back, a lateness
+    /// raised across a restart) still gets a version above any the aggregator holds for
+    /// it, so its snapshot is stored, not taken for a stale duplicate.
     pub fn assign_versions(&mut self) -> usize {
         let mut changed = 0;
+        let version = self.last_version + 1;
         for entry in self.entries.values_mut() {
             if entry.dirty {
-                entry.version += 1;
+                entry.version = version;
                 entry.dirty = false;
                 changed += 1;
             }
+        }
+        if changed > 0 {
+            self.last_version = version;
         }
         changed
     }
@@ -617,6 +638,7 @@ impl Table {
     /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
     /// the checkpoint shows the aggregator had their current state.
     pub fn restore(&mut self, series: Series, hour: u32, entry: Entry) {
+        self.raise_last_version(entry.version);
         let id = match self.by_series.get(&series) {
             Some(&id) => id,
             None => {
@@ -787,6 +809,33 @@ mod tests {
             .unwrap();
         t.insert(id, later, later, b"c", 1).unwrap();
         assert_eq!(t.series_count(), 1);
+    }
+
+    #[test]
+    fn a_remade_entry_gets_a_version_above_its_predecessor() {
+        let mut t = table();
+        add(&mut t, "v", "", "a", NOW).unwrap();
+        add(&mut t, "w", "", "a", NOW).unwrap();
+        t.assign_versions();
+        add(&mut t, "w", "", "b", NOW).unwrap();
+        t.assign_versions();
+        let key = t.unacked()[0];
+        let (v_before, w_before) = (
+            t.entry("v", hour(NOW)).unwrap().version,
+            t.entry("w", hour(NOW)).unwrap().version,
+        );
+        assert_eq!((v_before, w_before), (1, 2));
+        for k in t.unacked() {
+            t.ack(k, 2);
+        }
+        // Freed once closed; then the clock steps back and the hour takes events again.
+        assert_eq!(t.free_closed(NOW + 3 * 3600), 2);
+        add(&mut t, "v", "", "c", NOW).unwrap();
+        t.assign_versions();
+        assert!(
+            t.entry("v", hour(NOW)).unwrap().version > w_before,
+            "{key:?}"
+        );
     }
 
     #[test]
