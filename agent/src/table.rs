@@ -420,6 +420,11 @@ impl Table {
         let entry = match self.entries.get_mut(&(id, hour)) {
             Some(entry) => entry,
             None => {
+                // An hour the agent holds events for is one it ingested for, even when
+                // they arrive late (a backfill, a replay): it is live for the aggregator.
+                if !self.live_hours.contains(&hour) {
+                    self.mark_live(hour);
+                }
                 let slot = self.series.get_mut(&id).expect("resolved series are held");
                 slot.hours += 1;
                 self.entries.entry((id, hour)).or_insert(Entry {

@@ -1,8 +1,10 @@
 //! The `hourglass` command's subcommands.
 
+mod demo;
 mod numbers;
 mod query;
 mod send;
+mod simulate;
 mod sketch;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// See it work: an aggregator, a fleet of agents and a week of synthetic traffic on
+    /// this machine, with every answer beside the exact truth. Leaves the aggregator
+    /// running for `hourglass query` until Ctrl-C (or stops with --exit).
+    Demo(demo::DemoArgs),
     /// Build, merge and inspect sketches as files: count distinct lines of a huge log in
     /// kilobytes, merge sketches another machine made, debug exported sketches.
     #[command(subcommand)]
@@ -31,14 +37,21 @@ enum Command {
     ///
     /// Example: `hourglass send visitors user42 user43 --tag country=de`
     Send(send::SendArgs),
+    /// Drive agents with deterministic synthetic traffic (Zipf users and pages, overlapping
+    /// across servers and days) and write the exact answers.
+    ///
+    /// Example: `hourglass simulate --spawn 5 --days 7 --events-per-hour 2000 --truth truth.json`
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Sketch(cmd) => sketch::run(cmd),
         Command::Query(args) => query::run(args),
         Command::Send(args) => send::run(args),
+        Command::Simulate(args) => simulate::run(args),
     }
 }
 

@@ -2,5 +2,6 @@
 
 mod agent;
 mod aggregator;
+mod demo;
 mod sketch_cli;
 mod util;

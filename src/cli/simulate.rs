@@ -1,0 +1,680 @@
+//! `hourglass simulate`: deterministic synthetic traffic through real agents' Ingest APIs,
+//! with the exact answers beside it.
+//!
+//! The model: a fleet of web servers in regions (`eu`, `us`, `ap`, by server index).
+//! Every server-hour of the simulated days sees `--events-per-hour` visits; a visit is a
+//! user (Zipf over `--users`, 70% from the server's own region's third of the users, 30%
+//! from everyone, so users overlap across servers, regions and days) looking at a page
+//! (Zipf over `--pages`). Each visit adds the user to `visitors` and the page to `pages`,
+//! at a time inside its hour. The same seed gives the same events, in any run.
+//!
+//! The exact answers — distinct visitors per day, per region and per server, for each day
+//! and the whole range; page counts and the top 10; users that were and were not seen —
+//! are accumulated as the events are sent and written as JSON with `--truth FILE`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use hourglass::proto::v1::{self, ingest_client::IngestClient};
+use serde_json::{Value, json};
+
+use super::numbers::grouped;
+
+/// The regions servers are spread over, by index.
+pub const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+/// The metric of users.
+pub const VISITORS: &str = "visitors";
+/// The metric of pages.
+pub const PAGES: &str = "pages";
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Running agents' Ingest URLs, comma-separated; server i of the model is the i-th.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "spawn",
+        conflicts_with = "spawn"
+    )]
+    agents: Vec<String>,
+    /// Start this many agents instead (`hourglass-agent`, from beside this binary), named
+    /// web-1…web-N with labels region and role=web, shipping to --aggregator; they are
+    /// stopped (SIGTERM: a final flush) when the traffic is sent.
+    #[arg(long)]
+    spawn: Option<usize>,
+    /// The aggregator spawned agents ship to.
+    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::query::DEFAULT_AGGREGATOR)]
+    aggregator: String,
+    /// Whole UTC days of traffic, ending at the start of today.
+    #[arg(long, default_value_t = 7)]
+    days: u32,
+    /// Visits per server and hour.
+    #[arg(long, default_value_t = 1000)]
+    events_per_hour: u32,
+    /// Seed of the traffic: the same seed gives the same events.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Distinct users in the model.
+    #[arg(long, default_value_t = 200_000)]
+    users: u32,
+    /// Distinct pages in the model.
+    #[arg(long, default_value_t = 1000)]
+    pages: u32,
+    /// Write the exact answers to this JSON file.
+    #[arg(long)]
+    truth: Option<PathBuf>,
+    /// Data dirs of spawned agents go under this directory [default: a temporary one].
+    #[arg(long)]
+    spawn_dir: Option<PathBuf>,
+}
+
+/// What traffic to make.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// First hour of the traffic.
+    pub start_hour: u32,
+    /// Days of traffic.
+    pub days: u32,
+    /// Visits per server-hour.
+    pub events_per_hour: u32,
+    /// Seed.
+    pub seed: u64,
+    /// Users in the model.
+    pub users: u32,
+    /// Pages in the model.
+    pub pages: u32,
+    /// Servers, by index.
+    pub servers: usize,
+}
+
+impl Plan {
+    /// The hours of the traffic.
+    pub fn hours(&self) -> std::ops::Range<u32> {
+        self.start_hour..self.start_hour + self.days * 24
+    }
+}
+
+/// SplitMix64: small, fast, and the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Zipf(s = 1) over `0..n` by inverse CDF.
+struct Zipf(Vec<f64>);
+
+impl Zipf {
+    fn new(n: u32) -> Zipf {
+        let mut cdf = Vec::with_capacity(n as usize);
+        let mut total = 0.0;
+        for k in 0..n {
+            total += 1.0 / f64::from(k + 1);
+            cdf.push(total);
+        }
+        for c in &mut cdf {
+            *c /= total;
+        }
+        Zipf(cdf)
+    }
+    fn sample(&self, rng: &mut Rng) -> u32 {
+        let u = rng.unit();
+        (self.0.partition_point(|&c| c < u) as u32).min(self.0.len() as u32 - 1)
+    }
+}
+
+/// The visits of one server-hour: (user, page, second of the hour) each.
+pub struct Traffic {
+    plan: Plan,
+    region_users: Zipf,
+    all_users: Zipf,
+    pages: Zipf,
+}
+
+impl Traffic {
+    /// The model of `plan`.
+    pub fn new(plan: Plan) -> Traffic {
+        let third = (plan.users / REGIONS.len() as u32).max(1);
+        Traffic {
+            region_users: Zipf::new(third),
+            all_users: Zipf::new(plan.users.max(1)),
+            pages: Zipf::new(plan.pages.max(1)),
+            plan,
+        }
+    }
+
+    /// The visits of `server` in `hour`, the same for the same seed.
+    pub fn visits(&self, server: usize, hour: u32) -> Vec<(u32, u32, u32)> {
+        let mut rng = Rng(self.plan.seed
+            ^ (u64::from(hour) << 20)
+            ^ (server as u64).wrapping_mul(0x9E37_79B9));
+        let region = (server % REGIONS.len()) as u32;
+        let third = (self.plan.users / REGIONS.len() as u32).max(1);
+        (0..self.plan.events_per_hour)
+            .map(|_| {
+                let user = if rng.unit() < 0.7 {
+                    // A region's own users, most popular first; shuffled across the third
+                    // so regions do not share their heaviest users by rank.
+                    region * third + self.region_users.sample(&mut rng)
+                } else {
+                    // Anyone: the global head is spread over all regions.
+                    (self.all_users.sample(&mut rng).wrapping_mul(2_654_435_761))
+                        % self.plan.users.max(1)
+                };
+                let page = self.pages.sample(&mut rng);
+                let second = (rng.next() % 3600) as u32;
+                (user, page, second)
+            })
+            .collect()
+    }
+}
+
+/// The name of user `u` as sent.
+pub fn user_name(u: u32) -> String {
+    format!("user{u}")
+}
+
+/// The path of page `p` as sent.
+pub fn page_name(p: u32) -> String {
+    format!("/page/{p}")
+}
+
+/// The exact answers, accumulated as visits are sent.
+#[derive(Default)]
+pub struct Truth {
+    days: BTreeMap<u32, HashSet<u32>>,
+    day_regions: BTreeMap<(u32, &'static str), HashSet<u32>>,
+    regions: BTreeMap<&'static str, HashSet<u32>>,
+    servers: BTreeMap<String, HashSet<u32>>,
+    all: HashSet<u32>,
+    pages: HashMap<u32, u64>,
+    events: u64,
+}
+
+impl Truth {
+    fn add(&mut self, server: &str, region: &'static str, hour: u32, visits: &[(u32, u32, u32)]) {
+        let day = hourglass::time::day_of(hour);
+        let d = self.days.entry(day).or_default();
+        let dr = self.day_regions.entry((day, region)).or_default();
+        let r = self.regions.entry(region).or_default();
+        let s = self.servers.entry(server.to_string()).or_default();
+        for &(user, page, _) in visits {
+            d.insert(user);
+            dr.insert(user);
+            r.insert(user);
+            s.insert(user);
+            self.all.insert(user);
+            *self.pages.entry(page).or_default() += 1;
+        }
+        self.events += visits.len() as u64;
+    }
+
+    /// The JSON form written by `--truth`.
+    pub fn to_json(&self, plan: &Plan) -> Value {
+        let mut days = Vec::new();
+        for (day, users) in &self.days {
+            let regions: BTreeMap<&str, usize> = self
+                .day_regions
+                .iter()
+                .filter(|((d, _), _)| d == day)
+                .map(|((_, r), u)| (*r, u.len()))
+                .collect();
+            days.push(json!({
+                "day": hourglass::time::format_day(*day),
+                "start_hour": day * 24,
+                "distinct": users.len(),
+                "regions": regions,
+            }));
+        }
+        let mut top: Vec<(u32, u64)> = self.pages.iter().map(|(p, c)| (*p, *c)).collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        // Probes for membership: the heaviest user of each region (seen) and users the
+        // model never makes (not seen).
+        let third = (plan.users / REGIONS.len() as u32).max(1);
+        let mut probes = Vec::new();
+        for (i, _) in REGIONS.iter().enumerate() {
+            let u = i as u32 * third;
+            probes.push(json!({"item": user_name(u), "seen": self.all.contains(&u)}));
+        }
+        for i in 0..3 {
+            probes.push(json!({"item": format!("nobody{i}"), "seen": false}));
+        }
+        json!({
+            "metric_visitors": VISITORS,
+            "metric_pages": PAGES,
+            "start_hour": plan.start_hour,
+            "end_hour": plan.hours().end,
+            "events": self.events,
+            "days": days,
+            "total": {
+                "distinct": self.all.len(),
+                "regions": self.regions.iter().map(|(r, u)| (r.to_string(), u.len())).collect::<BTreeMap<_, _>>(),
+                "servers": self.servers.iter().map(|(s, u)| (s.clone(), u.len())).collect::<BTreeMap<_, _>>(),
+            },
+            "pages": {
+                "total": self.events,
+                "top": top.iter().take(10).map(|(p, c)| json!({"item": page_name(*p), "count": c})).collect::<Vec<_>>(),
+            },
+            "membership": probes,
+        })
+    }
+}
+
+/// Agents started by the simulator (or the demo), stopped with SIGTERM when dropped.
+pub struct Fleet {
+    agents: Vec<(String, Child)>,
+    /// Their Ingest URLs, by server index.
+    pub ingest: Vec<String>,
+    /// Their admin addresses, by server index.
+    pub admin: Vec<String>,
+    _temp: Option<TempDir>,
+}
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A binary installed beside this one (`hourglass-agent`, `hourglass-aggregator`).
+pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("finding this program's path")?;
+    let path = me.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.exists() {
+        bail!(
+            "{name} is not installed beside {} — build the workspace: cargo build --release --workspace",
+            me.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Starts `binary ARGS`, waits for `NAME listening on ADDR` lines for each of `names` on
+/// its stderr, and returns the child with the addresses. Its logs go to `log`.
+pub fn start_service(
+    binary: &Path,
+    args: &[String],
+    names: &[&str],
+    log: &Path,
+) -> anyhow::Result<(Child, Vec<String>)> {
+    use std::io::BufRead;
+    let log_file =
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let mut found: Vec<Option<String>> = vec![None; names.len()];
+    let mut seen = String::new();
+    while found.iter().any(Option::is_none) {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{} stopped before announcing its ports:\n{seen}(logs in {})",
+                binary.display(),
+                log.display()
+            );
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some((name, addr)) = line.split_once(" listening on ")
+            && let Some(i) = names.iter().position(|n| *n == name)
+        {
+            found[i] = Some(addr.trim().to_string());
+        }
+    }
+    // Keep draining stderr so the process never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok((
+        child,
+        found.into_iter().map(|a| a.expect("all found")).collect(),
+    ))
+}
+
+impl Fleet {
+    /// Starts `n` agents shipping to `aggregator`, with data dirs under `dir` (a temporary
+    /// directory if `None`) and the given extra flags.
+    pub fn spawn(
+        n: usize,
+        aggregator: &str,
+        dir: Option<&Path>,
+        extra: &[&str],
+    ) -> anyhow::Result<Fleet> {
+        let binary = sibling_binary("hourglass-agent")?;
+        let (root, temp) = match dir {
+            Some(d) => (d.to_path_buf(), None),
+            None => {
+                let d =
+                    std::env::temp_dir().join(format!("hourglass-fleet-{}", std::process::id()));
+                (d.clone(), Some(TempDir(d)))
+            }
+        };
+        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        let mut fleet = Fleet {
+            agents: Vec::new(),
+            ingest: Vec::new(),
+            admin: Vec::new(),
+            _temp: temp,
+        };
+        for i in 0..n {
+            let name = format!("web-{}", i + 1);
+            let data = root.join(&name);
+            let mut args: Vec<String> = [
+                "--server-name",
+                &name,
+                "--label",
+                &format!("region={}", REGIONS[i % REGIONS.len()]),
+                "--label",
+                "role=web",
+                "--aggregator",
+                aggregator,
+                "--statsd-listen",
+                "off",
+                "--ingest-listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            args.push(data.to_string_lossy().into_owned());
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let log = root.join(format!("{name}.log"));
+            let (child, addrs) = start_service(&binary, &args, &["ingest", "admin"], &log)?;
+            fleet.agents.push((name, child));
+            fleet.ingest.push(format!("http://{}", addrs[0]));
+            fleet.admin.push(addrs[1].clone());
+        }
+        Ok(fleet)
+    }
+
+    /// The server names, by index.
+    pub fn names(&self) -> Vec<String> {
+        self.agents.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Stops every agent with SIGTERM (each makes a final flush) and waits for them.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        for (_, child) in &self.agents {
+            // SAFETY: kill has no memory effects; the pid is our own child's, not yet reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let mut failed = Vec::new();
+        for (name, child) in &mut self.agents {
+            let status = child
+                .wait()
+                .with_context(|| format!("waiting for {name}"))?;
+            if !status.success() {
+                failed.push(format!("{name} ({status})"));
+            }
+        }
+        self.agents.clear();
+        if !failed.is_empty() {
+            bail!("agents did not stop cleanly: {}", failed.join(", "));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// The first hour of `days` whole days ending at the start of today (UTC).
+pub fn default_start(days: u32) -> u32 {
+    let now = chrono::Utc::now().timestamp();
+    let today = (now / 86_400) as u32;
+    (today - days) * 24
+}
+
+/// Sends the traffic of `plan` to the agents at `ingest` (server i to the i-th, named
+/// `names[i]`), and returns the exact answers. Progress goes to stderr once a second.
+pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::Result<Truth> {
+    let traffic = Traffic::new(plan.clone());
+    let mut clients = Vec::new();
+    for url in ingest {
+        let channel = super::connect(url, "agent", "--agents").await?;
+        clients.push(IngestClient::new(channel).max_encoding_message_size(256 << 20));
+    }
+    let mut truth = Truth::default();
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let total = u64::from(plan.days) * 24 * plan.servers as u64 * u64::from(plan.events_per_hour);
+    for hour in plan.hours() {
+        let mut calls = Vec::new();
+        for (server, client) in clients.iter().enumerate() {
+            let visits = traffic.visits(server, hour);
+            let region = REGIONS[server % REGIONS.len()];
+            truth.add(&names[server], region, hour, &visits);
+            let base = i64::from(hour) * 3600;
+            let times: Vec<i64> = visits.iter().map(|v| base + i64::from(v.2)).collect();
+            let request = v1::IngestRequest {
+                events: Vec::new(),
+                batches: vec![
+                    v1::SeriesBatch {
+                        metric: VISITORS.into(),
+                        items: visits
+                            .iter()
+                            .map(|v| user_name(v.0).into_bytes().into())
+                            .collect(),
+                        times_unix_seconds: times.clone(),
+                        ..Default::default()
+                    },
+                    v1::SeriesBatch {
+                        metric: PAGES.into(),
+                        items: visits
+                            .iter()
+                            .map(|v| page_name(v.1).into_bytes().into())
+                            .collect(),
+                        times_unix_seconds: times,
+                        ..Default::default()
+                    },
+                ],
+            };
+            let mut client = client.clone();
+            // One task per agent: the agents work on their hour at the same time.
+            calls.push(tokio::spawn(async move { client.send(request).await }));
+        }
+        for (server, call) in calls.into_iter().enumerate() {
+            let reply = call
+                .await
+                .context("ingest task failed")?
+                .map_err(|s| anyhow::anyhow!("agent {} answered: {}", ingest[server], s.message()))?
+                .into_inner();
+            if reply.rejected > 0 {
+                let first = reply
+                    .rejected_events
+                    .first()
+                    .map(|r| r.reason.clone())
+                    .unwrap_or_default();
+                bail!(
+                    "agent {} rejected {} events (first: {first}); is its --lateness at least {} days?",
+                    ingest[server],
+                    reply.rejected,
+                    plan.days + 1
+                );
+            }
+        }
+        if last_report.elapsed() >= Duration::from_secs(1) || hour + 1 == plan.hours().end {
+            let done = truth.events * 2;
+            let rate = done as f64 / started.elapsed().as_secs_f64();
+            eprint!(
+                "\rsent {} of {} events ({}/s), through {}   ",
+                grouped(done),
+                grouped(total * 2),
+                grouped(rate as u64),
+                hourglass::time::format_hour(hour)
+            );
+            last_report = Instant::now();
+        }
+    }
+    eprintln!();
+    Ok(truth)
+}
+
+/// Runs `hourglass simulate`.
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if args.days == 0 || args.days > 366 {
+        bail!("--days must be between 1 and 366");
+    }
+    if args.events_per_hour == 0 {
+        bail!("--events-per-hour must be at least 1");
+    }
+    if args.users < 3 || args.pages == 0 {
+        bail!("--users must be at least 3 and --pages at least 1");
+    }
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let mut fleet = match args.spawn {
+        Some(0) => bail!("--spawn must be at least 1"),
+        Some(n) => Some(Fleet::spawn(
+            n,
+            &args.aggregator,
+            args.spawn_dir.as_deref(),
+            &[
+                "--lateness",
+                &format!("{}d", args.days + 1),
+                "--flush-interval",
+                "2s",
+                "--default-kinds",
+                "distinct,frequency,membership",
+            ],
+        )?),
+        None => None,
+    };
+    let (ingest, names) = match &fleet {
+        Some(f) => (f.ingest.clone(), f.names()),
+        None => (
+            args.agents.clone(),
+            (0..args.agents.len())
+                .map(|i| format!("agent-{}", i + 1))
+                .collect(),
+        ),
+    };
+    let plan = Plan {
+        start_hour: default_start(args.days),
+        days: args.days,
+        events_per_hour: args.events_per_hour,
+        seed: args.seed,
+        users: args.users,
+        pages: args.pages,
+        servers: ingest.len(),
+    };
+    let truth = runtime.block_on(drive(&plan, &ingest, &names))?;
+    if let Some(f) = fleet.as_mut() {
+        eprintln!("stopping the agents (each ships what it holds in a final flush)");
+        f.stop()?;
+    }
+    let json = truth.to_json(&plan);
+    if let Some(path) = &args.truth {
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "sent {} visits ({} events) over {} days to {} agents; exactly {} distinct visitors",
+        grouped(truth.events),
+        grouped(truth.events * 2),
+        args.days,
+        ingest.len(),
+        grouped(json["total"]["distinct"].as_u64().unwrap_or(0))
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan {
+            start_hour: 480_000,
+            days: 2,
+            events_per_hour: 500,
+            seed: 7,
+            users: 30_000,
+            pages: 100,
+            servers: 3,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_visits() {
+        let a = Traffic::new(plan());
+        let b = Traffic::new(plan());
+        assert_eq!(a.visits(1, 480_005), b.visits(1, 480_005));
+        assert_ne!(a.visits(1, 480_005), a.visits(2, 480_005), "servers differ");
+        assert_ne!(a.visits(1, 480_005), a.visits(1, 480_006), "hours differ");
+        let other = Traffic::new(Plan { seed: 8, ..plan() });
+        assert_ne!(a.visits(1, 480_005), other.visits(1, 480_005));
+    }
+
+    #[test]
+    fn users_overlap_and_regions_lean_on_their_own() {
+        let t = Traffic::new(plan());
+        let mut truth = Truth::default();
+        for hour in plan().hours() {
+            for (s, region) in REGIONS.iter().enumerate() {
+                truth.add(&format!("s{s}"), region, hour, &t.visits(s, hour));
+            }
+        }
+        let total = truth.all.len();
+        let sum: usize = truth.servers.values().map(HashSet::len).sum();
+        assert!(sum > total, "servers share users: {sum} > {total}");
+        let days: Vec<usize> = truth.days.values().map(HashSet::len).collect();
+        assert!(days.iter().sum::<usize>() > total, "days share users");
+        // 70% of a region's visits come from its own third of the users.
+        let third = 10_000;
+        let own = truth.servers["s0"].iter().filter(|&&u| u < third).count();
+        assert!(own * 2 > truth.servers["s0"].len(), "{own}");
+        let json = truth.to_json(&plan());
+        assert_eq!(json["events"], 2 * 24 * 3 * 500);
+        assert_eq!(json["days"].as_array().unwrap().len(), 2);
+        let top = json["pages"]["top"].as_array().unwrap();
+        assert_eq!(
+            top[0]["item"], "/page/0",
+            "Zipf: the first page is the most visited"
+        );
+        assert!(top[0]["count"].as_u64() >= top[1]["count"].as_u64());
+    }
+
+    #[test]
+    fn zipf_puts_rank_one_first() {
+        let z = Zipf::new(1000);
+        let mut rng = Rng(1);
+        let mut counts = vec![0u32; 1000];
+        for _ in 0..100_000 {
+            counts[z.sample(&mut rng) as usize] += 1;
+        }
+        // P(rank 1) = 1/H(1000) ≈ 0.1336; 100,000 draws give 13,360 ± 108.
+        assert!((12_900..13_800).contains(&counts[0]), "{}", counts[0]);
+        assert!(counts[0] > counts[1] && counts[1] > counts[9]);
+    }
+}

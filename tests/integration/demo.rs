@@ -1,0 +1,158 @@
+//! `hourglass demo` and `hourglass simulate`: the main job, as a user runs it.
+
+use crate::util::{AggregatorProcess, TempDir, hourglass, workspace_binary};
+
+#[test]
+fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_data() {
+    // The demo starts the agent and aggregator binaries installed beside `hourglass`.
+    workspace_binary("hourglass-agent");
+    let dir = TempDir::new("demo");
+    let data = dir.file("demo");
+    let args = [
+        "demo",
+        "--exit",
+        "--data-dir",
+        &data,
+        "--agents",
+        "3",
+        "--days",
+        "2",
+        "--events-per-hour",
+        "150",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let run = hourglass(&args, b"").ok();
+    let report = run.text();
+    // Two days, the whole range and three regions, each with the truth in its interval
+    // (a fixed seed: the same traffic every run).
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| l.trim_end().ends_with(" yes") || l.trim_end().ends_with(" NO"))
+        .collect();
+    assert!(rows.len() >= 2 + 1 + 3 + 10, "{report}");
+    assert!(!report.contains(" NO"), "{report}");
+    assert!(report.contains("0 server-hours without data"), "{report}");
+    for probe in ["nobody0        no ", "user0          maybe"] {
+        assert!(report.contains(probe), "{probe}: {report}");
+    }
+    assert!(
+        report.contains("hourglass query distinct --metric visitors"),
+        "{report}"
+    );
+    assert!(run.stderr.contains("final flush"), "{}", run.stderr);
+
+    // Again on the same data dir: the stored week is reported, not sent twice.
+    let again = hourglass(&args, b"").ok();
+    assert!(
+        again.stderr.contains("already holds the simulated traffic"),
+        "{}",
+        again.stderr
+    );
+    let whole = |text: &str| {
+        text.lines()
+            .find(|l| l.contains("whole range"))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        whole(&again.text()),
+        whole(&report),
+        "the same answer from the same data"
+    );
+}
+
+#[test]
+fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
+    workspace_binary("hourglass-agent");
+    let dir = TempDir::new("simulate");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let truth_file = dir.file("truth.json");
+    let run = hourglass(
+        &[
+            "simulate",
+            "--spawn",
+            "2",
+            "--aggregator",
+            &agg.grpc,
+            "--days",
+            "1",
+            "--events-per-hour",
+            "40",
+            "--seed",
+            "5",
+            "--truth",
+            &truth_file,
+            "--spawn-dir",
+            &dir.file("fleet"),
+        ],
+        b"",
+    )
+    .ok();
+    assert!(run.text().contains("sent 1,920 visits"), "{}", run.text());
+    let truth: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&truth_file).unwrap()).unwrap();
+    let exact = truth["total"]["distinct"].as_u64().unwrap();
+    assert_eq!(truth["events"], 1920);
+    let from =
+        hourglass::time::hour_start(truth["start_hour"].as_u64().unwrap() as u32).to_rfc3339();
+    let to = hourglass::time::hour_start(truth["end_hour"].as_u64().unwrap() as u32).to_rfc3339();
+    let answer = hourglass(
+        &[
+            "query",
+            "distinct",
+            "--metric",
+            "visitors",
+            "--aggregator",
+            &agg.grpc,
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--json",
+        ],
+        b"",
+    )
+    .ok()
+    .json();
+    let (lo, hi) = (
+        answer["lower95"].as_f64().unwrap(),
+        answer["upper95"].as_f64().unwrap(),
+    );
+    // Four standard errors either side: a miss is a real loss, not noise.
+    let se = answer["std_error"].as_f64().unwrap();
+    assert!(
+        (lo - 2.0 * se..=hi + 2.0 * se).contains(&(exact as f64)),
+        "{answer} vs {exact}"
+    );
+    assert_eq!(answer["server_hours_missing"], 0, "{answer}");
+    // The same seed gives the same truth.
+    let again = dir.file("again.json");
+    let agg2 = AggregatorProcess::start(&dir.file("agg2"), &[]);
+    hourglass(
+        &[
+            "simulate",
+            "--spawn",
+            "2",
+            "--aggregator",
+            &agg2.grpc,
+            "--days",
+            "1",
+            "--events-per-hour",
+            "40",
+            "--seed",
+            "5",
+            "--truth",
+            &again,
+            "--spawn-dir",
+            &dir.file("fleet2"),
+        ],
+        b"",
+    )
+    .ok();
+    assert_eq!(
+        std::fs::read(&again).unwrap(),
+        std::fs::read(&truth_file).unwrap()
+    );
+}
