@@ -174,7 +174,7 @@ fn simulate_week(
     );
     let plan = Plan {
         start_hour: simulate::default_start(args.days),
-        days: args.days,
+        hour_count: args.days * 24,
         events_per_hour: args.events_per_hour,
         seed: args.seed,
         users: 200_000,

@@ -50,9 +50,16 @@ pub struct SimulateArgs {
     /// The aggregator spawned agents ship to.
     #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::query::DEFAULT_AGGREGATOR)]
     aggregator: String,
-    /// Whole UTC days of traffic, ending at the start of today.
+    /// Whole UTC days of traffic, ending at the start of today (or starting at --start).
     #[arg(long, default_value_t = 7)]
     days: u32,
+    /// First hour of the traffic (RFC 3339, a date, or relative like -36h; rounded down to
+    /// the hour) [default: --days days before the start of today].
+    #[arg(long, allow_hyphen_values = true)]
+    start: Option<String>,
+    /// Hours of traffic, instead of --days: for sending a range in parts.
+    #[arg(long)]
+    hours: Option<u32>,
     /// Visits per server and hour.
     #[arg(long, default_value_t = 1000)]
     events_per_hour: u32,
@@ -78,8 +85,8 @@ pub struct SimulateArgs {
 pub struct Plan {
     /// First hour of the traffic.
     pub start_hour: u32,
-    /// Days of traffic.
-    pub days: u32,
+    /// Hours of traffic.
+    pub hour_count: u32,
     /// Visits per server-hour.
     pub events_per_hour: u32,
     /// Seed.
@@ -95,7 +102,7 @@ pub struct Plan {
 impl Plan {
     /// The hours of the traffic.
     pub fn hours(&self) -> std::ops::Range<u32> {
-        self.start_hour..self.start_hour + self.days * 24
+        self.start_hour..self.start_hour + self.hour_count
     }
 }
 
@@ -466,7 +473,7 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
     let mut truth = Truth::default();
     let started = Instant::now();
     let mut last_report = Instant::now();
-    let total = u64::from(plan.days) * 24 * plan.servers as u64 * u64::from(plan.events_per_hour);
+    let total = u64::from(plan.hour_count) * plan.servers as u64 * u64::from(plan.events_per_hour);
     for hour in plan.hours() {
         let mut calls = Vec::new();
         for (server, client) in clients.iter().enumerate() {
@@ -515,10 +522,10 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
                     .map(|r| r.reason.clone())
                     .unwrap_or_default();
                 bail!(
-                    "agent {} rejected {} events (first: {first}); is its --lateness at least {} days?",
+                    "agent {} rejected {} events (first: {first}); is its --lateness at least {} hours?",
                     ingest[server],
                     reply.rejected,
-                    plan.days + 1
+                    plan.hours().len() + 1
                 );
             }
         }
@@ -544,6 +551,18 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if args.days == 0 || args.days > 366 {
         bail!("--days must be between 1 and 366");
     }
+    let hour_count = args.hours.unwrap_or(args.days * 24);
+    if hour_count == 0 || hour_count > 366 * 24 {
+        bail!("--hours must be between 1 and {}", 366 * 24);
+    }
+    let start_hour = match &args.start {
+        Some(text) => {
+            let t = hourglass::time::parse_time(text, chrono::Utc::now())?;
+            hourglass::time::hour_of(t.timestamp()).context("--start is before 1970")?
+        }
+        None => default_start(args.days),
+    };
+    let lateness_days = (chrono::Utc::now().timestamp() / 3600 - i64::from(start_hour)) / 24 + 2;
     if args.events_per_hour == 0 {
         bail!("--events-per-hour must be at least 1");
     }
@@ -559,7 +578,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             args.spawn_dir.as_deref(),
             &[
                 "--lateness",
-                &format!("{}d", args.days + 1),
+                &format!("{}d", lateness_days.max(1)),
                 "--flush-interval",
                 "2s",
                 "--default-kinds",
@@ -578,8 +597,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         ),
     };
     let plan = Plan {
-        start_hour: default_start(args.days),
-        days: args.days,
+        start_hour,
+        hour_count,
         events_per_hour: args.events_per_hour,
         seed: args.seed,
         users: args.users,
@@ -599,10 +618,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "sent {} visits ({} events) over {} days to {} agents; exactly {} distinct visitors",
+        "sent {} visits ({} events) over {} hours to {} agents; exactly {} distinct visitors",
         grouped(truth.events),
         grouped(truth.events * 2),
-        args.days,
+        hour_count,
         ingest.len(),
         grouped(json["total"]["distinct"].as_u64().unwrap_or(0))
     )?;
@@ -616,7 +635,7 @@ mod tests {
     fn plan() -> Plan {
         Plan {
             start_hour: 480_000,
-            days: 2,
+            hour_count: 48,
             events_per_hour: 500,
             seed: 7,
             users: 30_000,

@@ -90,7 +90,12 @@ fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
         b"",
     )
     .ok();
-    assert!(run.text().contains("sent 1,920 visits"), "{}", run.text());
+    assert!(
+        run.text()
+            .contains("sent 1,920 visits (3,840 events) over 24 hours"),
+        "{}",
+        run.text()
+    );
     let truth: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&truth_file).unwrap()).unwrap();
     let exact = truth["total"]["distinct"].as_u64().unwrap();

@@ -3,5 +3,6 @@
 mod agent;
 mod aggregator;
 mod demo;
+mod faults;
 mod sketch_cli;
 mod util;
