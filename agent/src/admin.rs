@@ -54,7 +54,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     let table = Arc::clone(&state.table);
     // Walking every entry takes the table's lock; keep it off the async threads.
     let read = tokio::task::spawn_blocking(move || {
-        let t = table.lock().expect("table lock");
+        let t = crate::table::lock(&table);
         (t.backlog(), t.bloom_fill_above_half())
     })
     .await;

@@ -4,14 +4,15 @@
 //! The file (`checkpoint` in the data dir; layout in docs/FORMAT.md):
 //!
 //! ```text
-//! "HGCP" | format version u8 = 1 | epoch u64 | last version u64
+//! "HGCP" | format version u8 = 2 | server name len u16 | server name | epoch u64
+//!        | last version u64 | closed flag u8 | closed through hour u32
 //!        | live hour count u32 | live hours u32…
 //! entries: 0x01 | series text len u16 | series text | hour u32 | version u64 | acked u64
 //!          | dirty u8 | sketch count u8 | (frame len u32 | framed sketch)…
 //! end:     0x00 | xxh3-64 of every byte before it
 //! ```
 //!
-//! Integers are little-endian. It is written to `checkpoint.tmp`, fsynced, renamed over
+//! Integers are little-endian. It is written to a fresh `checkpoint.tmp-N`, fsynced, renamed over
 //! `checkpoint`, and the directory fsynced, so a crash leaves the old file or the new one,
 //! never a mix. Reading checks the checksum first and every length after: a damaged file
 //! is an error, never a panic.
@@ -28,7 +29,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::table::{Entry, Table};
 
 const MAGIC: &[u8; 4] = b"HGCP";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Entries encoded per hold of the table's lock, so ingest waits at most that long.
 const ENTRIES_PER_LOCK: usize = 64;
 
@@ -51,8 +52,12 @@ pub enum CheckpointError {
 /// What a checkpoint held.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The server it belongs to.
+    pub server: String,
     /// The epoch it belongs to.
     pub epoch: u64,
+    /// Every hour up to this one was closed for good.
+    pub closed_through: Option<u32>,
     /// The highest version given in the epoch.
     pub last_version: u64,
     /// Live hours not yet reported.
@@ -83,22 +88,50 @@ impl<W: Write> Write for Hashing<W> {
 /// Writes the table's state to `data_dir`'s checkpoint atomically; returns the bytes
 /// written. The table is locked for a few entries at a time, never across a disk write
 /// of the whole file or the fsync.
-pub fn write(table: &Mutex<Table>, data_dir: &Path) -> Result<u64, CheckpointError> {
-    let tmp = data_dir.join("checkpoint.tmp");
-    let file = File::create(&tmp)?;
+pub fn write(table: &Mutex<Table>, data_dir: &Path, server: &str) -> Result<u64, CheckpointError> {
+    // A name of its own: a writer still running from a flush that was given up on can
+    // never write into this one's file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = data_dir.join(format!("checkpoint.tmp-{}-{n}", std::process::id()));
+    let result = write_to(table, data_dir, server, &tmp);
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_to(
+    table: &Mutex<Table>,
+    data_dir: &Path,
+    server: &str,
+    tmp: &Path,
+) -> Result<u64, CheckpointError> {
+    let file = File::create(tmp)?;
     let mut out = Hashing {
         inner: BufWriter::with_capacity(1 << 20, file),
         hasher: Xxh3::new(),
         written: 0,
     };
-    let (epoch, last_version, live, keys) = {
-        let t = table.lock().expect("table lock");
-        (t.epoch(), t.last_version(), t.live_hours(), t.keys())
+    let (epoch, last_version, closed, live, keys) = {
+        let t = crate::table::lock(table);
+        (
+            t.epoch(),
+            t.last_version(),
+            t.closed_through(),
+            t.live_hours(),
+            t.keys(),
+        )
     };
     out.write_all(MAGIC)?;
     out.write_all(&[VERSION])?;
+    let server = &server.as_bytes()[..server.len().min(u16::MAX as usize)];
+    out.write_all(&(server.len() as u16).to_le_bytes())?;
+    out.write_all(server)?;
     out.write_all(&epoch.to_le_bytes())?;
     out.write_all(&last_version.to_le_bytes())?;
+    out.write_all(&[u8::from(closed.is_some())])?;
+    out.write_all(&closed.unwrap_or(0).to_le_bytes())?;
     out.write_all(&(live.len() as u32).to_le_bytes())?;
     for h in &live {
         out.write_all(&h.to_le_bytes())?;
@@ -107,7 +140,7 @@ pub fn write(table: &Mutex<Table>, data_dir: &Path) -> Result<u64, CheckpointErr
     for chunk in keys.chunks(ENTRIES_PER_LOCK) {
         buf.clear();
         {
-            let t = table.lock().expect("table lock");
+            let t = crate::table::lock(table);
             for &key in chunk {
                 // Freed since the keys were listed: nothing left to keep.
                 let Some((series, entry)) = t.get(key) else {
@@ -128,7 +161,7 @@ pub fn write(table: &Mutex<Table>, data_dir: &Path) -> Result<u64, CheckpointErr
         .map_err(|e| CheckpointError::Io(e.into_error()))?;
     file.sync_all()?;
     drop(file);
-    std::fs::rename(&tmp, path(data_dir))?;
+    std::fs::rename(tmp, path(data_dir))?;
     // The rename is durable only once the directory is.
     File::open(data_dir)?.sync_all()?;
     Ok(written)
@@ -164,7 +197,7 @@ pub fn read(data_dir: &Path) -> Result<Option<Loaded>, CheckpointError> {
 /// Decodes a checkpoint's bytes.
 pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     let corrupt = |what: &str| CheckpointError::Corrupt(what.to_string());
-    if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 4 + 1 + 8 {
+    if bytes.len() < MAGIC.len() + 1 + 2 + 8 + 8 + 5 + 4 + 1 + 8 {
         return Err(corrupt("file is shorter than an empty checkpoint"));
     }
     let (body, sum) = bytes.split_at(bytes.len() - 8);
@@ -184,8 +217,15 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
             "format version {version}, this agent reads {VERSION}"
         )));
     }
+    let server_len = r.u16()? as usize;
+    let server = std::str::from_utf8(r.take(server_len)?)
+        .map_err(|_| corrupt("server name is not UTF-8"))?
+        .to_string();
     let epoch = r.u64()?;
     let last_version = r.u64()?;
+    let closed_flag = r.u8()?;
+    let closed_hour = r.u32()?;
+    let closed_through = (closed_flag != 0).then_some(closed_hour);
     let live_count = r.u32()? as usize;
     if live_count > r.remaining() / 4 {
         return Err(corrupt("live hour count exceeds the file"));
@@ -234,7 +274,9 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         return Err(corrupt("bytes after the end record"));
     }
     Ok(Loaded {
+        server,
         epoch,
+        closed_through,
         last_version,
         live_hours,
         entries,
@@ -310,10 +352,18 @@ mod tests {
     fn round_trips_every_entry() {
         let dir = tempfile::tempdir().unwrap();
         let table = Mutex::new(filled());
-        let written = write(&table, dir.path()).unwrap();
+        crate::table::lock(&table).close_through(7);
+        let written = write(&table, dir.path(), "web-1").unwrap();
         assert_eq!(written, std::fs::metadata(path(dir.path())).unwrap().len());
         let loaded = read(dir.path()).unwrap().unwrap();
         assert_eq!(loaded.epoch, 42);
+        assert_eq!(loaded.server, "web-1");
+        assert_eq!(loaded.closed_through, Some(7));
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(
+            leftovers, 1,
+            "only the checkpoint: no temporary file is left"
+        );
         assert_eq!(loaded.last_version, 1);
         assert_eq!(loaded.live_hours, vec![(NOW / 3600) as u32]);
         assert_eq!(loaded.entries.len(), 3);
@@ -329,7 +379,7 @@ mod tests {
     #[test]
     fn any_damage_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        write(&Mutex::new(filled()), dir.path()).unwrap();
+        write(&Mutex::new(filled()), dir.path(), "web-1").unwrap();
         let good = std::fs::read(path(dir.path())).unwrap();
         for cut in [0, 5, good.len() / 2, good.len() - 1] {
             assert!(
@@ -348,7 +398,7 @@ mod tests {
         /// never panic.
         #[test]
         fn hostile_bodies_never_panic(body in prop::collection::vec(any::<u8>(), 0..300), head in any::<bool>()) {
-            let mut bytes = if head { b"HGCP\x01".to_vec() } else { Vec::new() };
+            let mut bytes = if head { b"HGCP\x02".to_vec() } else { Vec::new() };
             bytes.extend_from_slice(&body);
             let sum = xxhash_rust::xxh3::xxh3_64(&bytes);
             bytes.extend_from_slice(&sum.to_le_bytes());

@@ -27,7 +27,8 @@
 //! max_future = "5m"       # events further ahead of the clock are rejected
 //!
 //! [shipping]
-//! max_batch_mib = 4       # encoded sketches per Push, at most
+//! max_batch_mib = 4       # encoded sketches per Push, at most (up to 64, the aggregator's default message limit)
+//! max_snapshots_per_push = 1000 # snapshots per Push, at most (the aggregator refuses more than its limit)
 //! push_timeout = "30s"    # one Push call, at most
 //! backoff_initial = "1s"  # first retry delay after a failed push ...
 //! backoff_max = "60s"     # ... doubling up to this, with jitter
@@ -162,6 +163,8 @@ impl Default for Limits {
 pub struct Shipping {
     /// Encoded sketch bytes per Push.
     pub max_batch_mib: usize,
+    /// Snapshots per Push.
+    pub max_snapshots_per_push: usize,
     /// Deadline of one Push.
     #[serde(deserialize_with = "duration")]
     pub push_timeout: Duration,
@@ -180,6 +183,7 @@ impl Default for Shipping {
     fn default() -> Self {
         Shipping {
             max_batch_mib: 4,
+            max_snapshots_per_push: 1000,
             push_timeout: Duration::from_secs(30),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
@@ -304,11 +308,39 @@ impl Config {
             }
         }
         let s = &self.shipping;
-        if !(1..=256).contains(&s.max_batch_mib) {
+        if !(1..=64).contains(&s.max_batch_mib) {
             return Err(invalid(
                 "shipping.max_batch_mib",
-                format!("is {}; it must be between 1 and 256", s.max_batch_mib),
+                format!("is {}; it must be between 1 and 64", s.max_batch_mib),
             ));
+        }
+        if !(1..=10_000).contains(&s.max_snapshots_per_push) {
+            return Err(invalid(
+                "shipping.max_snapshots_per_push",
+                format!(
+                    "is {}; it must be between 1 and 10000",
+                    s.max_snapshots_per_push
+                ),
+            ));
+        }
+        let durations = [
+            ("shipping.push_timeout", s.push_timeout, HOUR),
+            (
+                "shipping.shutdown_timeout",
+                s.shutdown_timeout,
+                Duration::from_secs(600),
+            ),
+            ("shipping.backoff_max", s.backoff_max, HOUR),
+            (
+                "limits.max_future",
+                self.limits.max_future,
+                Duration::from_secs(86_400),
+            ),
+        ];
+        for (field, value, max) in durations {
+            if value > max {
+                return Err(invalid(field, format!("is {value:?}; at most {max:?}")));
+            }
         }
         if s.backoff_initial.is_zero() || s.backoff_max < s.backoff_initial {
             return Err(invalid(

@@ -85,7 +85,7 @@ impl StatsdHandler {
         let mut unsupported = 0u64;
         let mut count = 0u64;
         {
-            let mut table = self.table.lock().expect("table lock");
+            let mut table = crate::table::lock(&self.table);
             for datagram in datagrams {
                 count += 1;
                 for line in statsd::lines(datagram) {
@@ -94,9 +94,11 @@ impl StatsdHandler {
                             // The tag section was checked to be UTF-8 by the parser.
                             let tags = std::str::from_utf8(set.tags).unwrap_or_default();
                             let added = table
-                                .resolve_statsd(set.metric, tags, &mut stats)
-                                .and_then(|id| {
-                                    table.insert(id, set.timestamp.unwrap_or(now), now, set.item, 1)
+                                .check(set.item, set.timestamp.unwrap_or(now), now)
+                                .and_then(|hour| {
+                                    let id = table.resolve_statsd(set.metric, tags, &mut stats)?;
+                                    table.insert_at(id, hour, set.item, 1);
+                                    Ok(())
                                 });
                             match added {
                                 Ok(()) => {
@@ -136,6 +138,8 @@ impl StatsdHandler {
 pub const DATAGRAMS_PER_CALL: usize = 32;
 /// The largest datagram: the UDP payload limit.
 pub const MAX_DATAGRAM: usize = 65_536;
+/// The length recorded for a datagram that did not fit its buffer.
+const TRUNCATED: usize = usize::MAX;
 /// Receive buffer asked of the kernel, so bursts wait in the socket rather than drop.
 pub const RECEIVE_BUFFER: usize = 16 << 20;
 
@@ -224,12 +228,21 @@ pub fn receive_loop(
     while !stop.load(Ordering::Relaxed) {
         match recv_burst(fd, &mut buffers, &mut lens) {
             Ok(0) => {}
-            Ok(n) => handler.handle(
-                lens[..n]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &len)| &buffers[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]),
-            ),
+            Ok(n) => {
+                let truncated = lens[..n].iter().filter(|&&len| len == TRUNCATED).count();
+                if truncated > 0 {
+                    handler
+                        .metrics
+                        .reject("statsd", "truncated_datagram", truncated as u64);
+                }
+                handler.handle(
+                    lens[..n]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, len)| **len != TRUNCATED)
+                        .map(|(i, &len)| &buffers[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]),
+                )
+            }
             Err(e) => {
                 if log.allow() {
                     tracing::warn!(error = %e, "receiving datagrams failed");
@@ -278,7 +291,12 @@ fn recv_burst(
         }
         let n = n as usize;
         for i in 0..n {
-            lens[i] = (headers[i].msg_len as usize).min(MAX_DATAGRAM);
+            lens[i] = if headers[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                // Longer than the buffer: its last line would be cut, so none of it counts.
+                TRUNCATED
+            } else {
+                (headers[i].msg_len as usize).min(MAX_DATAGRAM)
+            };
         }
         Ok(n)
     }
@@ -341,12 +359,14 @@ impl v1::ingest_server::Ingest for IngestService {
                 }
             };
         {
-            let mut table = self.table.lock().expect("table lock");
+            let mut table = crate::table::lock(&self.table);
             for (i, e) in request.events.iter().enumerate() {
                 let added = table
-                    .resolve_tags(&e.metric, &e.tags, &mut stats)
-                    .and_then(|id| {
-                        table.insert(id, at(e.time_unix_seconds), now, &e.item, e.weight)
+                    .check(&e.item, at(e.time_unix_seconds), now)
+                    .and_then(|hour| {
+                        let id = table.resolve_tags(&e.metric, &e.tags, &mut stats)?;
+                        table.insert_at(id, hour, &e.item, e.weight);
+                        Ok(())
                     });
                 match added {
                     Ok(()) => stats.accepted += 1,
@@ -356,6 +376,9 @@ impl v1::ingest_server::Ingest for IngestService {
             let mut index = request.events.len();
             for batch in &request.batches {
                 let n = batch.items.len();
+                if n == 0 {
+                    continue;
+                }
                 let fits = |len: usize| len <= 1 || len == n;
                 let series = if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
                     table

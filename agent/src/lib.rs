@@ -109,7 +109,7 @@ impl Agent {
         }
         let config = Arc::new(options.config.clone());
         let metrics = Arc::new(Metrics::new());
-        let table = restore(&config, &options, &metrics);
+        let table = restore(&config, &options, &metrics)?;
         metrics.epoch.set(table.epoch());
         Ok(Agent {
             options,
@@ -122,7 +122,7 @@ impl Agent {
 
     /// The epoch of the agent's state.
     pub fn epoch(&self) -> u64 {
-        self.table.lock().expect("table lock").epoch()
+        crate::table::lock(&self.table).epoch()
     }
 
     /// Serves until `shutdown` completes; then stops taking events, flushes (bounded by
@@ -219,7 +219,14 @@ impl Agent {
             server,
             channel,
         );
-        let shipping = tokio::spawn(shipper.run(ship_stop_rx));
+        // The shipper runs until told to stop; if it ends on its own (a bug, a panic), the
+        // agent would take events it can never ship: stop everything instead.
+        let (ship_died_tx, ship_died_rx) = tokio::sync::oneshot::channel::<()>();
+        let shipping = tokio::spawn(async move {
+            let result = tokio::spawn(shipper.run(ship_stop_rx)).await;
+            let _ = ship_died_tx.send(());
+            result
+        });
 
         let service = v1::ingest_server::IngestServer::new(ingest::IngestService::new(
             Arc::clone(&table),
@@ -237,7 +244,15 @@ impl Agent {
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(service)
-            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()))
+            .serve_with_incoming_shutdown(incoming, {
+                let stop = stopped(stop_rx.clone());
+                async move {
+                    tokio::select! {
+                        _ = stop => {}
+                        _ = ship_died_rx => tracing::error!("the shipping task ended on its own; stopping"),
+                    }
+                }
+            })
             .await;
         ingesting.store(false, Ordering::Release);
         tracing::info!("stopped taking events");
@@ -251,7 +266,9 @@ impl Agent {
         drop(stop_rx);
         let admin = admin.await;
         grpc.map_err(|e| anyhow::anyhow!("gRPC ingest server failed: {e}"))?;
-        shipped.map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?;
+        shipped
+            .map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?
+            .map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?;
         admin
             .map_err(|e| anyhow::anyhow!("admin server task failed: {e}"))?
             .map_err(|e| anyhow::anyhow!("admin server failed: {e}"))?;
@@ -261,7 +278,11 @@ impl Agent {
 
 /// The table of the checkpoint in the data dir, or an empty one in a new epoch — with a
 /// loud log line and a metric — when there is none or it is damaged.
-fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table {
+///
+/// A checkpoint of another server is an error: continuing its epoch under this name would
+/// ship its cumulative sketches a second time. So is a checkpoint that cannot be read for
+/// a reason other than its content (permissions, I/O): the state may be intact.
+fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow::Result<Table> {
     let dir = &options.data_dir;
     let new_epoch = || {
         // Microseconds since the Unix epoch: unique per start of this server, and growing.
@@ -276,9 +297,19 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table 
             .inc();
     };
     match checkpoint::read(dir) {
+        Ok(Some(loaded)) if loaded.server != options.server_name => anyhow::bail!(
+            "the checkpoint in {} belongs to server {:?}, and this agent is {:?}: start it as {:?}, or give it a data dir of its own",
+            dir.display(),
+            loaded.server,
+            options.server_name,
+            loaded.server
+        ),
         Ok(Some(loaded)) => {
             let mut table = Table::new(Arc::clone(config), loaded.epoch);
             table.raise_last_version(loaded.last_version);
+            if let Some(hour) = loaded.closed_through {
+                table.close_through(hour);
+            }
             let entries = loaded.entries.len();
             for (series, hour, entry) in loaded.entries {
                 table.restore(series, hour, entry);
@@ -291,7 +322,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table 
                 entries,
                 "restored the checkpoint; continuing its epoch"
             );
-            table
+            Ok(table)
         }
         Ok(None) => {
             let epoch = new_epoch();
@@ -301,8 +332,12 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table 
                 dir = %dir.display(),
                 "NO CHECKPOINT in the data dir: starting a new epoch (expected on a first start; otherwise the agent's earlier state is gone, and what it had not shipped is lost)"
             );
-            Table::new(Arc::clone(config), epoch)
+            Ok(Table::new(Arc::clone(config), epoch))
         }
+        Err(checkpoint::CheckpointError::Io(e)) => Err(anyhow::anyhow!(
+            "cannot read the checkpoint in {}: {e} (fix the cause and start again; the checkpoint is left as it is)",
+            dir.display()
+        )),
         Err(e) => {
             let epoch = new_epoch();
             lost("corrupt");
@@ -314,7 +349,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> Table 
                 kept_as = %if kept { aside.display().to_string() } else { "(could not move it aside)".into() },
                 "CHECKPOINT UNUSABLE: starting a new epoch; what it held and had not been shipped is lost"
             );
-            Table::new(Arc::clone(config), epoch)
+            Ok(Table::new(Arc::clone(config), epoch))
         }
     }
 }

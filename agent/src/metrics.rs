@@ -38,6 +38,9 @@ pub struct Metrics {
     pub snapshots_rejected: Counter,
     /// Snapshots sent again after a failed push.
     pub snapshots_retried: Counter,
+    /// Stale replies naming a later version than the agent gave (a checkpoint behind
+    /// what was sent).
+    pub version_divergence: Counter,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
     pub pushes: Family<Labels, Counter>,
     /// Push latency, seconds.
@@ -90,6 +93,7 @@ impl Metrics {
             snapshots_acked: Counter::default(),
             snapshots_rejected: Counter::default(),
             snapshots_retried: Counter::default(),
+            version_divergence: Counter::default(),
             pushes: Family::default(),
             // 0.5 ms to about 16 s.
             push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -149,6 +153,11 @@ impl Metrics {
             "snapshots_retried",
             "Snapshots sent again after a failed push",
             m.snapshots_retried.clone(),
+        );
+        r.register(
+            "version_divergence",
+            "Stale replies naming a later version than the agent gave",
+            m.version_divergence.clone(),
         );
         r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
         r.register(

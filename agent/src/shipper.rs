@@ -108,9 +108,7 @@ impl Shipper {
         let limit = self.config.shipping.shutdown_timeout;
         tracing::info!(timeout = ?limit, "final flush");
         self.failures = 0;
-        if tokio::time::timeout(limit, self.flush(true)).await.is_err() {
-            tracing::warn!(timeout = ?limit, "final flush timed out; what it did not send stays in the checkpoint");
-        }
+        self.flush_within(true, Some(limit)).await;
         // The final checkpoint records the acknowledgements of the final push, so a
         // restart does not send again what the aggregator already has.
         self.checkpoint().await;
@@ -118,15 +116,35 @@ impl Shipper {
 
     /// One flush: versions, checkpoint, push (when `push` and not backing off), free.
     pub async fn flush(&mut self, push: bool) {
+        self.flush_within(push, None).await;
+    }
+
+    /// A flush whose push, if any, gives up after `push_limit`. Only the push is cut
+    /// short: a checkpoint is always written whole (two writers of one file would leave
+    /// neither).
+    async fn flush_within(&mut self, push: bool, push_limit: Option<Duration>) {
         let now = unix_now();
         {
-            let mut t = self.table.lock().expect("table lock");
+            let mut t = crate::table::lock(&self.table);
             t.mark_live(hourglass::time::hour_of(now).unwrap_or(0));
             t.assign_versions();
         }
         let checkpointed = self.checkpoint().await;
+        // Pushing versions the checkpoint does not hold would let a restarted agent reuse
+        // them for other content: no checkpoint, no push.
+        let push = push && checkpointed;
         let pushed = if push {
-            match self.push_all().await {
+            let result = match push_limit {
+                Some(limit) => tokio::time::timeout(limit, self.push_all())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(PushError::Rpc(tonic::Status::deadline_exceeded(format!(
+                            "the final flush's push took longer than {limit:?}"
+                        ))))
+                    }),
+                None => self.push_all().await,
+            };
+            match result {
                 Ok(()) => {
                     self.failures = 0;
                     self.next_push = Instant::now();
@@ -143,11 +161,11 @@ impl Shipper {
         } else {
             false
         };
-        let freed = self.table.lock().expect("table lock").free_closed(now);
+        let freed = crate::table::lock(&self.table).free_closed(now);
         if freed > 0 {
             tracing::debug!(freed, "freed closed hours");
         }
-        let outcome = match (checkpointed, pushed || !push) {
+        let outcome = match (checkpointed, pushed) {
             (true, true) => "ok",
             (false, _) => "checkpoint_failed",
             (true, false) => "push_failed",
@@ -179,7 +197,9 @@ impl Shipper {
     pub async fn checkpoint(&self) -> bool {
         let table = Arc::clone(&self.table);
         let dir = self.data_dir.clone();
-        let result = tokio::task::spawn_blocking(move || checkpoint::write(&table, &dir)).await;
+        let server = self.server.name.clone();
+        let result =
+            tokio::task::spawn_blocking(move || checkpoint::write(&table, &dir, &server)).await;
         let outcome: Labels = match result {
             Ok(Ok(bytes)) => {
                 self.metrics
@@ -204,19 +224,20 @@ impl Shipper {
     /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
     async fn push_all(&mut self) -> Result<(), PushError> {
         let (keys, live) = {
-            let t = self.table.lock().expect("table lock");
+            let t = crate::table::lock(&self.table);
             (t.unacked(), t.live_hours())
         };
         if keys.is_empty() && live.is_empty() {
             return Ok(());
         }
         let max_bytes = self.config.max_batch_bytes();
+        let max_snapshots = self.config.shipping.max_snapshots_per_push;
         let mut start = 0;
         let mut first = true;
         while first || start < keys.len() {
             let (snapshots, sent, next) = {
-                let t = self.table.lock().expect("table lock");
-                t.encode_batch(&keys, start, max_bytes)
+                let t = crate::table::lock(&self.table);
+                t.encode_batch(&keys, start, max_bytes, max_snapshots)
             };
             let count = snapshots.len();
             let request = v1::PushRequest {
@@ -244,6 +265,25 @@ impl Shipper {
             self.metrics.snapshots_sent.inc_by(count as u64);
             let results = match reply {
                 Ok(r) => r.into_inner().results,
+                Err(status) if refused_for_good(status.code()) => {
+                    // The aggregator refuses this batch as a whole (too large, too many
+                    // snapshots, malformed): sending it again would be refused again, and
+                    // stopping here would hold every later batch back for good.
+                    self.metrics.snapshots_rejected.inc_by(count as u64);
+                    tracing::error!(
+                        code = ?status.code(),
+                        message = status.message(),
+                        snapshots = count,
+                        "the aggregator refused a whole push; its snapshots are dropped"
+                    );
+                    let mut t = crate::table::lock(&self.table);
+                    for &(key, version, _) in &sent {
+                        t.ack(key, version);
+                    }
+                    first = false;
+                    start = next;
+                    continue;
+                }
                 Err(status) => {
                     self.metrics.snapshots_retried.inc_by(count as u64);
                     return Err(status.into());
@@ -256,7 +296,7 @@ impl Shipper {
                     sent: count,
                 });
             }
-            self.apply(&sent, &results);
+            self.apply(&sent, &results)?;
             if first {
                 self.table
                     .lock()
@@ -274,14 +314,47 @@ impl Shipper {
     /// Records a push's results: stored and stale snapshots are acknowledged; rejected
     /// ones are logged and counted, and not sent again (the same bytes would be refused
     /// again), until the entry changes.
-    fn apply(&self, sent: &[((u64, u32), u64, usize)], results: &[v1::SnapshotResult]) {
-        let mut t = self.table.lock().expect("table lock");
+    fn apply(
+        &self,
+        sent: &[((u64, u32), u64, usize)],
+        results: &[v1::SnapshotResult],
+    ) -> Result<(), PushError> {
+        // An outcome this agent does not know is not an acknowledgement: nothing is
+        // marked, and the push counts as failed.
+        if let Some(r) = results.iter().find(|r| {
+            !matches!(
+                v1::PushOutcome::try_from(r.outcome),
+                Ok(v1::PushOutcome::Stored | v1::PushOutcome::Stale | v1::PushOutcome::Rejected)
+            )
+        }) {
+            return Err(PushError::Rpc(tonic::Status::unknown(format!(
+                "push reply has outcome {}, which this agent does not know",
+                r.outcome
+            ))));
+        }
+        let mut t = crate::table::lock(&self.table);
         let mut at = 0;
         for &(key, version, count) in sent {
             for r in &results[at..at + count] {
                 match v1::PushOutcome::try_from(r.outcome) {
-                    Ok(v1::PushOutcome::Stored | v1::PushOutcome::Stale) => {
+                    Ok(v1::PushOutcome::Stored) => {
                         self.metrics.snapshots_acked.inc();
+                    }
+                    Ok(v1::PushOutcome::Stale) => {
+                        self.metrics.snapshots_acked.inc();
+                        if r.held_version > version {
+                            // The aggregator holds a later version of this epoch than the
+                            // agent has given: its checkpoint fell behind what it sent.
+                            // Continue above it, so new content is not taken for stale.
+                            self.metrics.version_divergence.inc();
+                            t.raise_last_version(r.held_version);
+                            tracing::error!(
+                                hour = key.1,
+                                sent = version,
+                                held = r.held_version,
+                                "the aggregator holds a later version than this agent gave; continuing above it"
+                            );
+                        }
                     }
                     _ => {
                         self.metrics.snapshots_rejected.inc();
@@ -299,5 +372,15 @@ impl Shipper {
             t.ack(key, version);
             at += count;
         }
+        Ok(())
     }
+}
+
+/// gRPC codes with which the aggregator refuses a push whatever the moment: sending the
+/// same push again cannot succeed.
+fn refused_for_good(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+    )
 }

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hourglass::proto::v1;
 use hourglass::series::{NameError, Series};
@@ -23,6 +23,12 @@ use hourglass::sketch::Sketch;
 use hourglass::time::SECONDS_PER_HOUR;
 
 use crate::config::{Config, MetricSpec};
+
+/// Locks the table. A panic elsewhere while it was held leaves at worst one entry with
+/// part of one event; serving on beats stopping every ingest path for good.
+pub fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
+    table.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A key of the table: a series id and an hour.
 pub type Key = (u64, u32);
@@ -215,6 +221,7 @@ pub struct Table {
     config: Arc<Config>,
     epoch: u64,
     specs: HashMap<String, Arc<MetricSpec>>,
+    default_spec: Arc<MetricSpec>,
     series: IntMap<u64, SeriesSlot>,
     by_series: HashMap<Series, u64>,
     aliases: HashMap<Box<[u8]>, Alias>,
@@ -222,8 +229,15 @@ pub struct Table {
     entries: IntMap<Key, Entry>,
     live_hours: BTreeSet<u32>,
     last_version: u64,
+    closed_through: Option<u32>,
     scratch: Vec<u8>,
 }
+
+/// Raw spellings longer than this are resolved every time instead of remembered, so a
+/// sender of huge tag lists cannot fill memory with cache keys.
+const MAX_ALIAS_KEY: usize = 1024;
+/// Tags an event may carry before the metric's allowed keys filter them.
+pub const MAX_RAW_TAGS: usize = 64;
 
 /// The most hours kept in the set of live hours not yet reported (about 14 months).
 const MAX_LIVE_HOURS: usize = 10_000;
@@ -231,10 +245,26 @@ const MAX_LIVE_HOURS: usize = 10_000;
 impl Table {
     /// An empty table for `epoch`.
     pub fn new(config: Arc<Config>, epoch: u64) -> Table {
+        // Every spec is built here, once: looking one up never allocates, so metric names
+        // nobody configured share one spec however many arrive.
+        let build = |metric: &str| {
+            Arc::new(
+                config
+                    .spec_for(metric)
+                    .expect("a validated config builds every metric's sketches"),
+            )
+        };
+        let specs = config
+            .metrics
+            .keys()
+            .map(|m| (m.clone(), build(m)))
+            .collect();
+        let default_spec = build("");
         Table {
+            specs,
+            default_spec,
             config,
             epoch,
-            specs: HashMap::new(),
             series: IntMap::default(),
             by_series: HashMap::new(),
             aliases: HashMap::new(),
@@ -242,6 +272,7 @@ impl Table {
             entries: IntMap::default(),
             live_hours: BTreeSet::new(),
             last_version: 0,
+            closed_through: None,
             scratch: Vec::new(),
         }
     }
@@ -317,6 +348,10 @@ impl Table {
         let spec = self.spec(metric);
         let mut tags = Vec::new();
         let mut dropped = 0u32;
+        let raw = pairs().count();
+        if raw > MAX_RAW_TAGS {
+            return Err(Reject::TooManyTags(raw));
+        }
         for (k, v) in pairs() {
             let allowed = spec
                 .allowed_tags
@@ -341,6 +376,10 @@ impl Table {
                 self.insert_series(series, spec)
             }
         };
+        stats.dropped_tags += u64::from(dropped);
+        if key.len() > MAX_ALIAS_KEY {
+            return Ok(id);
+        }
         // A sender that varies its spelling endlessly must not grow memory without bound.
         if self.aliases.len() >= 4 * limits.max_series + 1024 {
             self.aliases.clear();
@@ -352,22 +391,11 @@ impl Table {
                 dropped_tags: dropped,
             },
         );
-        stats.dropped_tags += u64::from(dropped);
         Ok(id)
     }
 
-    fn spec(&mut self, metric: &str) -> Arc<MetricSpec> {
-        if let Some(spec) = self.specs.get(metric) {
-            return Arc::clone(spec);
-        }
-        // The config was validated, so every metric's spec builds.
-        let spec = Arc::new(
-            self.config
-                .spec_for(metric)
-                .expect("validated config builds every metric's sketches"),
-        );
-        self.specs.insert(metric.to_string(), Arc::clone(&spec));
-        spec
+    fn spec(&self, metric: &str) -> Arc<MetricSpec> {
+        Arc::clone(self.specs.get(metric).unwrap_or(&self.default_spec))
     }
 
     fn insert_series(&mut self, series: Series, spec: Arc<MetricSpec>) -> u64 {
@@ -395,10 +423,37 @@ impl Table {
         }
         let hour = hourglass::time::hour_of(time).ok_or(Reject::TooLate { time })?;
         let hour_end = (i64::from(hour) + 1) * SECONDS_PER_HOUR;
-        if hour_end.saturating_add(lateness) <= now {
+        // An hour once closed stays closed, even if the clock steps back or the lateness
+        // grows across a restart: its final snapshot may be acknowledged and freed, and a
+        // new sketch of it would replace, not add to, what the aggregator holds.
+        if hour_end.saturating_add(lateness) <= now
+            || self.closed_through.is_some_and(|c| hour <= c)
+        {
             return Err(Reject::TooLate { time });
         }
         Ok(hour)
+    }
+
+    /// Checks an event before its series is looked up, so that events refused anyway
+    /// never make a series: the item's length and the event's hour.
+    pub fn check(&self, item: &[u8], time: i64, now: i64) -> Result<u32, Reject> {
+        if item.is_empty() {
+            return Err(Reject::EmptyItem);
+        }
+        if item.len() > self.config.limits.max_item_len {
+            return Err(Reject::ItemTooLong(item.len()));
+        }
+        self.hour_for(time, now)
+    }
+
+    /// Every hour up to this one is closed for good, if any is.
+    pub fn closed_through(&self) -> Option<u32> {
+        self.closed_through
+    }
+
+    /// Closes every hour up to `hour` for good (when restoring a checkpoint).
+    pub fn close_through(&mut self, hour: u32) {
+        self.closed_through = Some(self.closed_through.map_or(hour, |c| c.max(hour)));
     }
 
     /// Adds `item` (`weight` times, for frequency) to series `id` in the hour of `time`.
@@ -410,13 +465,13 @@ impl Table {
         item: &[u8],
         weight: u64,
     ) -> Result<(), Reject> {
-        if item.is_empty() {
-            return Err(Reject::EmptyItem);
-        }
-        if item.len() > self.config.limits.max_item_len {
-            return Err(Reject::ItemTooLong(item.len()));
-        }
-        let hour = self.hour_for(time, now)?;
+        let hour = self.check(item, time, now)?;
+        self.insert_at(id, hour, item, weight);
+        Ok(())
+    }
+
+    /// Adds an item that [`Table::check`] passed to series `id` in `hour`.
+    pub fn insert_at(&mut self, id: u64, hour: u32, item: &[u8], weight: u64) {
         let entry = match self.entries.get_mut(&(id, hour)) {
             Some(entry) => entry,
             None => {
@@ -446,7 +501,6 @@ impl Table {
             }
         }
         entry.dirty = true;
-        Ok(())
     }
 
     /// Records that the agent is up during `hour`.
@@ -519,13 +573,14 @@ impl Table {
     }
 
     /// Encodes the snapshots of `keys` from `start` on, stopping before `max_bytes` of
-    /// sketches (at least one entry per call). Returns the snapshots, the (key, version,
+    /// sketches or `max_snapshots` snapshots (at least one entry per call). Returns the snapshots, the (key, version,
     /// snapshot count) of each entry sent, and the index to continue from.
     pub fn encode_batch(
         &self,
         keys: &[Key],
         start: usize,
         max_bytes: usize,
+        max_snapshots: usize,
     ) -> (Vec<v1::Snapshot>, Vec<(Key, u64, usize)>, usize) {
         let mut snapshots = Vec::new();
         let mut sent = Vec::new();
@@ -539,7 +594,10 @@ impl Table {
                 continue;
             };
             let size: usize = entry.sketches.iter().map(Sketch::size_bytes).sum();
-            if !sent.is_empty() && bytes + size > max_bytes {
+            if !sent.is_empty()
+                && (bytes + size > max_bytes
+                    || snapshots.len() + entry.sketches.len() > max_snapshots)
+            {
                 break;
             }
             bytes += size;
@@ -574,6 +632,11 @@ impl Table {
         let lateness = i64::try_from(self.config.lateness.as_secs()).unwrap_or(i64::MAX);
         let closed =
             |hour: u32| ((i64::from(hour) + 1) * SECONDS_PER_HOUR).saturating_add(lateness) <= now;
+        // The last hour that is closed now: (h + 1)·3600 + lateness ≤ now.
+        let last_closed = now.saturating_sub(lateness).div_euclid(SECONDS_PER_HOUR) - 1;
+        if let Ok(hour) = u32::try_from(last_closed) {
+            self.close_through(hour);
+        }
         let freed: Vec<Key> = self
             .entries
             .iter()
@@ -591,6 +654,18 @@ impl Table {
                     emptied = true;
                 }
             }
+        }
+        // Series whose every event was refused hold no hour: let them go too.
+        let idle: Vec<u64> = self
+            .series
+            .iter()
+            .filter(|(_, slot)| slot.hours == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in idle {
+            let slot = self.series.remove(&id).expect("just seen");
+            self.by_series.remove(&slot.series);
+            emptied = true;
         }
         if emptied {
             // Aliases may name a freed series; they are rebuilt on the next event.
@@ -689,10 +764,13 @@ mod tests {
         Table::new(Arc::new(config), 7)
     }
 
+    /// An event as the ingest paths add it: checked, then its series found, then added.
     fn add(t: &mut Table, metric: &str, tags: &str, item: &str, time: i64) -> Result<(), Reject> {
         let mut stats = IngestStats::default();
+        let hour = t.check(item.as_bytes(), time, NOW)?;
         let id = t.resolve_statsd(metric, tags, &mut stats)?;
-        t.insert(id, time, NOW, item.as_bytes(), 1)
+        t.insert_at(id, hour, item.as_bytes(), 1);
+        Ok(())
     }
 
     #[test]
@@ -787,7 +865,7 @@ mod tests {
         assert_eq!(t.assign_versions(), 0, "nothing changed since");
         let keys = t.unacked();
         assert_eq!(keys.len(), 1);
-        let (snaps, sent, next) = t.encode_batch(&keys, 0, 1 << 20);
+        let (snaps, sent, next) = t.encode_batch(&keys, 0, 1 << 20, 1000);
         assert_eq!((snaps.len(), next), (2, 1), "one snapshot per kind");
         assert!(snaps.iter().all(|s| s.version == 1 && s.epoch == 7));
         // Not acknowledged: still owed, and a change makes the next version.
@@ -817,29 +895,49 @@ mod tests {
     }
 
     #[test]
-    fn a_remade_entry_gets_a_version_above_its_predecessor() {
+    fn a_closed_hour_stays_closed_and_versions_only_grow() {
         let mut t = table();
         add(&mut t, "v", "", "a", NOW).unwrap();
         add(&mut t, "w", "", "a", NOW).unwrap();
         t.assign_versions();
         add(&mut t, "w", "", "b", NOW).unwrap();
         t.assign_versions();
-        let key = t.unacked()[0];
-        let (v_before, w_before) = (
+        let versions = (
             t.entry("v", hour(NOW)).unwrap().version,
             t.entry("w", hour(NOW)).unwrap().version,
         );
-        assert_eq!((v_before, w_before), (1, 2));
+        assert_eq!(versions, (1, 2), "one counter for the epoch");
         for k in t.unacked() {
             t.ack(k, 2);
         }
-        // Freed once closed; then the clock steps back and the hour takes events again.
         assert_eq!(t.free_closed(NOW + 3 * 3600), 2);
-        add(&mut t, "v", "", "c", NOW).unwrap();
-        t.assign_versions();
-        assert!(
-            t.entry("v", hour(NOW)).unwrap().version > w_before,
-            "{key:?}"
+        // The clock steps back: the freed hour must not open again, or a new sketch of a
+        // few late events would replace the whole hour at the aggregator.
+        assert_eq!(
+            add(&mut t, "v", "", "c", NOW).unwrap_err().reason(),
+            "too_late"
+        );
+        assert_eq!(t.series_count(), 0, "refused events make no series");
+        assert!(t.closed_through().unwrap() >= hour(NOW));
+    }
+
+    #[test]
+    fn series_that_never_got_an_event_are_let_go() {
+        let mut t = table();
+        let mut stats = IngestStats::default();
+        t.resolve_statsd("a", "", &mut stats).unwrap();
+        t.resolve_statsd("b", "", &mut stats).unwrap();
+        assert_eq!(t.series_count(), 2);
+        t.free_closed(NOW);
+        assert_eq!(t.series_count(), 0);
+        let many: Vec<String> = (0..65).map(|i| format!("k{i}:v")).collect();
+        let e = t
+            .resolve_statsd("pages", &many.join(","), &mut stats)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Reject::TooManyTags(65),
+            "checked before the allowed keys filter"
         );
     }
 
@@ -859,9 +957,12 @@ mod tests {
             .iter()
             .map(Sketch::size_bytes)
             .sum();
-        let (_, sent, next) = t.encode_batch(&keys, 0, one);
+        let (_, sent, next) = t.encode_batch(&keys, 0, one, 1000);
         assert_eq!((sent.len(), next), (1, 1));
-        let (_, sent, next) = t.encode_batch(&keys, 1, 10 * one);
+        let (_, sent, next) = t.encode_batch(&keys, 1, 10 * one, 1000);
         assert_eq!((sent.len(), next), (2, 3));
+        // Two kinds, two snapshots an entry: a bound of 3 snapshots takes one entry.
+        let (snaps, sent, _) = t.encode_batch(&keys, 0, usize::MAX, 3);
+        assert_eq!((snaps.len(), sent.len()), (2, 1));
     }
 }

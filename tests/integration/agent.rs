@@ -834,3 +834,35 @@ fn dogstatsd_over_a_unix_datagram_socket() {
     );
     assert_eq!(agent.metric("datagrams_total"), 2.0);
 }
+
+#[test]
+fn a_checkpoint_of_another_server_is_refused() {
+    let dir = TempDir::new("agent-rename");
+    let data = dir.file("agent");
+    let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &data, &[]);
+    assert_eq!(agent.terminate().code(), Some(0));
+    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+        .args([
+            "--server-name",
+            "web-2",
+            "--statsd-listen",
+            "off",
+            "--ingest-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("belongs to server \"web-1\""), "{stderr}");
+    // The checkpoint is left as it was: web-1 still starts from it.
+    let again = AgentProcess::start("web-1", "http://127.0.0.1:1", &data, &[]);
+    assert_eq!(
+        again.metric(r#"checkpoint_lost_total{reason="corrupt"}"#),
+        0.0
+    );
+}
