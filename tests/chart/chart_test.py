@@ -656,22 +656,35 @@ def notes():
 # ------------------------------------------------------------- the real binaries
 
 
-def wait_for_line(process, prefix, deadline):
-    """Reads the process's stderr until a line starting with prefix; returns the rest."""
-    buffer = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 0.2)
-        if ready:
-            chunk = os.read(process.stderr.fileno(), 4096)
-            if not chunk:
-                break
-            buffer += chunk
-            for line in buffer.decode(errors="replace").splitlines():
+class Stderr:
+    """What a process has written to stderr so far, read without blocking."""
+
+    def __init__(self, process):
+        self.process = process
+        self.text = b""
+
+    def wait_for(self, prefix, seconds):
+        """The rest of the first line starting with prefix, waiting up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            complete = self.text[: self.text.rfind(b"\n") + 1]  # a line may arrive in pieces
+            for line in complete.decode(errors="replace").splitlines():
                 if line.startswith(prefix):
                     return line[len(prefix):].strip()
-        if process.poll() is not None and not ready:
-            break
-    raise AssertionError(f"no {prefix!r} line; stderr so far: {buffer.decode(errors='replace').strip()}")
+            if time.monotonic() >= deadline:
+                break
+            ready, _, _ = select.select([self.process.stderr], [], [], 0.2)
+            if ready:
+                chunk = os.read(self.process.stderr.fileno(), 65536)
+                if not chunk:
+                    break
+                self.text += chunk
+            elif self.process.poll() is not None:
+                break
+        raise AssertionError(
+            f"{Path(self.process.args[0]).name}: no {prefix!r} line within {seconds}s; "
+            f"stderr: {self.text.decode(errors='replace').strip()!r}"
+        )
 
 
 def process_env(c, overrides):
@@ -727,7 +740,7 @@ def run_binaries(bin_dir):
                 stderr=subprocess.PIPE,
             )
             processes.append(aggregator)
-            grpc = wait_for_line(aggregator, "grpc listening on ", time.monotonic() + 60)
+            grpc = Stderr(aggregator).wait_for("grpc listening on ", 60)
             expect(env_of(agent_c)["HOURGLASS_SERVER_NAME"].get("valueFrom"), "server name not from the downward API")
             agent = subprocess.Popen(
                 [str(bin_dir / agent_c["command"][0]), *agent_c.get("args", [])],
@@ -745,8 +758,9 @@ def run_binaries(bin_dir):
                 stderr=subprocess.PIPE,
             )
             processes.append(agent)
-            statsd = wait_for_line(agent, "statsd listening on ", time.monotonic() + 30)
-            wait_for_line(agent, "ingest listening on ", time.monotonic() + 30)
+            agent_stderr = Stderr(agent)
+            statsd = agent_stderr.wait_for("statsd listening on ", 30)
+            agent_stderr.wait_for("ingest listening on ", 30)
             host, _, statsd_port = statsd.rpartition(":")
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 udp.sendto(b"visitors:user42|s|#country:de\nvisitors:user43|s|#country:de", (host, int(statsd_port)))
@@ -823,6 +837,9 @@ def main():
         except (AssertionError, jsonschema.ValidationError) as error:
             failed += 1
             print(f"FAIL - {description}\n    {error}", flush=True)
+        except Exception as error:  # a broken check is a failure too, with its cause
+            failed += 1
+            print(f"FAIL - {description}\n    {type(error).__name__}: {error}", flush=True)
         else:
             passed += 1
             print(f"ok   - {description} ({time.monotonic() - start:.1f}s)", flush=True)
