@@ -270,6 +270,13 @@ pub fn merge_day(
     }
 }
 
+/// One day's merged sketch and what it was made of.
+struct DaySketch {
+    sketch: Option<Sketch>,
+    rollups: u64,
+    rows: u64,
+}
+
 /// Answers selections from a store.
 pub struct Planner<'a> {
     store: &'a dyn Store,
@@ -423,34 +430,59 @@ impl<'a> Planner<'a> {
         let mut acc: Option<Sketch> = None;
         let mut sketches_merged = 0;
         for (series_id, name) in unit.series.iter().map(|s| (s.0, &s.1)) {
-            for (day, hours) in days_of(&unit.hours) {
-                let whole_day = hours == day.hours();
-                let day_sketch = match whole_day {
-                    true => self.rollup_day(name, series_id, day, every_server, &unit.servers)?,
-                    false => None,
-                };
-                let day_sketch = match day_sketch {
-                    Some((sketch, count)) => {
-                        plan.rollups += count;
-                        sketches_merged += count;
-                        sketch
-                    }
-                    None => {
-                        let parts = DayParts {
-                            all: every_server,
-                            per_server: !every_server,
-                        };
-                        let day_rows = merge_day(self.store, name, series_id, hours, &keep, parts)?;
-                        plan.hourly_rows += day_rows.rows;
-                        sketches_merged += day_rows.rows;
-                        if every_server {
-                            day_rows.all
-                        } else {
-                            merge_servers(day_rows.per_server.into_values(), name, day)?
+            let days: Vec<(Day, Range<Hour>)> = days_of(&unit.hours).collect();
+            let one_day = |(day, hours): &(Day, Range<Hour>)| {
+                self.day_sketch(
+                    name,
+                    series_id,
+                    *day,
+                    hours.clone(),
+                    every_server,
+                    unit,
+                    &keep,
+                )
+            };
+            // Days are independent: merge them on every core, then fold them in day
+            // order, so the answer is the same bytes as a one-thread merge.
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(days.len());
+            let merged_days: Vec<Result<DaySketch, QueryError>> = if threads <= 1 {
+                days.iter().map(one_day).collect()
+            } else {
+                let mut slots: Vec<Option<Result<DaySketch, QueryError>>> =
+                    (0..days.len()).map(|_| None).collect();
+                std::thread::scope(|scope| {
+                    let workers: Vec<_> = (0..threads)
+                        .map(|t| {
+                            let days = &days;
+                            let one_day = &one_day;
+                            scope.spawn(move || {
+                                days.iter()
+                                    .enumerate()
+                                    .filter(|(i, _)| i % threads == t)
+                                    .map(|(i, d)| (i, one_day(d)))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    for worker in workers {
+                        for (i, result) in worker.join().expect("a day merge panicked") {
+                            slots[i] = Some(result);
                         }
                     }
-                };
-                if let Some(s) = day_sketch {
+                });
+                slots
+                    .into_iter()
+                    .map(|slot| slot.expect("every day merged"))
+                    .collect()
+            };
+            for ((day, _), merged) in days.iter().zip(merged_days) {
+                let merged = merged?;
+                plan.rollups += merged.rollups;
+                plan.hourly_rows += merged.rows;
+                sketches_merged += merged.rollups + merged.rows;
+                if let Some(s) = merged.sketch {
                     fold(&mut acc, s).map_err(|source| QueryError::Incompatible {
                         series: name.to_string(),
                         key: format!("day {day}"),
@@ -464,6 +496,46 @@ impl<'a> Planner<'a> {
         Ok(Merged {
             sketch: acc,
             coverage,
+        })
+    }
+
+    /// One day of one series: from rollups when the whole day is rolled up and clean,
+    /// else from its hourly rows.
+    #[allow(clippy::too_many_arguments)]
+    fn day_sketch(
+        &self,
+        name: &SeriesName,
+        series_id: SeriesId,
+        day: Day,
+        hours: Range<Hour>,
+        every_server: bool,
+        unit: &Unit,
+        keep: &(dyn Fn(ServerId) -> bool + Sync),
+    ) -> Result<DaySketch, QueryError> {
+        if hours == day.hours()
+            && let Some((sketch, count)) =
+                self.rollup_day(name, series_id, day, every_server, &unit.servers)?
+        {
+            return Ok(DaySketch {
+                sketch,
+                rollups: count,
+                rows: 0,
+            });
+        }
+        let parts = DayParts {
+            all: every_server,
+            per_server: !every_server,
+        };
+        let day_rows = merge_day(self.store, name, series_id, hours, keep, parts)?;
+        let sketch = if every_server {
+            day_rows.all
+        } else {
+            merge_servers(day_rows.per_server.into_values(), name, day)?
+        };
+        Ok(DaySketch {
+            sketch,
+            rollups: 0,
+            rows: day_rows.rows,
         })
     }
 
