@@ -116,26 +116,40 @@ pub(super) fn pack(registers: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The inverse of [`pack`]: fills `registers` from `bytes` (three bytes per four
-/// registers; extra bytes or registers on either side are left alone). Returns the
-/// largest register value written, so a decoder validates without a second pass.
-pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) -> u8 {
-    // Eight registers from each six bytes: one 64-bit load, eight shifts and masks; the
-    // running maximum costs one compare per register in the same pass.
-    let mut top = 0u8;
+/// registers; extra bytes or registers on either side are left alone). Returns whether
+/// any register written is above `limit` (at most 127), so a decoder validates without a
+/// second pass.
+pub(super) fn unpack(bytes: &[u8], registers: &mut [u8], limit: u8) -> bool {
+    debug_assert!(limit < 128);
+    // Eight registers from each six bytes, all in one 64-bit word: each 24-bit half
+    // spreads its four six-bit fields to four bytes with four shifts and masks, and the
+    // eight bytes are stored at once. Every byte is at most 63, so adding 127 − limit to
+    // each sets its top bit exactly when it is above the limit, with no carry between
+    // bytes: one add, and, or per eight registers checks them all.
+    const TOP_BITS: u64 = 0x8080_8080_8080_8080;
+    let add = u64::from_ne_bytes([127 - limit; 8]);
+    let spread = |x: u64| {
+        (x & 0x3f) | ((x << 2) & 0x3f00) | ((x << 4) & 0x3f_0000) | ((x << 6) & 0x3f00_0000)
+    };
+    let mut over = 0u64;
     let whole = (registers.len() / 8).min(bytes.len() / 6);
-    for (eight, six) in registers[..whole * 8]
-        .chunks_exact_mut(8)
-        .zip(bytes[..whole * 6].chunks_exact(6))
-    {
-        let mut word = [0u8; 8];
-        word[..6].copy_from_slice(six);
-        let bits = u64::from_le_bytes(word);
-        for (i, r) in eight.iter_mut().enumerate() {
-            let value = (bits >> (6 * i) & 0x3f) as u8;
-            top = top.max(value);
-            *r = value;
-        }
+    for (k, eight) in registers[..whole * 8].chunks_exact_mut(8).enumerate() {
+        let at = 6 * k;
+        // An eight-byte load where two more bytes exist (all but the last step), masked
+        // to the six that belong to this step.
+        let bits = match bytes.get(at..at + 8) {
+            Some(b) => u64::from_le_bytes(b.try_into().expect("eight bytes")) & 0xffff_ffff_ffff,
+            None => {
+                let mut word = [0u8; 8];
+                word[..6].copy_from_slice(&bytes[at..at + 6]);
+                u64::from_le_bytes(word)
+            }
+        };
+        let registers8 = spread(bits & 0xff_ffff) | (spread(bits >> 24) << 32);
+        over |= registers8.wrapping_add(add) & TOP_BITS;
+        eight.copy_from_slice(&registers8.to_le_bytes());
     }
+    let mut above = over != 0;
     let (registers, bytes) = (&mut registers[whole * 8..], &bytes[whole * 6..]);
     for (quad, triple) in registers.chunks_exact_mut(4).zip(bytes.chunks_exact(3)) {
         let mut word = [0u8; 4];
@@ -143,11 +157,11 @@ pub(super) fn unpack(bytes: &[u8], registers: &mut [u8]) -> u8 {
         let bits = u32::from_le_bytes(word);
         for (i, r) in quad.iter_mut().enumerate() {
             let value = (bits >> (6 * i) & 0x3f) as u8;
-            top = top.max(value);
+            above |= value > limit;
             *r = value;
         }
     }
-    top
+    above
 }
 
 #[cfg(test)]
@@ -169,8 +183,29 @@ mod tests {
         pack(&registers, &mut bytes);
         assert_eq!(bytes.len(), 48);
         let mut back = vec![0u8; 64];
-        assert_eq!(unpack(&bytes, &mut back), 61);
+        assert!(!unpack(&bytes, &mut back, 61));
         assert_eq!(back, registers);
+        assert!(unpack(&bytes, &mut back, 60), "61 is above 60");
+        // Every value at every position, including the scalar tail (4 registers).
+        for len in [4usize, 12, 16, 64] {
+            for v in 0..64u8 {
+                for at in 0..len {
+                    let mut regs = vec![0u8; len];
+                    regs[at] = v;
+                    let mut packed = Vec::new();
+                    pack(&regs, &mut packed);
+                    let mut out = vec![0u8; len];
+                    for limit in [0u8, 1, 30, 61, 63] {
+                        assert_eq!(
+                            unpack(&packed, &mut out, limit),
+                            v > limit,
+                            "len {len} at {at} v {v} limit {limit}"
+                        );
+                        assert_eq!(out, regs);
+                    }
+                }
+            }
+        }
         let mut bytes = Vec::new();
         pack(&[1, 2, 3, 61], &mut bytes);
         // 1 | 2<<6 | 3<<12 | 61<<18

@@ -530,11 +530,10 @@ fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseLis
 fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>, DecodeError> {
     let mut registers = dense::empty(precision);
     let bytes = reader.take(registers.len() / 4 * 3, "dense registers")?;
-    let top = dense::unpack(bytes, &mut registers);
     let max_rank = 65 - precision;
-    // Unpacking reports the largest register; only when it is out of range is the first
+    // Unpacking reports whether any register is out of range; only then is the first
     // offender looked for, to name it.
-    if top > max_rank
+    if dense::unpack(bytes, &mut registers, max_rank)
         && let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank)
     {
         return Err(invalid(
