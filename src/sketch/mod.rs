@@ -111,6 +111,20 @@ impl Sketch {
         })
     }
 
+    /// Checks a framed sketch of any kind exactly as [`Sketch::decode`] does and returns
+    /// its kind, building no sketch where the format allows: dense HyperLogLog registers
+    /// are checked in their packed form. For ingest paths that store the bytes as they
+    /// came.
+    pub fn validate(bytes: &[u8]) -> Result<Kind, DecodeError> {
+        let (kind, body) = decode_frame(bytes)?;
+        match kind {
+            Kind::Distinct => Hll::validate_body(body)?,
+            Kind::Frequency => drop(Frequency::decode_body(body)?),
+            Kind::Membership => drop(Bloom::decode_body(body)?),
+        }
+        Ok(kind)
+    }
+
     /// Bytes of sketch state held in memory.
     pub fn size_bytes(&self) -> usize {
         match self {
@@ -181,6 +195,20 @@ mod tests {
         #[test]
         fn decoding_any_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
             let _ = Sketch::decode(&bytes);
+        }
+
+        /// Validation accepts exactly what decoding accepts, for any damage.
+        #[test]
+        fn validate_agrees_with_decode(which in 0usize..3, edits in prop::collection::vec((any::<usize>(), any::<u8>()), 0..4)) {
+            let good = one_of_each()[which].encode();
+            let (kind, body) = crate::format::decode_frame(&good).unwrap();
+            let mut body = body.to_vec();
+            for (at, byte) in edits {
+                let at = at % body.len();
+                body[at] = byte;
+            }
+            let bytes = crate::format::encode_frame(kind, &body);
+            prop_assert_eq!(Sketch::validate(&bytes).ok(), Sketch::decode(&bytes).ok().map(|s| s.kind()));
         }
 
         /// Valid frames whose bodies were damaged reach the kinds' validation (the checksum is

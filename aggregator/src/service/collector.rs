@@ -93,20 +93,20 @@ fn check_snapshot(
             ),
         ));
     }
-    // A full decode, not only the frame check the store does: a sketch that cannot be
-    // merged later would make every query over its hour fail.
-    let decoded = Sketch::decode(&sketch.data).map_err(|e| {
+    // Every check of a full decode, not only the frame check the store does: a sketch
+    // that cannot be merged later would make every query over its hour fail.
+    let decoded = Sketch::validate(&sketch.data).map_err(|e| {
         reject(
             "sketch.data",
             format!("snapshots[{i}].sketch.data does not decode: {e}"),
         )
     })?;
-    if decoded.kind() != kind {
+    if decoded != kind {
         return Err(reject(
             "sketch.kind",
             format!(
                 "snapshots[{i}].sketch.kind is {kind} but sketch.data holds a {} sketch",
-                decoded.kind()
+                decoded
             ),
         ));
     }

@@ -837,7 +837,19 @@ fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
     cf.set_write_buffer_size(options.write_buffer_bytes);
     cf.set_level_compaction_dynamic_level_bytes(true);
     if options.compression {
-        cf.set_compression_type(DBCompressionType::Lz4);
+        // L0 is what flushes write, on the ingest path: uncompressed, so a flush is a
+        // copy. Compactions out of L0 run in the background and compress: LZ4 for the
+        // middle levels (cheap; it takes Count-Min counters to 16%), ZSTD for the
+        // bottommost, which holds about 90% of the data.
+        cf.set_compression_per_level(&[
+            DBCompressionType::None,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+        ]);
         cf.set_bottommost_compression_type(DBCompressionType::Zstd);
     } else {
         cf.set_compression_type(DBCompressionType::None);

@@ -912,7 +912,7 @@ fn measure_compression() {
             }),
         ),
     ];
-    println!("| kind | value bytes | none | LZ4 | ZSTD |");
+    println!("| kind | value bytes | none | L0 after a flush | bottommost (ZSTD) |");
     println!("|---|---|---|---|---|");
     for (name, make) in &kinds {
         let batch: Vec<_> = (0..ROWS)
@@ -936,14 +936,14 @@ fn measure_compression() {
             store.stats().unwrap().column_families[0].sst_bytes
         };
         let none = sst_bytes(false, false);
-        let lz4 = sst_bytes(true, false);
+        let l0 = sst_bytes(true, false);
         let zstd = sst_bytes(true, true);
         let pct = |n: u64| format!("{n} ({:.0}%)", 100.0 * n as f64 / raw as f64);
         println!(
             "| {name} | {} | {} | {} | {} |",
             raw / ROWS as usize,
             pct(none),
-            pct(lz4),
+            pct(l0),
             pct(zstd)
         );
     }

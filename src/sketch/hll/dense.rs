@@ -115,39 +115,71 @@ pub(super) fn pack(registers: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Whether any of the registers packed in `bytes` is above `limit`: the check of
+/// [`unpack`] without writing the registers anywhere.
+pub(super) fn exceeds(bytes: &[u8], limit: u8) -> bool {
+    let add = limit_addend(limit);
+    let mut over = 0u64;
+    let whole = bytes.len() / 6;
+    for k in 0..whole {
+        over |= above_limit(eight_registers(bytes, 6 * k), add);
+    }
+    // A tail of three bytes holds four registers (never at precision 4 or more).
+    let tail = &bytes[whole * 6..];
+    let mut rest = [0u8; 8];
+    let n = (tail.len() / 3 * 4).min(rest.len());
+    unpack(tail, &mut rest[..n], limit) || over != 0
+}
+
+/// Registers `8k..8k + 8` from the six bytes at `at`, one per byte of the word: each
+/// 24-bit half spreads its four six-bit fields to four bytes with four shifts and masks.
+#[inline]
+fn eight_registers(bytes: &[u8], at: usize) -> u64 {
+    // An eight-byte load where two more bytes exist (all but the last group), masked to
+    // the six that belong to this group.
+    let bits = match bytes.get(at..at + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("eight bytes")) & 0xffff_ffff_ffff,
+        None => {
+            let mut word = [0u8; 8];
+            word[..6].copy_from_slice(&bytes[at..at + 6]);
+            u64::from_le_bytes(word)
+        }
+    };
+    let spread = |x: u64| {
+        (x & 0x3f) | ((x << 2) & 0x3f00) | ((x << 4) & 0x3f_0000) | ((x << 6) & 0x3f00_0000)
+    };
+    spread(bits & 0xff_ffff) | (spread(bits >> 24) << 32)
+}
+
+/// What [`above_limit`] adds to every byte for `limit` (at most 127).
+#[inline]
+fn limit_addend(limit: u8) -> u64 {
+    debug_assert!(limit < 128);
+    u64::from_ne_bytes([127 - limit; 8])
+}
+
+/// The top bit of each byte of `word` (registers, each at most 63) that is above the
+/// limit: adding 127 − limit sets a byte's top bit exactly when it exceeds the limit, with
+/// no carry into the next byte, so one add and one and check eight registers.
+#[inline]
+fn above_limit(word: u64, addend: u64) -> u64 {
+    word.wrapping_add(addend) & 0x8080_8080_8080_8080
+}
+
 /// The inverse of [`pack`]: fills `registers` from `bytes` (three bytes per four
 /// registers; extra bytes or registers on either side are left alone). Returns whether
 /// any register written is above `limit` (at most 127), so a decoder validates without a
 /// second pass.
 pub(super) fn unpack(bytes: &[u8], registers: &mut [u8], limit: u8) -> bool {
-    debug_assert!(limit < 128);
-    // Eight registers from each six bytes, all in one 64-bit word: each 24-bit half
-    // spreads its four six-bit fields to four bytes with four shifts and masks, and the
-    // eight bytes are stored at once. Every byte is at most 63, so adding 127 − limit to
-    // each sets its top bit exactly when it is above the limit, with no carry between
-    // bytes: one add, and, or per eight registers checks them all.
-    const TOP_BITS: u64 = 0x8080_8080_8080_8080;
-    let add = u64::from_ne_bytes([127 - limit; 8]);
-    let spread = |x: u64| {
-        (x & 0x3f) | ((x << 2) & 0x3f00) | ((x << 4) & 0x3f_0000) | ((x << 6) & 0x3f00_0000)
-    };
+    // Eight registers from each six bytes, all in one 64-bit word (`eight_registers`),
+    // stored at once and checked against the limit together (`above_limit`).
+    let add = limit_addend(limit);
     let mut over = 0u64;
     let whole = (registers.len() / 8).min(bytes.len() / 6);
     for (k, eight) in registers[..whole * 8].chunks_exact_mut(8).enumerate() {
-        let at = 6 * k;
-        // An eight-byte load where two more bytes exist (all but the last step), masked
-        // to the six that belong to this step.
-        let bits = match bytes.get(at..at + 8) {
-            Some(b) => u64::from_le_bytes(b.try_into().expect("eight bytes")) & 0xffff_ffff_ffff,
-            None => {
-                let mut word = [0u8; 8];
-                word[..6].copy_from_slice(&bytes[at..at + 6]);
-                u64::from_le_bytes(word)
-            }
-        };
-        let registers8 = spread(bits & 0xff_ffff) | (spread(bits >> 24) << 32);
-        over |= registers8.wrapping_add(add) & TOP_BITS;
-        eight.copy_from_slice(&registers8.to_le_bytes());
+        let word = eight_registers(bytes, 6 * k);
+        over |= above_limit(word, add);
+        eight.copy_from_slice(&word.to_le_bytes());
     }
     let mut above = over != 0;
     let (registers, bytes) = (&mut registers[whole * 8..], &bytes[whole * 6..]);
@@ -202,6 +234,11 @@ mod tests {
                             "len {len} at {at} v {v} limit {limit}"
                         );
                         assert_eq!(out, regs);
+                        assert_eq!(
+                            exceeds(&packed, limit),
+                            v > limit,
+                            "exceeds: len {len} at {at}"
+                        );
                     }
                 }
             }

@@ -390,6 +390,43 @@ impl Hll {
     /// Reads a body (without the frame), validating every field.
     pub(crate) fn decode_body(body: &[u8]) -> Result<Hll, DecodeError> {
         let mut reader = BodyReader::new(body);
+        let (precision, representation) = read_header(&mut reader)?;
+        let repr = match representation {
+            REPRESENTATION_SPARSE => Repr::Sparse(decode_sparse(&mut reader, precision)?),
+            _ => Repr::Dense(decode_dense(&mut reader, precision)?),
+        };
+        reader.finish()?;
+        Ok(Hll {
+            precision,
+            repr,
+            cached: EstimateCache::empty(),
+        })
+    }
+
+    /// Checks a body exactly as [`Hll::decode_body`] does, without building the sketch:
+    /// dense registers are checked in their packed form, with no copy.
+    pub(crate) fn validate_body(body: &[u8]) -> Result<(), DecodeError> {
+        let mut reader = BodyReader::new(body);
+        let (precision, representation) = read_header(&mut reader)?;
+        match representation {
+            REPRESENTATION_SPARSE => {
+                decode_sparse(&mut reader, precision)?;
+            }
+            _ => {
+                let bytes = reader.take((1usize << precision) / 4 * 3, "dense registers")?;
+                if dense::exceeds(bytes, 65 - precision) {
+                    // The rare failure path decodes, to name the offending register.
+                    decode_dense(&mut BodyReader::new(bytes), precision)?;
+                }
+            }
+        }
+        reader.finish()
+    }
+}
+
+/// The header of a body: precision and representation, each checked.
+fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
+    {
         let precision = reader.u8("precision")?;
         if !(MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
             return Err(invalid(
@@ -409,24 +446,17 @@ impl Hll {
         if reserved != 0 {
             return Err(invalid("reserved", format!("{reserved}, must be 0")));
         }
-        let repr = match representation {
-            REPRESENTATION_SPARSE => Repr::Sparse(decode_sparse(&mut reader, precision)?),
-            REPRESENTATION_DENSE => Repr::Dense(decode_dense(&mut reader, precision)?),
-            other => {
-                return Err(invalid(
-                    "representation",
-                    format!("{other}, expected 0 (sparse) or 1 (dense)"),
-                ));
-            }
-        };
-        reader.finish()?;
-        Ok(Hll {
-            precision,
-            repr,
-            cached: EstimateCache::empty(),
-        })
+        match representation {
+            REPRESENTATION_SPARSE | REPRESENTATION_DENSE => Ok((precision, representation)),
+            other => Err(invalid(
+                "representation",
+                format!("{other}, expected 0 (sparse) or 1 (dense)"),
+            )),
+        }
     }
+}
 
+impl Hll {
     /// Bytes of the entries or registers held in memory, for memory accounting.
     pub fn size_bytes(&self) -> usize {
         match &self.repr {
