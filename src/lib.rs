@@ -21,6 +21,7 @@ pub mod proto;
 pub mod series;
 pub mod sketch;
 pub mod time;
+pub mod tls;
 
 pub use error::{DecodeError, MergeError, ParameterError};
 pub use format::Kind;

@@ -41,7 +41,6 @@ use hourglass::proto::v1;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::Endpoint;
 use tonic::transport::server::TcpIncoming;
 
 pub use config::Config;
@@ -56,8 +55,10 @@ pub struct Options {
     pub server_name: String,
     /// The server's labels.
     pub labels: Vec<(String, String)>,
-    /// The aggregator's URL, `http://host:port`.
+    /// The aggregator's URL, `http://host:port`, or `https://` for TLS.
     pub aggregator: String,
+    /// TLS to the aggregator: its CA, and this agent's certificate for mutual TLS.
+    pub aggregator_tls: hourglass::tls::ClientTls,
     /// Where the checkpoint lives.
     pub data_dir: PathBuf,
     /// Everything else.
@@ -75,6 +76,8 @@ pub struct Listeners {
     pub ingest: TcpListener,
     /// The admin HTTP port.
     pub admin: TcpListener,
+    /// TLS for the Ingest port; plaintext when `None`.
+    pub ingest_tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// An agent whose state is loaded, ready to serve.
@@ -187,13 +190,10 @@ impl Agent {
             stopped(stop_rx.clone()),
         ));
 
-        let channel = Endpoint::from_shared(options.aggregator.clone())
-            .with_context(|| {
-                format!(
-                    "aggregator URL {:?} is not valid (--aggregator)",
-                    options.aggregator
-                )
-            })?
+        let channel = options
+            .aggregator_tls
+            .endpoint(&options.aggregator)
+            .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?
             .connect_timeout(std::time::Duration::from_secs(5))
             .tcp_nodelay(true)
             .connect_lazy();
@@ -240,20 +240,34 @@ impl Agent {
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
-        let incoming = TcpIncoming::from(listeners.ingest).with_nodelay(Some(true));
-        let grpc = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, {
-                let stop = stopped(stop_rx.clone());
-                async move {
-                    tokio::select! {
-                        _ = stop => {}
-                        _ = ship_died_rx => tracing::error!("the shipping task ended on its own; stopping"),
-                    }
+        let grpc_stop = {
+            let stop = stopped(stop_rx.clone());
+            async move {
+                tokio::select! {
+                    _ = stop => {}
+                    _ = ship_died_rx => tracing::error!("the shipping task ended on its own; stopping"),
                 }
-            })
-            .await;
+            }
+        };
+        let router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service);
+        let grpc = match listeners.ingest_tls {
+            Some(config) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        hourglass::tls::incoming(listeners.ingest, config),
+                        grpc_stop,
+                    )
+                    .await
+            }
+            None => {
+                let incoming = TcpIncoming::from(listeners.ingest).with_nodelay(Some(true));
+                router
+                    .serve_with_incoming_shutdown(incoming, grpc_stop)
+                    .await
+            }
+        };
         ingesting.store(false, Ordering::Release);
         tracing::info!("stopped taking events");
         stop_udp.store(true, Ordering::Relaxed);

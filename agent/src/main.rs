@@ -78,6 +78,26 @@ struct Cli {
     /// distinct, frequency, membership [default: distinct,frequency, or the config file's].
     #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = parse_kind_list)]
     default_kinds: Option<KindList>,
+    /// PEM CA certificates that signed the aggregator's certificate (for an https://
+    /// --aggregator).
+    #[arg(long, env = "HOURGLASS_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// PEM certificate this agent presents to an aggregator that requires mutual TLS.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
+    tls_client_cert: Option<PathBuf>,
+    /// PEM key of --tls-client-cert.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
+    tls_client_key: Option<PathBuf>,
+    /// PEM certificate chain for TLS on the Ingest port (with --tls-key); reloaded when the
+    /// file changes. Without it Ingest is plaintext, for loopback use.
+    #[arg(long, env = "HOURGLASS_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "HOURGLASS_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificates: Ingest clients must present a certificate signed by one.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
     /// TOML file with per-metric settings, limits and shipping; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -142,10 +162,39 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         Some(name) => name,
         None => hostname()?,
     };
+    let ingest_tls =
+        hourglass::tls::ServerTls::from_flags(cli.tls_cert, cli.tls_key, cli.tls_client_ca)?;
+    let ingest_tls_config = ingest_tls
+        .as_ref()
+        .map(hourglass::tls::server_config)
+        .transpose()?;
+    tracing::info!(
+        "Ingest transport: {}",
+        hourglass::tls::ServerTls::describe(ingest_tls.as_ref())
+    );
+    let aggregator_tls = hourglass::tls::ClientTls {
+        ca: cli.tls_ca,
+        cert: cli.tls_client_cert,
+        key: cli.tls_client_key,
+    };
+    // Checked now, so a bad URL or a missing CA is one line at start, not a retry loop.
+    aggregator_tls
+        .endpoint(&cli.aggregator)
+        .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?;
+    tracing::info!(
+        "shipping to {} over {}",
+        cli.aggregator,
+        if cli.aggregator.starts_with("https://") {
+            "TLS"
+        } else {
+            "plaintext"
+        }
+    );
     let agent = Agent::open(Options {
         server_name,
         labels: cli.labels,
         aggregator: cli.aggregator,
+        aggregator_tls,
         data_dir: cli.data_dir,
         config,
     })?;
@@ -202,6 +251,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
                     statsd_unix,
                     ingest,
                     admin,
+                    ingest_tls: ingest_tls_config,
                 },
                 shutdown,
             )

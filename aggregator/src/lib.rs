@@ -60,6 +60,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
     pub admin: TcpListener,
+    /// TLS for the gRPC port; plaintext when `None`.
+    pub grpc_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// An aggregator whose store is open, ready to serve.
@@ -137,6 +139,7 @@ impl Aggregator {
             dyn_store,
             Arc::clone(&metrics),
             config.limits.clone(),
+            listeners.grpc_tls,
             grpc_stop,
         )
         .await;

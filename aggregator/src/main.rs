@@ -29,6 +29,16 @@ struct Cli {
     /// Directory of the RocksDB store; created if missing. One aggregator per directory.
     #[arg(long, env = "HOURGLASS_DATA_DIR", default_value = "./hourglass-data")]
     data_dir: PathBuf,
+    /// PEM certificate chain for TLS on the gRPC port (with --tls-key); reloaded when the
+    /// file changes. Without it the port is plaintext, for loopback development.
+    #[arg(long, env = "HOURGLASS_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "HOURGLASS_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificates: clients must present a certificate signed by one (mutual TLS).
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
     /// TOML file with rollup, retention, storage and limits settings; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -57,6 +67,18 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.data_dir = cli.data_dir;
+    let tls = hourglass::tls::ServerTls::from_flags(cli.tls_cert, cli.tls_key, cli.tls_client_ca)?;
+    let grpc_tls = tls
+        .as_ref()
+        .map(hourglass::tls::server_config)
+        .transpose()?;
+    tracing::info!(
+        "gRPC transport: {}",
+        hourglass::tls::ServerTls::describe(tls.as_ref())
+    );
+    if tls.is_none() && !cli.listen.ip().is_loopback() {
+        tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");
+    }
     // Opened before binding: a data dir held by another process is reported before any
     // port is announced.
     let aggregator = Aggregator::open(config)?;
@@ -74,7 +96,16 @@ fn start(cli: Cli) -> anyhow::Result<()> {
             tracing::info!("{what} listening on {addr}");
             eprintln!("{what} listening on {addr}");
         }
-        aggregator.serve(Listeners { grpc, admin }, shutdown).await
+        aggregator
+            .serve(
+                Listeners {
+                    grpc,
+                    admin,
+                    grpc_tls,
+                },
+                shutdown,
+            )
+            .await
     })?;
     tracing::info!("stopped");
     Ok(())

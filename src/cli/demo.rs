@@ -238,7 +238,7 @@ fn distinct_row(label: &str, a: &v1::DistinctAnswer, exact: u64) -> String {
 }
 
 async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
-    let channel = super::connect(url, "aggregator", "--listen").await?;
+    let channel = super::connect(url, "aggregator", "--listen", &super::TlsArgs::default()).await?;
     let mut q = QueryClient::new(channel);
     let start = u(&truth["start_hour"]) as u32;
     let end = u(&truth["end_hour"]) as u32;

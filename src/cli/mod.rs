@@ -69,11 +69,42 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Connects to the gRPC server at `url` (the `what` named by `flag`), with an error a
-/// person can act on.
-async fn connect(url: &str, what: &str, flag: &str) -> anyhow::Result<tonic::transport::Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|_| anyhow::anyhow!("{flag} {url:?} is not a URL"))?
+/// TLS for a gRPC connection: needed when the URL is `https://`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// PEM CA certificates that signed the server's certificate (for https:// URLs).
+    #[arg(long, env = "HOURGLASS_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for servers that require mutual TLS.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
+    tls_client_cert: Option<std::path::PathBuf>,
+    /// PEM key of --tls-client-cert.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
+    tls_client_key: Option<std::path::PathBuf>,
+}
+
+impl TlsArgs {
+    fn client(&self) -> hourglass::tls::ClientTls {
+        hourglass::tls::ClientTls {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_client_cert.clone(),
+            key: self.tls_client_key.clone(),
+        }
+    }
+}
+
+/// Connects to the gRPC server at `url` (the `what` named by `flag`), over TLS for
+/// `https://`, with an error a person can act on.
+async fn connect(
+    url: &str,
+    what: &str,
+    flag: &str,
+    tls: &TlsArgs,
+) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tls
+        .client()
+        .endpoint(url)
+        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
         .connect_timeout(std::time::Duration::from_secs(5));
     endpoint
         .connect()

@@ -32,6 +32,8 @@ pub enum Question {
 pub struct QueryArgs {
     /// The question.
     question: Question,
+    #[command(flatten)]
+    tls: super::TlsArgs,
     /// The aggregator's gRPC address.
     #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = DEFAULT_AGGREGATOR)]
     aggregator: String,
@@ -167,7 +169,7 @@ async fn ask(
     selector: v1::Selector,
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
-    let channel = super::connect(&args.aggregator, "aggregator", "--aggregator").await?;
+    let channel = super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
     let mut client = QueryClient::new(channel)
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);

@@ -17,6 +17,8 @@ const BATCH: usize = 10_000;
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
+    #[command(flatten)]
+    tls: super::TlsArgs,
     /// The agent's gRPC Ingest address.
     #[arg(long, env = "HOURGLASS_AGENT", default_value = DEFAULT_AGENT)]
     agent: String,
@@ -91,7 +93,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let (accepted, rejected, reasons) = runtime.block_on(async {
-        let channel = super::connect(&args.agent, "agent", "--agent").await?;
+        let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
         let mut client = IngestClient::new(channel)
             .send_compressed(tonic::codec::CompressionEncoding::Zstd)
             .max_encoding_message_size(256 << 20);

@@ -467,7 +467,7 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
     let traffic = Traffic::new(plan.clone());
     let mut clients = Vec::new();
     for url in ingest {
-        let channel = super::connect(url, "agent", "--agents").await?;
+        let channel = super::connect(url, "agent", "--agents", &super::TlsArgs::default()).await?;
         clients.push(IngestClient::new(channel).max_encoding_message_size(256 << 20));
     }
     let mut truth = Truth::default();

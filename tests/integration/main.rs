@@ -5,4 +5,5 @@ mod aggregator;
 mod demo;
 mod faults;
 mod sketch_cli;
+mod tls;
 mod util;

@@ -30,6 +30,7 @@ pub async fn serve(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let max_message = limits.max_message_bytes();
@@ -86,8 +87,17 @@ pub async fn serve(
         Ok(service) => router = router.add_service(service),
         Err(e) => tracing::warn!(error = %e, "gRPC reflection v1alpha is off"),
     }
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    match tls {
+        Some(config) => {
+            router
+                .serve_with_incoming_shutdown(hourglass::tls::incoming(listener, config), shutdown)
+                .await
+        }
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    }
 }

@@ -1,0 +1,411 @@
+//! TLS for every gRPC listener and client of hourglass (rustls, ring).
+//!
+//! Servers take a certificate chain and key (`--tls-cert`, `--tls-key`, PEM) and, for
+//! mutual TLS, a CA whose certificates clients must present (`--tls-client-ca`). The
+//! certificate and key are read again when either file changes (checked at most once a
+//! second, at a handshake), so a renewed certificate takes effect without a restart; a
+//! renewal that does not load is logged and the previous certificate stays in use.
+//!
+//! Clients take the CA that signed the server's certificate (`--tls-ca`) and, for mutual
+//! TLS, their own certificate and key. An `https://` URL turns TLS on; `http://` stays
+//! plaintext for loopback development.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+
+/// TLS material that cannot be used; the message names the file and what is wrong.
+#[derive(Debug, Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+/// A server's TLS settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA certificates; when set, clients must present a certificate it signed.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    /// The settings of `--tls-cert`, `--tls-key` and `--tls-client-ca`: `None` for
+    /// plaintext, an error if only one of the certificate and key is given, or a client
+    /// CA without them.
+    pub fn from_flags(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+    ) -> Result<Option<ServerTls>, TlsError> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(ServerTls {
+                cert,
+                key,
+                client_ca,
+            })),
+            (None, None) if client_ca.is_none() => Ok(None),
+            (None, None) => Err(TlsError(
+                "--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first".into(),
+            )),
+            (Some(_), None) => Err(TlsError("--tls-cert needs --tls-key".into())),
+            (None, Some(_)) => Err(TlsError("--tls-key needs --tls-cert".into())),
+        }
+    }
+
+    /// One line for the log: which mode is in force.
+    pub fn describe(tls: Option<&ServerTls>) -> String {
+        match tls {
+            None => "plaintext (no --tls-cert): for loopback development only".into(),
+            Some(ServerTls {
+                cert,
+                client_ca: None,
+                ..
+            }) => format!("TLS with {}", cert.display()),
+            Some(ServerTls {
+                cert,
+                client_ca: Some(ca),
+                ..
+            }) => format!(
+                "mutual TLS with {}; clients need a certificate from {}",
+                cert.display(),
+                ca.display()
+            ),
+        }
+    }
+}
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError(format!("cannot read {what} {}: {e}", path.display())))
+}
+
+fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path, what)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            TlsError(format!(
+                "{what} {} is not PEM certificates: {e}",
+                path.display()
+            ))
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError(format!(
+            "{what} {} holds no certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let chain = certificates(cert, "certificate")?;
+    let key_pem = read(key, "key")?;
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        TlsError(format!(
+            "key {} is not a PEM private key: {e}",
+            key.display()
+        ))
+    })?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError(format!("key {} cannot be used: {e}", key.display())))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|e| {
+        TlsError(format!(
+            "certificate {} and key {} do not match: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })?;
+    Ok(certified)
+}
+
+/// The server certificate, read again when its files change.
+#[derive(Debug)]
+struct Reloading {
+    cert: PathBuf,
+    key: PathBuf,
+    state: Mutex<ReloadState>,
+}
+
+#[derive(Debug)]
+struct ReloadState {
+    current: Arc<CertifiedKey>,
+    stamp: (Option<SystemTime>, Option<SystemTime>),
+    checked: Instant,
+}
+
+/// How often at most the files are looked at.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+impl Reloading {
+    fn stamp(&self) -> (Option<SystemTime>, Option<SystemTime>) {
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        (modified(&self.cert), modified(&self.key))
+    }
+
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamp = self.stamp();
+            if stamp != state.stamp {
+                state.stamp = stamp;
+                match certified_key(&self.cert, &self.key) {
+                    Ok(key) => {
+                        tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
+                        state.current = Arc::new(key);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "TLS certificate changed but does not load; keeping the previous one")
+                    }
+                }
+            }
+        }
+        Arc::clone(&state.current)
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// The rustls configuration of a gRPC server: HTTP/2 by ALPN, the reloading certificate,
+/// and client certificates verified against the client CA when one is set.
+pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let first = certified_key(&tls.cert, &tls.key)?;
+    let reloading = Reloading {
+        cert: tls.cert.clone(),
+        key: tls.key.clone(),
+        state: Mutex::new(ReloadState {
+            current: Arc::new(first),
+            stamp: (None, None),
+            checked: Instant::now(),
+        }),
+    };
+    {
+        let mut state = reloading.state.lock().expect("fresh lock");
+        state.stamp = reloading.stamp();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError(format!("TLS setup: {e}")))?;
+    let builder = match &tls.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in certificates(ca, "client CA")? {
+                roots
+                    .add(cert)
+                    .map_err(|e| TlsError(format!("client CA {}: {e}", ca.display())))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(reloading));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepted TLS connections of `listener`, for `serve_with_incoming`: each handshake runs
+/// on its own task (a slow client delays nobody) and must finish within 10 s; failed
+/// handshakes are logged at a bounded rate and dropped.
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        loop {
+            let (tcp, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                // The server stopped reading connections: stop accepting.
+                () = tx.closed() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, tx, failures) = (acceptor.clone(), tx.clone(), Arc::clone(&failures));
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    outcome => {
+                        let n = failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // The first ten, then every thousandth: a scanner cannot flood the log.
+                        if n < 10 || n % 1000 == 0 {
+                            let why = match outcome {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => "handshake took longer than 10 s".into(),
+                            };
+                            tracing::warn!(%peer, error = %why, failed_handshakes = n + 1, "TLS handshake failed");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A client's TLS settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// PEM CA certificates that signed the server's certificate.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate, for mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// PEM client key, for mutual TLS.
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// The tonic endpoint for `url`: TLS for `https://` (with the CA and the client
+    /// identity given), plaintext for `http://`. An error names what does not fit.
+    pub fn endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, TlsError> {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|_| TlsError(format!("{url:?} is not a URL")))?;
+        let https = url.starts_with("https://");
+        if !https {
+            if self.ca.is_some() || self.cert.is_some() {
+                return Err(TlsError(format!(
+                    "TLS files were given but {url} is plaintext: use an https:// URL"
+                )));
+            }
+            return Ok(endpoint);
+        }
+        let mut config = tonic::transport::ClientTlsConfig::new();
+        match &self.ca {
+            Some(ca) => {
+                let pem = read(ca, "CA")?;
+                config = config.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            }
+            None => {
+                return Err(TlsError(format!(
+                    "{url} is TLS: give the CA that signed its certificate (--tls-ca)"
+                )));
+            }
+        }
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                config = config.identity(tonic::transport::Identity::from_pem(
+                    read(cert, "client certificate")?,
+                    read(key, "client key")?,
+                ));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(TlsError(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ));
+            }
+        }
+        endpoint
+            .tls_config(config)
+            .map_err(|e| TlsError(format!("TLS setup for {url}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_must_come_in_pairs() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(ServerTls::from_flags(None, None, None).unwrap(), None);
+        assert!(
+            ServerTls::from_flags(p("c"), p("k"), p("ca"))
+                .unwrap()
+                .is_some()
+        );
+        for (c, k, ca) in [
+            (p("c"), None, None),
+            (None, p("k"), None),
+            (None, None, p("ca")),
+        ] {
+            assert!(ServerTls::from_flags(c, k, ca).is_err());
+        }
+        let plain = ClientTls::default();
+        assert!(plain.endpoint("http://127.0.0.1:1").is_ok());
+        let e = plain
+            .endpoint("https://127.0.0.1:1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tls-ca"), "{e}");
+        let with_ca = ClientTls {
+            ca: p("ca.pem"),
+            ..ClientTls::default()
+        };
+        assert!(
+            with_ca
+                .endpoint("http://127.0.0.1:1")
+                .unwrap_err()
+                .to_string()
+                .contains("https://")
+        );
+    }
+
+    #[test]
+    fn unreadable_or_mismatched_material_is_named() {
+        let dir = std::env::temp_dir().join(format!("hourglass-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let b = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let cert = write("a.pem", &a.cert.pem());
+        let key = write("a.key", &a.signing_key.serialize_pem());
+        let other_key = write("b.key", &b.signing_key.serialize_pem());
+        let garbage = write("garbage.pem", "not pem at all");
+        let tls = |cert: &Path, key: &Path| ServerTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            client_ca: None,
+        };
+        assert!(server_config(&tls(&cert, &key)).is_ok());
+        let e = server_config(&tls(&cert, &other_key))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("do not match"), "{e}");
+        let e = server_config(&tls(&garbage, &key)).unwrap_err().to_string();
+        assert!(e.contains("garbage.pem"), "{e}");
+        let e = server_config(&tls(&dir.join("missing.pem"), &key))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read certificate"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
