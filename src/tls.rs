@@ -335,6 +335,24 @@ impl ClientTls {
     }
 }
 
+/// The bearer token of a client: the contents of `file` if given (surrounding whitespace
+/// trimmed), else the `HOURGLASS_TOKEN` environment variable, else none. Tokens never come
+/// from a command-line flag, where `ps` would show them.
+pub fn read_token(file: Option<&Path>) -> Result<Option<String>, TlsError> {
+    let token = match file {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+            TlsError(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+        })?),
+        None => std::env::var("HOURGLASS_TOKEN").ok(),
+    };
+    Ok(token
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,6 +59,8 @@ pub struct Options {
     pub aggregator: String,
     /// TLS to the aggregator: its CA, and this agent's certificate for mutual TLS.
     pub aggregator_tls: hourglass::tls::ClientTls,
+    /// The bearer token for the aggregator, if it requires one.
+    pub aggregator_token: Option<String>,
     /// Where the checkpoint lives.
     pub data_dir: PathBuf,
     /// Everything else.
@@ -218,6 +220,7 @@ impl Agent {
             options.data_dir.clone(),
             server,
             channel,
+            options.aggregator_token.clone(),
         );
         // The shipper runs until told to stop; if it ends on its own (a bug, a panic), the
         // agent would take events it can never ship: stop everything instead.

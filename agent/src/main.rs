@@ -88,6 +88,10 @@ struct Cli {
     /// PEM key of --tls-client-cert.
     #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
     tls_client_key: Option<PathBuf>,
+    /// A file holding the bearer token for an aggregator that requires one (the token can
+    /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
+    #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     /// PEM certificate chain for TLS on the Ingest port (with --tls-key); reloaded when the
     /// file changes. Without it Ingest is plaintext, for loopback use.
     #[arg(long, env = "HOURGLASS_TLS_CERT")]
@@ -190,11 +194,20 @@ fn start(cli: Cli) -> anyhow::Result<()> {
             "plaintext"
         }
     );
+    let aggregator_token = hourglass::tls::read_token(cli.token_file.as_deref())?;
+    if let Some(t) = &aggregator_token
+        && format!("Bearer {t}")
+            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+            .is_err()
+    {
+        anyhow::bail!("the token has characters an HTTP header cannot carry");
+    }
     let agent = Agent::open(Options {
         server_name,
         labels: cli.labels,
         aggregator: cli.aggregator,
         aggregator_tls,
+        aggregator_token,
         data_dir: cli.data_dir,
         config,
     })?;

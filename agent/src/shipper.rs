@@ -56,6 +56,7 @@ pub struct Shipper {
     failures: u32,
     next_push: Instant,
     jitter: u64,
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl Shipper {
@@ -67,6 +68,7 @@ impl Shipper {
         data_dir: PathBuf,
         server: v1::Server,
         channel: Channel,
+        token: Option<String>,
     ) -> Shipper {
         let max = 512 << 20;
         let client = CollectorClient::new(channel)
@@ -88,6 +90,8 @@ impl Shipper {
             failures: 0,
             next_push: Instant::now(),
             jitter: seed,
+            // Checked when the agent starts (main.rs), so a bad token never gets here.
+            authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
         }
     }
 
@@ -248,6 +252,9 @@ impl Shipper {
             let started = Instant::now();
             let mut call = tonic::Request::new(request);
             call.set_timeout(self.config.shipping.push_timeout);
+            if let Some(header) = &self.authorization {
+                call.metadata_mut().insert("authorization", header.clone());
+            }
             let reply = self.client.push(call).await;
             self.metrics
                 .push_seconds

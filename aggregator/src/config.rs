@@ -54,6 +54,9 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Bounds on what one request may ask of the aggregator (DESIGN §8).
     pub limits: LimitsConfig,
+    /// Bearer tokens and their roles; none means no authentication (module
+    /// [`crate::auth`]).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// `[rollup]`: the background builder of daily rollups.
@@ -180,6 +183,7 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }

@@ -31,6 +31,7 @@
 //! explained in docs/STORAGE.md.
 
 pub mod admin;
+pub mod auth;
 pub mod background;
 pub mod config;
 pub mod glob;
@@ -68,6 +69,7 @@ pub struct Listeners {
 pub struct Aggregator {
     config: Config,
     store: Arc<RocksStore>,
+    auth: auth::Auth,
 }
 
 impl Aggregator {
@@ -75,12 +77,22 @@ impl Aggregator {
     /// [`StoreError::InUse`] when another process holds the directory.
     pub fn open(config: Config) -> anyhow::Result<Aggregator> {
         config.validate()?;
+        let auth = auth::Auth::load(&config.auth).map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        if auth.enabled() {
+            tracing::info!(
+                tokens = config.auth.tokens.len(),
+                "Collector and Query need a bearer token"
+            );
+        } else {
+            tracing::warn!("no [auth] tokens configured: any caller may push and query");
+        }
         let store = RocksStore::open(&config.data_dir, &config.store_options())
             .map_err(anyhow::Error::new)?;
         tracing::info!(data_dir = %config.data_dir.display(), "store open");
         Ok(Aggregator {
             config,
             store: Arc::new(store),
+            auth,
         })
     }
 
@@ -91,7 +103,11 @@ impl Aggregator {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let Aggregator { config, store } = self;
+        let Aggregator {
+            config,
+            store,
+            auth,
+        } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
         // One signal, many listeners: the gRPC server, the admin server and the
@@ -139,6 +155,7 @@ impl Aggregator {
             dyn_store,
             Arc::clone(&metrics),
             config.limits.clone(),
+            auth,
             listeners.grpc_tls,
             grpc_stop,
         )

@@ -81,9 +81,37 @@ pub struct TlsArgs {
     /// PEM key of --tls-client-cert.
     #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
     tls_client_key: Option<std::path::PathBuf>,
+    /// A file holding the bearer token for servers that require one (the token itself can
+    /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
+    #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 impl TlsArgs {
+    /// An interceptor that adds `authorization: Bearer TOKEN` to every call when a token
+    /// is given (from --token-file, else HOURGLASS_TOKEN).
+    fn auth(
+        &self,
+    ) -> anyhow::Result<
+        impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
+    > {
+        let token = hourglass::tls::read_token(self.token_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let header = token
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+                    .map_err(|_| anyhow::anyhow!("the token has characters a header cannot carry"))
+            })
+            .transpose()?;
+        Ok(move |mut request: tonic::Request<()>| {
+            if let Some(h) = &header {
+                request.metadata_mut().insert("authorization", h.clone());
+            }
+            Ok(request)
+        })
+    }
+
     fn client(&self) -> hourglass::tls::ClientTls {
         hourglass::tls::ClientTls {
             ca: self.tls_ca.clone(),

@@ -170,7 +170,7 @@ async fn ask(
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
     let channel = super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
-    let mut client = QueryClient::new(channel)
+    let mut client = QueryClient::with_interceptor(channel, args.tls.auth()?)
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let grpc = |s| explain(s, &args.aggregator);

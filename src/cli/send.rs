@@ -94,7 +94,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let (accepted, rejected, reasons) = runtime.block_on(async {
         let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
-        let mut client = IngestClient::new(channel)
+        let mut client = IngestClient::with_interceptor(channel, args.tls.auth()?)
             .send_compressed(tonic::codec::CompressionEncoding::Zstd)
             .max_encoding_message_size(256 << 20);
         let (mut accepted, mut rejected, mut reasons) = (0u64, 0u64, Vec::new());

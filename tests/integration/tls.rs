@@ -256,3 +256,145 @@ fn expired_certificates_are_refused_and_renewed_ones_load_without_a_restart() {
         agg.logs()
     );
 }
+
+/// A push of one sketch as `server`, with `token` if any.
+async fn push_as(url: &str, server: &str, token: Option<&str>) -> Result<(), tonic::Status> {
+    use hourglass::proto::v1;
+    let channel = tonic::transport::Channel::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = v1::collector_client::CollectorClient::new(channel);
+    let mut hll = hourglass::sketch::hll::Hll::new(12).unwrap();
+    hll.insert(b"x");
+    let hour = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600) as u32;
+    let mut request = tonic::Request::new(v1::PushRequest {
+        server: Some(v1::Server {
+            name: server.into(),
+            labels: vec![],
+        }),
+        snapshots: vec![v1::Snapshot {
+            series: Some(v1::Series {
+                metric: "visitors".into(),
+                tags: vec![],
+            }),
+            hour,
+            epoch: 1,
+            version: 1,
+            sketch: Some(v1::EncodedSketch {
+                kind: v1::SketchKind::Distinct as i32,
+                data: hll.encode(),
+            }),
+        }],
+        live_hours: vec![hour],
+    });
+    if let Some(t) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    client.push(request).await.map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_bind_roles_and_servers() {
+    let dir = TempDir::new("tokens");
+    let agent_token = "agent-secret-token-0123456789";
+    let query_token = "query-secret-token-0123456789";
+    std::fs::write(dir.file("agent.token"), format!("{agent_token}\n")).unwrap();
+    std::fs::write(dir.file("query.token"), query_token).unwrap();
+    let config = dir.file("agg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[auth.tokens]]\nname = \"web-agents\"\nrole = \"agent\"\nservers = [\"web-*\"]\nfile = \"{}\"\n\n[[auth.tokens]]\nname = \"dashboards\"\nrole = \"query\"\nfile = \"{}\"\n",
+            dir.file("agent.token"),
+            dir.file("query.token")
+        ),
+    )
+    .unwrap();
+    let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &config]);
+
+    // Pushes: no token, an unknown one, a query token, another server's name, then right.
+    let e = push_as(&agg.grpc, "web-1", None).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = push_as(&agg.grpc, "web-1", Some("not-a-token-at-all-0000"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = push_as(&agg.grpc, "web-1", Some(query_token))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::PermissionDenied,
+        "a query token cannot push: {e:?}"
+    );
+    let e = push_as(&agg.grpc, "db-1", Some(agent_token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message().contains("\"db-1\"") && !e.message().contains(agent_token),
+        "{}",
+        e.message()
+    );
+    push_as(&agg.grpc, "web-1", Some(agent_token))
+        .await
+        .expect("the right token pushes");
+
+    // A real agent with its token file ships; queries need the query token.
+    let agent = AgentProcess::start(
+        "web-2",
+        &agg.grpc,
+        &dir.file("agent"),
+        &[
+            "--token-file",
+            &dir.file("agent.token"),
+            "--flush-interval",
+            "200ms",
+        ],
+    );
+    hourglass(
+        &["send", "--agent", &agent.ingest, "visitors", "a", "b"],
+        b"",
+    )
+    .ok();
+    let run = query(&agg.grpc, &[]);
+    assert!(
+        !run.status.success() && run.stderr.contains("needs a token"),
+        "{}",
+        run.stderr
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = query(&agg.grpc, &["--token-file", &dir.file("query.token")]);
+        // web-1's one item and web-2's two.
+        if run.status.success() && run.json()["estimate"].as_f64().map(f64::round) == Some(3.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} {}", run.text(), run.stderr);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let run = query(&agg.grpc, &["--token-file", &dir.file("agent.token")]);
+    assert!(
+        !run.status.success() && run.stderr.contains("may not call Query"),
+        "{}",
+        run.stderr
+    );
+    for secret in [agent_token, query_token] {
+        assert!(
+            !agg.logs().contains(secret),
+            "a token value reached the log"
+        );
+        assert!(
+            !agent.logs().contains(secret),
+            "a token value reached the agent's log"
+        );
+    }
+}

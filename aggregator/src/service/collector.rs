@@ -174,6 +174,10 @@ impl Collector for CollectorService {
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
         let started = Instant::now();
+        let principal = request
+            .extensions()
+            .get::<crate::auth::Principal>()
+            .cloned();
         let request = request.into_inner();
         let span = tracing::info_span!(
             "push",
@@ -184,7 +188,7 @@ impl Collector for CollectorService {
             rejected = field::Empty,
         );
         let result = self
-            .push_inner(request, &span)
+            .push_inner(request, principal, &span)
             .instrument(span.clone())
             .await;
         let outcome = match &result {
@@ -211,6 +215,7 @@ impl CollectorService {
     async fn push_inner(
         &self,
         mut request: v1::PushRequest,
+        principal: Option<crate::auth::Principal>,
         span: &tracing::Span,
     ) -> Result<v1::PushResponse, Status> {
         let limits = &self.limits;
@@ -225,6 +230,9 @@ impl CollectorService {
             .server
             .take()
             .ok_or_else(|| Status::invalid_argument("server is required"))?;
+        if let Some(principal) = &principal {
+            principal.may_push_as(&server.name)?;
+        }
         if server.name.is_empty() || server.name.len() > MAX_SERVER_NAME_LEN {
             return Err(Status::invalid_argument(format!(
                 "server.name {:?} must be 1 to {MAX_SERVER_NAME_LEN} bytes",

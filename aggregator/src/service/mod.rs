@@ -30,6 +30,7 @@ pub async fn serve(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
+    auth: crate::auth::Auth,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
@@ -73,6 +74,14 @@ pub async fn serve(
         .build_v1alpha();
 
     let mut builder = tonic::transport::Server::builder();
+    // Tokens guard Collector and Query; health and reflection stay open for probes.
+    let push_auth = auth.clone();
+    let collector = tonic::service::interceptor::InterceptedService::new(collector, move |r| {
+        push_auth.check(crate::auth::Service::Collector, r)
+    });
+    let query = tonic::service::interceptor::InterceptedService::new(query, move |r| {
+        auth.check(crate::auth::Service::Query, r)
+    });
     let mut router = builder
         .add_service(health_service)
         .add_service(collector)

@@ -1,0 +1,312 @@
+//! Who may do what: bearer tokens mapped to roles (DESIGN §8).
+//!
+//! The config file lists tokens by name; each token's value comes from a file or an
+//! environment variable, never from the command line or the config itself:
+//!
+//! ```toml
+//! [[auth.tokens]]
+//! name = "web-agents"                    # shown in logs and errors; the value never is
+//! role = "agent"                         # agent | query | admin
+//! servers = ["web-*"]                    # agent: the server names (globs) it may push as
+//! file = "/run/secrets/web-agents-token" # or: env = "HOURGLASS_TOKEN_WEB_AGENTS"
+//! ```
+//!
+//! With no tokens configured, every caller may do everything (loopback development), and
+//! the log says so. With tokens, every Collector and Query call needs `authorization:
+//! Bearer TOKEN`: a missing or unknown token gets UNAUTHENTICATED; a token whose role does
+//! not allow the call, or an agent token pushing for a server its globs do not cover,
+//! gets PERMISSION_DENIED naming the role or the server. Health and reflection stay open
+//! for probes. Tokens are compared in constant time.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tonic::{Request, Status};
+
+/// What a token allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Push, as the servers its globs cover.
+    Agent,
+    /// Query.
+    Query,
+    /// Everything.
+    Admin,
+}
+
+/// `[[auth.tokens]]`: one token.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for logs and errors.
+    pub name: String,
+    /// What it allows.
+    pub role: Role,
+    /// For `agent`: server name globs it may push as.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// A file holding the token (surrounding whitespace ignored).
+    pub file: Option<std::path::PathBuf>,
+    /// An environment variable holding the token.
+    pub env: Option<String>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The tokens; none means no authentication.
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// The caller a token identified, put on the request for the services.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    /// The token's name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// For agents: the server globs it may push as.
+    pub servers: Vec<String>,
+}
+
+impl Principal {
+    /// Whether it may push as `server`; the error names the token and the server.
+    pub fn may_push_as(&self, server: &str) -> Result<(), Status> {
+        match self.role {
+            Role::Admin => Ok(()),
+            Role::Agent if self.servers.iter().any(|g| crate::glob::matches(g, server)) => Ok(()),
+            _ => Err(Status::permission_denied(format!(
+                "token {:?} may not push as server {server:?}",
+                self.name
+            ))),
+        }
+    }
+}
+
+struct Token {
+    value: Vec<u8>,
+    principal: Principal,
+}
+
+/// The loaded tokens.
+#[derive(Clone, Default)]
+pub struct Auth {
+    tokens: Arc<Vec<Token>>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: a token's value never reaches a log.
+        let names: Vec<&str> = self
+            .tokens
+            .iter()
+            .map(|t| t.principal.name.as_str())
+            .collect();
+        f.debug_struct("Auth").field("tokens", &names).finish()
+    }
+}
+
+/// Which service a call belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Collector: agents and admins.
+    Collector,
+    /// Query: queriers and admins.
+    Query,
+}
+
+/// Equal in constant time for equal lengths (the length of a token is not a secret worth
+/// guarding: it is fixed by whoever makes tokens).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Auth {
+    /// Reads every token's value; an error names the token and the source, never the value.
+    pub fn load(config: &AuthConfig) -> Result<Auth, String> {
+        let mut tokens = Vec::new();
+        for t in &config.tokens {
+            let value = match (&t.file, &t.env) {
+                (Some(path), None) => std::fs::read_to_string(path).map_err(|e| {
+                    format!(
+                        "auth token {:?}: cannot read {}: {e}",
+                        t.name,
+                        path.display()
+                    )
+                })?,
+                (None, Some(var)) => std::env::var(var).map_err(|_| {
+                    format!(
+                        "auth token {:?}: environment variable {var} is not set",
+                        t.name
+                    )
+                })?,
+                _ => {
+                    return Err(format!(
+                        "auth token {:?}: give exactly one of file and env",
+                        t.name
+                    ));
+                }
+            };
+            let value = value.trim().as_bytes().to_vec();
+            if value.len() < 16 {
+                return Err(format!(
+                    "auth token {:?}: shorter than 16 bytes; use a long random token",
+                    t.name
+                ));
+            }
+            if t.role == Role::Agent && t.servers.is_empty() {
+                return Err(format!(
+                    "auth token {:?}: an agent token needs servers (globs it may push as)",
+                    t.name
+                ));
+            }
+            if tokens.iter().any(|k: &Token| same(&k.value, &value)) {
+                return Err(format!(
+                    "auth token {:?}: the same value as another token",
+                    t.name
+                ));
+            }
+            tokens.push(Token {
+                value,
+                principal: Principal {
+                    name: t.name.clone(),
+                    role: t.role,
+                    servers: t.servers.clone(),
+                },
+            });
+        }
+        Ok(Auth {
+            tokens: Arc::new(tokens),
+        })
+    }
+
+    /// Whether tokens are required.
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Checks a call's token against `service`; on success the request carries the
+    /// [`Principal`].
+    pub fn check(&self, service: Service, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.enabled() {
+            return Ok(request);
+        }
+        let header = request.metadata().get("authorization").ok_or_else(|| {
+            Status::unauthenticated("this aggregator needs a token: authorization: Bearer TOKEN")
+        })?;
+        let given = header.as_bytes().strip_prefix(b"Bearer ").ok_or_else(|| {
+            Status::unauthenticated("the authorization header must be \"Bearer TOKEN\"")
+        })?;
+        // Every token is compared, whichever matches, so timing says nothing.
+        let mut found = None;
+        for token in self.tokens.iter() {
+            if same(&token.value, given) {
+                found = Some(&token.principal);
+            }
+        }
+        let principal = found.ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        let allowed = matches!(
+            (service, principal.role),
+            (_, Role::Admin) | (Service::Collector, Role::Agent) | (Service::Query, Role::Query)
+        );
+        if !allowed {
+            return Err(Status::permission_denied(format!(
+                "token {:?} has role {:?}, which may not call {service:?}",
+                principal.name, principal.role
+            )));
+        }
+        request.extensions_mut().insert(principal.clone());
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> Auth {
+        let dir = std::env::temp_dir().join(format!("hourglass-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("agent"), "agent-token-0123456789\n").unwrap();
+        // SAFETY: tests in this module set this variable only here, before reading it.
+        unsafe { std::env::set_var("HOURGLASS_TEST_QUERY_TOKEN", "query-token-0123456789") };
+        let config: AuthConfig = toml::from_str(&format!(
+            "[[tokens]]\nname = \"web\"\nrole = \"agent\"\nservers = [\"web-*\"]\nfile = \"{}\"\n\n[[tokens]]\nname = \"dash\"\nrole = \"query\"\nenv = \"HOURGLASS_TEST_QUERY_TOKEN\"\n",
+            dir.join("agent").display()
+        ))
+        .unwrap();
+        Auth::load(&config).unwrap()
+    }
+
+    fn call(token: Option<&str>) -> Request<()> {
+        let mut r = Request::new(());
+        if let Some(t) = token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        r
+    }
+
+    #[test]
+    fn roles_and_servers_are_enforced_and_values_never_shown() {
+        let auth = auth();
+        let e = auth.check(Service::Query, call(None)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        let e = auth
+            .check(Service::Query, call(Some("guess-0123456789abc")))
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        let ok = auth
+            .check(Service::Collector, call(Some("agent-token-0123456789")))
+            .unwrap();
+        let principal = ok.extensions().get::<Principal>().unwrap();
+        assert!(principal.may_push_as("web-7").is_ok());
+        let e = principal.may_push_as("db-1").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message().contains("db-1") && !e.message().contains("agent-token"),
+            "{}",
+            e.message()
+        );
+        let e = auth
+            .check(Service::Collector, call(Some("query-token-0123456789")))
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            tonic::Code::PermissionDenied,
+            "a query token cannot push"
+        );
+        assert!(
+            auth.check(Service::Query, call(Some("query-token-0123456789")))
+                .is_ok()
+        );
+        assert!(!format!("{auth:?}").contains("token-0123"), "{auth:?}");
+        assert!(
+            Auth::default()
+                .check(Service::Collector, call(None))
+                .is_ok(),
+            "no tokens, no auth"
+        );
+    }
+
+    #[test]
+    fn bad_token_config_is_named_without_values() {
+        let bad = |text: &str| Auth::load(&toml::from_str(text).unwrap()).unwrap_err();
+        assert!(
+            bad("[[tokens]]\nname = \"x\"\nrole = \"query\"\n")
+                .contains("exactly one of file and env")
+        );
+        assert!(
+            bad(
+                "[[tokens]]\nname = \"x\"\nrole = \"query\"\nenv = \"HOURGLASS_SURELY_UNSET_VAR\"\n"
+            )
+            .contains("not set")
+        );
+        assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+}
