@@ -214,6 +214,7 @@ async fn serve() -> Served {
             dyn_store,
             Arc::new(Metrics::new()),
             LimitsConfig::default(),
+            hourglass_aggregator::config::RetentionConfig::default().hourly,
             hourglass_aggregator::auth::Auth::default(),
             None,
             async {

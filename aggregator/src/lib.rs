@@ -155,6 +155,7 @@ impl Aggregator {
             dyn_store,
             Arc::clone(&metrics),
             config.limits.clone(),
+            config.retention.hourly,
             auth,
             listeners.grpc_tls,
             grpc_stop,

@@ -28,15 +28,22 @@ pub struct CollectorService {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
+    retention_hourly: std::time::Duration,
 }
 
 impl CollectorService {
     /// A service writing to `store` within `limits`.
-    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>, limits: LimitsConfig) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        limits: LimitsConfig,
+        retention_hourly: std::time::Duration,
+    ) -> Self {
         CollectorService {
             store,
             metrics,
             limits,
+            retention_hourly,
         }
     }
 }
@@ -65,7 +72,22 @@ fn check_snapshot(
     i: usize,
     snapshot: &mut v1::Snapshot,
     max_sketch_bytes: usize,
+    hours: &std::ops::RangeInclusive<u32>,
 ) -> Result<Valid, Rejection> {
+    // An hour ahead of the clock (beyond the next) is a broken agent clock; one older
+    // than hourly retention would be deleted at once, and would revive a deleted hour.
+    if !hours.contains(&snapshot.hour) {
+        return Err(reject(
+            "hour",
+            format!(
+                "snapshots[{i}].hour {} ({}) is outside the hours accepted now, {} to {} (retention.hourly back, one hour ahead)",
+                snapshot.hour,
+                hourglass::time::format_hour(snapshot.hour.min(u32::MAX / 2)),
+                hourglass::time::format_hour(*hours.start()),
+                hourglass::time::format_hour(*hours.end()),
+            ),
+        ));
+    }
     let series = snapshot
         .series
         .as_ref()
@@ -266,12 +288,17 @@ impl CollectorService {
         let live: Vec<Hour> = live.into_iter().map(Hour).collect();
 
         let max_sketch = limits.max_sketch_bytes();
+        let now_hour = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| (d.as_secs() / 3600) as u32);
+        let retained = u32::try_from(self.retention_hourly.as_secs() / 3600).unwrap_or(u32::MAX);
+        let accepted_hours = now_hour.saturating_sub(retained)..=now_hour.saturating_add(1);
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
         // Which result each valid snapshot answers, so outcomes land in request order.
         let mut slots = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
-            match check_snapshot(i, snapshot, max_sketch) {
+            match check_snapshot(i, snapshot, max_sketch, &accepted_hours) {
                 Ok(v) => {
                     slots.push(i);
                     valid.push(v);

@@ -30,6 +30,7 @@ pub async fn serve(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
+    retention_hourly: std::time::Duration,
     auth: crate::auth::Auth,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send,
@@ -39,6 +40,7 @@ pub async fn serve(
         Arc::clone(&store),
         Arc::clone(&metrics),
         limits.clone(),
+        retention_hourly,
     ))
     .accept_compressed(CompressionEncoding::Gzip)
     .accept_compressed(CompressionEncoding::Zstd)

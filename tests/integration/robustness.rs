@@ -1,0 +1,231 @@
+//! Bad input from the network: a flood of malformed datagrams and oversized or
+//! out-of-range messages leaves the agent and the aggregator serving, with every refusal
+//! counted by reason.
+
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use crate::util::{AgentProcess, AggregatorProcess, TempDir, http_get};
+use hourglass::proto::v1::{self, collector_client::CollectorClient, ingest_client::IngestClient};
+use tonic::transport::Channel;
+
+async fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_malformed_datagrams_and_oversized_requests_leaves_the_agent_serving() {
+    let dir = TempDir::new("robust-agent");
+    let config = dir.file("agent.toml");
+    std::fs::write(&config, "[limits]\nmax_events_per_request = 1000\n").unwrap();
+    let agent = AgentProcess::start(
+        "web-1",
+        "http://127.0.0.1:1",
+        &dir.file("agent"),
+        &["--config", &config],
+    );
+    let target = agent.statsd;
+    let sent_good = tokio::task::spawn_blocking(move || {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // A fixed xorshift stream of garbage: every byte value, newlines, long lines.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut good = 0u64;
+        for i in 0..20_000u32 {
+            let len = (next() % 1400) as usize + 1;
+            let mut datagram: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if i % 100 == 0 {
+                // Now and then a valid line among the garbage, which must still count.
+                datagram.extend_from_slice(format!("\nvisitors:user{i}|s\n").as_bytes());
+                good += 1;
+            }
+            socket.send_to(&datagram, target).unwrap();
+            if i % 500 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        // Lines at and past every bound: an item of 64 KiB, a metric name of 1,000 bytes,
+        // 100 tags.
+        let huge_item = format!("visitors:{}|s", "x".repeat(60_000));
+        let long_metric = format!("{}:u|s", "m".repeat(1000));
+        let many_tags = format!(
+            "visitors:u|s|#{}",
+            (0..100)
+                .map(|i| format!("k{i}:v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        for line in [huge_item, long_metric, many_tags] {
+            socket.send_to(line.as_bytes(), target).unwrap();
+        }
+        good
+    })
+    .await
+    .unwrap();
+    // Every valid line among the garbage is counted (loopback, paced: no drops).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent.metric(r#"events_total{source="statsd"}"#) < sent_good as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "valid lines lost in the flood: {}",
+            agent.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, metrics) = http_get(agent.admin, "/metrics");
+    assert_eq!(status, 200);
+    for reason in [
+        "no_value",
+        "item_too_long",
+        "metric_too_long",
+        "too_many_tags",
+    ] {
+        assert!(
+            metrics.contains(&format!("reason=\"{reason}\"")),
+            "{reason} not counted:\n{metrics}"
+        );
+    }
+    assert!(agent.metric("datagrams_total") >= 20_000.0, "{metrics}");
+    // The log was not flooded: bad input is logged at a bounded rate.
+    let warnings = agent
+        .logs()
+        .lines()
+        .filter(|l| l.contains("statsd line"))
+        .count();
+    assert!(
+        warnings <= 40,
+        "{warnings} log lines for 20,000 bad datagrams"
+    );
+
+    // Ingest: more events than the limit is RESOURCE_EXHAUSTED naming it; then it serves on.
+    let mut ingest = IngestClient::new(channel(&agent.ingest).await);
+    let event = v1::Event {
+        metric: "visitors".into(),
+        item: b"u".to_vec().into(),
+        ..Default::default()
+    };
+    let e = ingest
+        .send(v1::IngestRequest {
+            events: vec![event.clone(); 1001],
+            batches: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        e.message().contains("max_events_per_request"),
+        "{}",
+        e.message()
+    );
+    let ok = ingest
+        .send(v1::IngestRequest {
+            events: vec![event],
+            batches: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.accepted, 1);
+    assert_eq!(http_get(agent.admin, "/healthz").0, 200);
+}
+
+fn hll() -> Vec<u8> {
+    let mut s = hourglass::sketch::hll::Hll::new(12).unwrap();
+    s.insert(b"x");
+    s.encode()
+}
+
+fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
+    v1::Snapshot {
+        series: Some(v1::Series {
+            metric: "visitors".into(),
+            tags: vec![],
+        }),
+        hour,
+        epoch: 1,
+        version: 1,
+        sketch: Some(v1::EncodedSketch {
+            kind: v1::SketchKind::Distinct as i32,
+            data,
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves_on() {
+    let dir = TempDir::new("robust-agg");
+    let config = dir.file("agg.toml");
+    std::fs::write(&config, "[limits]\nmax_message_mib = 1\nmax_sketch_mib = 1\n").unwrap();
+    let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &config]);
+    let mut collector =
+        CollectorClient::new(channel(&agg.grpc).await).max_encoding_message_size(64 << 20);
+    let server = Some(v1::Server {
+        name: "web-1".into(),
+        labels: vec![],
+    });
+    let now = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600) as u32;
+    // A 2 MiB message against a 1 MiB limit.
+    let e = collector
+        .push(v1::PushRequest {
+            server: server.clone(),
+            snapshots: vec![snapshot(now, vec![0u8; 2 << 20])],
+            live_hours: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{e:?}"
+    );
+    // Hours out of range and garbage sketches are refused one by one; the good one is stored.
+    let results = collector
+        .push(v1::PushRequest {
+            server,
+            snapshots: vec![
+                snapshot(now + 48, hll()),
+                snapshot(now - 24 * 400, hll()),
+                snapshot(now, b"HGSK garbage".to_vec()),
+                snapshot(now, hll()),
+            ],
+            live_hours: vec![now],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let outcomes: Vec<_> = results.iter().map(|r| r.outcome()).collect();
+    use v1::PushOutcome::{Rejected, Stored};
+    assert_eq!(
+        outcomes,
+        vec![Rejected, Rejected, Rejected, Stored],
+        "{results:?}"
+    );
+    assert!(
+        results[0].reason.contains("outside the hours accepted"),
+        "{}",
+        results[0].reason
+    );
+    let (_, metrics) = http_get(agg.admin, "/metrics");
+    assert!(
+        metrics.contains(r#"hourglass_aggregator_snapshots_rejected_total{reason="hour"} 2"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"reason="sketch.data""#), "{metrics}");
+    assert_eq!(http_get(agg.admin, "/readyz").0, 200);
+}
