@@ -11,7 +11,6 @@
 
 use hourglass::proto::v1::{self, collector_client::CollectorClient, query_client::QueryClient};
 use hourglass::sketch::hll::Hll;
-use hourglass_aggregator::config::LimitsConfig;
 use hourglass_aggregator::keys::Day;
 use hourglass_aggregator::metrics::Metrics;
 use hourglass_aggregator::rollup::build_dirty_days;
@@ -213,10 +212,10 @@ async fn serve() -> Served {
             listener,
             dyn_store,
             Arc::new(Metrics::new()),
-            LimitsConfig::default(),
-            hourglass_aggregator::config::RetentionConfig::default().hourly,
-            hourglass_aggregator::auth::Auth::default(),
-            None,
+            service::ServeOptions {
+                retention_hourly: hourglass_aggregator::config::RetentionConfig::default().hourly,
+                ..service::ServeOptions::default()
+            },
             async {
                 let _ = stopped.await;
             },

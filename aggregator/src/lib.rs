@@ -154,10 +154,12 @@ impl Aggregator {
             listeners.grpc,
             dyn_store,
             Arc::clone(&metrics),
-            config.limits.clone(),
-            config.retention.hourly,
-            auth,
-            listeners.grpc_tls,
+            service::ServeOptions {
+                limits: config.limits.clone(),
+                retention_hourly: config.retention.hourly,
+                auth,
+                tls: listeners.grpc_tls,
+            },
             grpc_stop,
         )
         .await;

@@ -23,18 +23,34 @@ pub use query::QueryService;
 
 pub use hourglass::proto::code_label as outcome_label;
 
+/// How the gRPC port serves: bounds, who may call, and the transport.
+#[derive(Clone, Default)]
+pub struct ServeOptions {
+    /// Bounds on requests.
+    pub limits: LimitsConfig,
+    /// How far back pushes may reach (`retention.hourly`).
+    pub retention_hourly: std::time::Duration,
+    /// Bearer tokens; none means no authentication.
+    pub auth: crate::auth::Auth,
+    /// TLS; plaintext when `None`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
 /// Serves every gRPC service on `listener` until `shutdown` completes, then stops
 /// accepting and waits for the RPCs in flight.
 pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    limits: LimitsConfig,
-    retention_hourly: std::time::Duration,
-    auth: crate::auth::Auth,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let ServeOptions {
+        limits,
+        retention_hourly,
+        auth,
+        tls,
+    } = options;
     let max_message = limits.max_message_bytes();
     let collector = CollectorServer::new(CollectorService::new(
         Arc::clone(&store),
