@@ -164,7 +164,11 @@ fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
 async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves_on() {
     let dir = TempDir::new("robust-agg");
     let config = dir.file("agg.toml");
-    std::fs::write(&config, "[limits]\nmax_message_mib = 1\nmax_sketch_mib = 1\n").unwrap();
+    std::fs::write(
+        &config,
+        "[limits]\nmax_message_mib = 1\nmax_sketch_mib = 1\n",
+    )
+    .unwrap();
     let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &config]);
     let mut collector =
         CollectorClient::new(channel(&agg.grpc).await).max_encoding_message_size(64 << 20);
