@@ -19,8 +19,15 @@ use hourglass_aggregator::store::{RocksStore, Store, StoreOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A week starting on a Monday long past, so every day is closed.
-const FIRST_DAY: u32 = 20_000;
+/// The first day of the data: two weeks before today, so every day is closed (rollups are
+/// built) and inside the hourly retention the aggregator accepts pushes for.
+fn first_day() -> u32 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    (now / 86_400) as u32 - 14
+}
 
 struct Scale {
     servers: u32,
@@ -58,7 +65,7 @@ fn series() -> v1::Series {
 /// Pushes every server's week, one push per server-day, all servers at once. Returns the
 /// wall time and the per-push latencies.
 async fn push_all(addr: &str, scale: &Scale, items: u32) -> (Duration, Vec<Duration>) {
-    let first_hour = FIRST_DAY * 24;
+    let first_hour = first_day() * 24;
     let hours = scale.days * 24;
     // Sketches are built before the clock starts: the figure is the aggregator's.
     let mut pushes = Vec::new();
@@ -148,8 +155,8 @@ async fn query(
         selector: Some(v1::Selector {
             metric: "visitors".into(),
             range: Some(v1::TimeRange {
-                start_hour: FIRST_DAY * 24,
-                end_hour: (FIRST_DAY + scale.days) * 24,
+                start_hour: first_day() * 24,
+                end_hour: (first_day() + scale.days) * 24,
             }),
             servers,
             ..Default::default()
