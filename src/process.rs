@@ -1,8 +1,20 @@
-//! What the two long-running processes (`hourglass-agent`, `hourglass-aggregator`) share
-//! as processes: how they log and how they learn to stop.
+//! What the long-running processes (`hourglass-agent`, `hourglass-aggregator`) and the
+//! `hourglass` command share as processes: how they log, how they export traces, and how
+//! they learn to stop.
+//!
+//! Traces: when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and the other standard `OTEL_*`
+//! variables as the OpenTelemetry SDK reads them, such as `OTEL_BSP_SCHEDULE_DELAY`),
+//! every `tracing` span is also exported over OTLP/gRPC, with the W3C trace context
+//! carried in gRPC metadata from caller to callee ([`inject_context`],
+//! [`adopt_remote_parent`]). Unset, nothing is exported and nothing is paid.
 
 use clap::ValueEnum;
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TracerProvider as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// How log lines look (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -13,17 +25,146 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stdout in `format`, at the levels of `RUST_LOG` (default `info`).
-pub fn init_logging(format: LogFormat) {
+/// Flushes and stops the trace exporter when dropped; hold it until the process ends.
+#[must_use = "traces are flushed when the guard is dropped"]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("traces: flushing the exporter failed: {e}");
+        }
+    }
+}
+
+/// The OTLP tracer provider when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Must be called
+/// inside a Tokio runtime, which exports the batches.
+fn otlp_provider(service: &str) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok()?;
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!(
+                "traces: cannot export to {endpoint} (OTEL_EXPORTER_OTLP_ENDPOINT): {e}; tracing is off"
+            );
+            return None;
+        }
+    };
+    let processor =
+        opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(service.to_string())
+                .build(),
+        )
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    Some(provider)
+}
+
+/// Logs to stdout in `format`, at the levels of `RUST_LOG` (default `info`), and exports
+/// spans over OTLP as `service` when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Call it inside
+/// a Tokio runtime, and keep the guard.
+pub fn init_logging(format: LogFormat, service: &str) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a terminal: escape codes in a log file or collector are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
+    let text =
+        (format == LogFormat::Text).then(|| tracing_subscriber::fmt::layer().with_ansi(ansi));
+    let json = (format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+    });
+    let provider = otlp_provider(service);
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service.to_string())));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json)
+        .with(otel)
+        .init();
+    if provider.is_some() {
+        tracing::info!("exporting traces over OTLP");
+    }
+    Telemetry { provider }
+}
+
+/// For a command-line client: spans exported over OTLP when configured, no log output.
+/// Call it inside a Tokio runtime, and keep the guard.
+pub fn init_client_tracing(service: &str) -> Telemetry {
+    let provider = otlp_provider(service);
+    if let Some(p) = &provider {
+        let _ = tracing_subscriber::registry()
+            .with(EnvFilter::new("info"))
+            .with(tracing_opentelemetry::layer().with_tracer(p.tracer(service.to_string())))
+            .try_init();
+    }
+    Telemetry { provider }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            value.parse(),
+        ) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
+struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Writes the current span's trace context (`traceparent`) into outgoing metadata.
+pub fn inject_context(metadata: &mut tonic::metadata::MetadataMap) {
+    let context = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&context, &mut MetadataInjector(metadata));
+    });
+}
+
+/// Makes `span` a child of the caller's span named in incoming metadata, if any.
+pub fn adopt_remote_parent(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
+    let parent =
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(metadata)));
+    use opentelemetry::trace::TraceContextExt;
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
     }
 }
 

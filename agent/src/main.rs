@@ -126,8 +126,22 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
-    match start(cli) {
+    // The runtime comes first: the trace exporter, when configured, runs on it.
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let telemetry = {
+        let _entered = runtime.enter();
+        init_logging(cli.log_format, "hourglass-agent")
+    };
+    let result = start(cli, &runtime);
+    // Flushes the last spans while the runtime still runs.
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -148,7 +162,7 @@ fn hostname() -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
-fn start(cli: Cli) -> anyhow::Result<()> {
+fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let mut config = match &cli.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -212,7 +226,6 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         config,
     })?;
     tracing::info!(epoch = agent.epoch(), "agent state ready");
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let statsd = match cli.statsd_listen.as_str() {

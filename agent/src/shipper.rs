@@ -16,6 +16,7 @@ use hourglass::proto::v1::collector_client::CollectorClient;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use crate::checkpoint;
 use crate::config::Config;
@@ -127,11 +128,29 @@ impl Shipper {
     /// short: a checkpoint is always written whole (two writers of one file would leave
     /// neither).
     async fn flush_within(&mut self, push: bool, push_limit: Option<Duration>) {
+        let span = tracing::info_span!(
+            "flush",
+            changed = tracing::field::Empty,
+            pushed = tracing::field::Empty,
+            freed = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        self.flush_inner(push, push_limit, &span)
+            .instrument(span.clone())
+            .await;
+    }
+
+    async fn flush_inner(
+        &mut self,
+        push: bool,
+        push_limit: Option<Duration>,
+        span: &tracing::Span,
+    ) {
         let now = unix_now();
         {
             let mut t = crate::table::lock(&self.table);
             t.mark_live(hourglass::time::hour_of(now).unwrap_or(0));
-            t.assign_versions();
+            span.record("changed", t.assign_versions() as u64);
         }
         let checkpointed = self.checkpoint().await;
         // Pushing versions the checkpoint does not hold would let a restarted agent reuse
@@ -166,6 +185,8 @@ impl Shipper {
             false
         };
         let freed = crate::table::lock(&self.table).free_closed(now);
+        span.record("freed", freed as u64);
+        span.record("pushed", push);
         if freed > 0 {
             tracing::debug!(freed, "freed closed hours");
         }
@@ -174,6 +195,7 @@ impl Shipper {
             (false, _) => "checkpoint_failed",
             (true, false) => "push_failed",
         };
+        span.record("outcome", outcome);
         self.metrics
             .flushes
             .get_or_create(&vec![("outcome", outcome.to_string())])
@@ -202,8 +224,16 @@ impl Shipper {
         let table = Arc::clone(&self.table);
         let dir = self.data_dir.clone();
         let server = self.server.name.clone();
-        let result =
-            tokio::task::spawn_blocking(move || checkpoint::write(&table, &dir, &server)).await;
+        let span = tracing::info_span!("checkpoint", bytes = tracing::field::Empty);
+        let inner = span.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let _entered = inner.enter();
+            checkpoint::write(&table, &dir, &server)
+        })
+        .await;
+        if let Ok(Ok(bytes)) = &result {
+            span.record("bytes", *bytes);
+        }
         let outcome: Labels = match result {
             Ok(Ok(bytes)) => {
                 self.metrics

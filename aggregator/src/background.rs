@@ -72,9 +72,21 @@ pub fn run_pass(
     lateness: Duration,
     now: u64,
 ) -> Result<PassReport, crate::planner::QueryError> {
+    let span = tracing::info_span!(
+        "rollup_pass",
+        days = tracing::field::Empty,
+        rollups = tracing::field::Empty,
+        hourly_deleted = tracing::field::Empty,
+        rollups_deleted = tracing::field::Empty,
+    );
+    let _entered = span.enter();
     let built = build_dirty_days(store, bounds.closed_before, days_per_pass)?;
     let hourly_deleted = store.delete_hourly_before(bounds.hourly_before)?;
     let rollups_deleted = store.delete_rollups_before(bounds.rollups_before)?;
+    span.record("days", built.days);
+    span.record("rollups", built.rollups);
+    span.record("hourly_deleted", hourly_deleted);
+    span.record("rollups_deleted", rollups_deleted);
     // The oldest dirty day still closed after this pass is how far rollups lag.
     let lag_seconds = store
         .dirty_days(bounds.closed_before, 1)?

@@ -51,8 +51,22 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
-    match start(cli) {
+    // The runtime comes first: the trace exporter, when configured, runs on it.
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let telemetry = {
+        let _entered = runtime.enter();
+        init_logging(cli.log_format, "hourglass-aggregator")
+    };
+    let result = start(cli, &runtime);
+    // Flushes the last spans while the runtime still runs.
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -61,7 +75,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(cli: Cli) -> anyhow::Result<()> {
+fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let mut config = match &cli.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -82,7 +96,6 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     // Opened before binding: a data dir held by another process is reported before any
     // port is announced.
     let aggregator = Aggregator::open(config)?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let grpc = TcpListener::bind(cli.listen)

@@ -108,6 +108,8 @@ impl TlsArgs {
             if let Some(h) = &header {
                 request.metadata_mut().insert("authorization", h.clone());
             }
+            // The caller's trace context, when traces are exported.
+            hourglass::process::inject_context(request.metadata_mut());
             Ok(request)
         })
     }

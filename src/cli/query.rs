@@ -133,11 +133,28 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         }
         (_, item) => item.clone().unwrap_or_default().into_bytes(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // A worker thread of its own lets the trace exporter, when configured, flush after
+    // the answer is in.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let (mut value, text) = runtime.block_on(ask(&args, selector, item))?;
+    let telemetry = {
+        let _entered = runtime.enter();
+        hourglass::process::init_client_tracing("hourglass")
+    };
+    let span = tracing::info_span!(
+        "hourglass query",
+        question = question_name(args.question),
+        metric = args.metric.as_str()
+    );
+    let answer = runtime.block_on(tracing::Instrument::instrument(
+        ask(&args, selector, item),
+        span,
+    ));
+    drop(telemetry);
+    let (mut value, text) = answer?;
     let mut out = std::io::stdout().lock();
     if args.json {
         value["kind"] = json!(match args.question {

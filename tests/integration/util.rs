@@ -164,9 +164,21 @@ impl ServiceProcess {
         args: &[&str],
         announces: &[&str],
     ) -> ServiceProcess {
+        ServiceProcess::start_with_env(what, binary, args, announces, &[])
+    }
+
+    /// Like [`ServiceProcess::start`], with extra environment variables.
+    pub fn start_with_env(
+        what: &'static str,
+        binary: PathBuf,
+        args: &[&str],
+        announces: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServiceProcess {
         use std::io::BufRead;
         let mut child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -289,6 +301,16 @@ impl AggregatorProcess {
 
     /// Like [`AggregatorProcess::start`], with gRPC on `listen`.
     pub fn start_on(listen: &str, data_dir: &str, extra: &[&str]) -> AggregatorProcess {
+        AggregatorProcess::start_with_env(listen, data_dir, extra, &[])
+    }
+
+    /// Like [`AggregatorProcess::start_on`], with extra environment variables.
+    pub fn start_with_env(
+        listen: &str,
+        data_dir: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> AggregatorProcess {
         let mut args = vec![
             "--listen",
             listen,
@@ -298,11 +320,12 @@ impl AggregatorProcess {
             data_dir,
         ];
         args.extend_from_slice(extra);
-        let process = ServiceProcess::start(
+        let process = ServiceProcess::start_with_env(
             "aggregator",
             workspace_binary("hourglass-aggregator"),
             &args,
             &["grpc", "admin"],
+            env,
         );
         AggregatorProcess {
             grpc: format!("http://{}", process.addr("grpc")),

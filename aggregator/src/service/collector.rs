@@ -200,6 +200,7 @@ impl Collector for CollectorService {
             .extensions()
             .get::<crate::auth::Principal>()
             .cloned();
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
         let span = tracing::info_span!(
             "push",
@@ -209,6 +210,7 @@ impl Collector for CollectorService {
             stale = field::Empty,
             rejected = field::Empty,
         );
+        hourglass::process::adopt_remote_parent(&span, &metadata);
         let result = self
             .push_inner(request, principal, &span)
             .instrument(span.clone())

@@ -41,7 +41,12 @@ impl QueryService {
     }
 
     /// Runs `work` as one counted, timed, traced query.
-    async fn measured<T, F>(&self, method: &'static str, work: F) -> Result<Response<T>, Status>
+    async fn measured<T, F>(
+        &self,
+        method: &'static str,
+        metadata: &tonic::metadata::MetadataMap,
+        work: F,
+    ) -> Result<Response<T>, Status>
     where
         F: Future<Output = Result<T, Status>>,
     {
@@ -55,6 +60,8 @@ impl QueryService {
             rollups = field::Empty,
             sketches_merged = field::Empty,
         );
+        // The caller's trace, when it sent one: `hourglass query` and other traced clients.
+        hourglass::process::adopt_remote_parent(&span, metadata);
         let result = work.instrument(span.clone()).await;
         let outcome = match &result {
             Ok(_) => {
@@ -132,8 +139,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::DistinctRequest>,
     ) -> Result<Response<v1::DistinctResponse>, Status> {
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
-        self.measured("distinct", async {
+        self.measured("distinct", &metadata, async {
             let a = self.plan(request.selector.as_ref(), Kind::Distinct).await?;
             Ok(v1::DistinctResponse {
                 answer: Some(convert::distinct(a.total.sketch.as_ref())),
@@ -152,8 +160,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::FrequencyRequest>,
     ) -> Result<Response<v1::FrequencyResponse>, Status> {
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
-        self.measured("frequency", async {
+        self.measured("frequency", &metadata, async {
             let a = self
                 .plan(request.selector.as_ref(), Kind::Frequency)
                 .await?;
@@ -175,8 +184,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::TopKRequest>,
     ) -> Result<Response<v1::TopKResponse>, Status> {
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
-        self.measured("topk", async {
+        self.measured("topk", &metadata, async {
             // Checked before reading anything, then again against the merged capacity.
             check_k(request.k, None)?;
             let a = self
@@ -200,8 +210,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::MembershipRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
-        self.measured("membership", async {
+        self.measured("membership", &metadata, async {
             let a = self
                 .plan(request.selector.as_ref(), Kind::Membership)
                 .await?;
@@ -223,8 +234,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::ListSeriesRequest>,
     ) -> Result<Response<v1::ListSeriesResponse>, Status> {
+        let metadata = request.metadata().clone();
         let metric = request.into_inner().metric;
-        self.measured("list_series", async {
+        self.measured("list_series", &metadata, async {
             let mut names: Vec<_> = self
                 .read(|store| store.list_series())
                 .await?
@@ -255,9 +267,9 @@ impl Query for QueryService {
 
     async fn list_servers(
         &self,
-        _request: Request<v1::ListServersRequest>,
+        request: Request<v1::ListServersRequest>,
     ) -> Result<Response<v1::ListServersResponse>, Status> {
-        self.measured("list_servers", async {
+        self.measured("list_servers", request.metadata(), async {
             let mut servers = self.read(|store| store.list_servers()).await?;
             servers.sort_by(|a, b| a.name.cmp(&b.name));
             Ok(v1::ListServersResponse {
@@ -281,8 +293,9 @@ impl Query for QueryService {
         &self,
         request: Request<v1::ExportRequest>,
     ) -> Result<Response<v1::ExportResponse>, Status> {
+        let metadata = request.metadata().clone();
         let request = request.into_inner();
-        self.measured("export", async {
+        self.measured("export", &metadata, async {
             let kind = convert::kind(request.kind, "kind").map_err(Status::invalid_argument)?;
             if request
                 .selector
