@@ -21,6 +21,7 @@
 //! max_message_mib = 64
 //! max_sketch_mib = 16
 //! max_query_range = "400d"
+//! max_query_fanout = 1000000 # series × servers × groups one query may merge
 //! ```
 //!
 //! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
@@ -144,6 +145,9 @@ pub struct LimitsConfig {
     /// Longest time range one query may span.
     #[serde(deserialize_with = "duration")]
     pub max_query_range: Duration,
+    /// Most series × servers × groups (hours or days when grouped by them) one query may
+    /// merge.
+    pub max_query_fanout: u64,
 }
 
 impl Default for LimitsConfig {
@@ -154,6 +158,7 @@ impl Default for LimitsConfig {
             max_message_mib: 64,
             max_sketch_mib: 16,
             max_query_range: 400 * DAY,
+            max_query_fanout: 1_000_000,
         }
     }
 }
@@ -336,6 +341,12 @@ impl Config {
             l.max_query_range,
             "must be at least 1h",
         )?;
+        check(
+            (1..=1_000_000_000).contains(&l.max_query_fanout),
+            "limits.max_query_fanout",
+            l.max_query_fanout,
+            "must be between 1 and 1000000000",
+        )?;
         Ok(())
     }
 
@@ -390,6 +401,7 @@ mod tests {
             max_message_mib = 64
             max_sketch_mib = 16
             max_query_range = "400d"
+            max_query_fanout = 1000000
             "#,
         )
         .unwrap();

@@ -132,6 +132,20 @@ pub enum QueryError {
         /// The filters, as `k=v,...`.
         tags: String,
     },
+    /// The selection would merge more than the fan-out limit.
+    #[error(
+        "the query would merge {series} series × {servers} servers × {groups} groups, more than limits.max_query_fanout = {limit}: select fewer servers or series, or group less finely"
+    )]
+    FanOut {
+        /// Series selected.
+        series: usize,
+        /// Servers selected.
+        servers: usize,
+        /// Groups (1 without grouping).
+        groups: usize,
+        /// The limit.
+        limit: u64,
+    },
     /// The server selection matches no server.
     #[error("no server matches the selection ({selection})")]
     NoServers {
@@ -280,6 +294,7 @@ struct DaySketch {
 /// Answers selections from a store.
 pub struct Planner<'a> {
     store: &'a dyn Store,
+    max_fanout: u64,
 }
 
 /// A resolved piece of work: which series, servers and hours merge into one answer.
@@ -292,7 +307,16 @@ struct Unit<'s> {
 impl<'a> Planner<'a> {
     /// A planner over `store`.
     pub fn new(store: &'a dyn Store) -> Planner<'a> {
-        Planner { store }
+        Planner {
+            store,
+            max_fanout: u64::MAX,
+        }
+    }
+
+    /// Refuses selections that would merge more than `max` series × servers × groups.
+    pub fn limit_fanout(mut self, max: u64) -> Planner<'a> {
+        self.max_fanout = max;
+        self
     }
 
     /// Answers a selection.
@@ -376,6 +400,17 @@ impl<'a> Planner<'a> {
             }
         };
 
+        let fanout = (series.len() as u64)
+            .saturating_mul(servers.len() as u64)
+            .saturating_mul(groups.len().max(1) as u64);
+        if fanout > self.max_fanout {
+            return Err(QueryError::FanOut {
+                series: series.len(),
+                servers: servers.len(),
+                groups: groups.len().max(1),
+                limit: self.max_fanout,
+            });
+        }
         // With groups, the total is their merge (no row is read twice); its coverage is
         // computed over the whole selection.
         let (total, groups) = if groups.is_empty() {
@@ -995,6 +1030,19 @@ mod tests {
             ..select(Kind::Distinct)
         });
         assert_eq!(mobile.plan.series, 1);
+    }
+
+    #[test]
+    fn the_fanout_limit_refuses_before_reading() {
+        let fleet = Fleet::new();
+        let unlimited = Planner::new(&fleet.store).answer(&select(Kind::Distinct));
+        assert!(unlimited.is_ok());
+        let e = Planner::new(&fleet.store)
+            .limit_fanout(1)
+            .answer(&select(Kind::Distinct))
+            .unwrap_err();
+        assert!(matches!(e, QueryError::FanOut { limit: 1, .. }), "{e}");
+        assert!(e.to_string().contains("limits.max_query_fanout"), "{e}");
     }
 
     #[test]

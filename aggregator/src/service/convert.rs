@@ -125,6 +125,7 @@ pub fn query_status(e: &QueryError) -> Status {
         | QueryError::NoSeries { .. }
         | QueryError::NoServers { .. } => Status::not_found(message),
         QueryError::EmptyRange { .. } => Status::invalid_argument(message),
+        QueryError::FanOut { .. } => Status::resource_exhausted(message),
         QueryError::Incompatible { .. } => Status::failed_precondition(message),
         QueryError::Corrupt { .. } => Status::internal(message),
         QueryError::Store(store) => store_status(store),

@@ -87,11 +87,15 @@ impl QueryService {
         span.record("metric", selector.metric.as_str());
         span.record("kind", kind.to_string());
         let store = Arc::clone(&self.store);
-        let answer =
-            tokio::task::spawn_blocking(move || Planner::new(store.as_ref()).answer(&selector))
-                .await
-                .map_err(|e| Status::internal(format!("query task failed: {e}")))?
-                .map_err(|e| convert::query_status(&e))?;
+        let fanout = self.limits.max_query_fanout;
+        let answer = tokio::task::spawn_blocking(move || {
+            Planner::new(store.as_ref())
+                .limit_fanout(fanout)
+                .answer(&selector)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("query task failed: {e}")))?
+        .map_err(|e| convert::query_status(&e))?;
         span.record("hourly_rows", answer.plan.hourly_rows);
         span.record("rollups", answer.plan.rollups);
         span.record("sketches_merged", answer.total.coverage.sketches_merged);
