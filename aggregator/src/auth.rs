@@ -9,6 +9,12 @@
 //! role = "agent"                         # agent | query | admin
 //! servers = ["web-*"]                    # agent: the server names (globs) it may push as
 //! file = "/run/secrets/web-agents-token" # or: env = "HOURGLASS_TOKEN_WEB_AGENTS"
+//!
+//! [[auth.tokens]]                        # under mutual TLS a client certificate can
+//! name = "db-agents"                     # stand in for a token: the common name of its
+//! role = "agent"                         # subject picks the entry
+//! servers = ["db-*"]
+//! client_cert_cn = "db-agents"
 //! ```
 //!
 //! With no tokens configured, every caller may do everything (loopback development), and
@@ -50,6 +56,9 @@ pub struct TokenConfig {
     pub file: Option<std::path::PathBuf>,
     /// An environment variable holding the token.
     pub env: Option<String>,
+    /// Under mutual TLS: the common name of the client certificate that stands in for
+    /// the token.
+    pub client_cert_cn: Option<String>,
 }
 
 /// `[auth]`.
@@ -94,6 +103,7 @@ struct Token {
 #[derive(Clone, Default)]
 pub struct Auth {
     tokens: Arc<Vec<Token>>,
+    certificates: Arc<Vec<(String, Principal)>>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -103,6 +113,7 @@ impl std::fmt::Debug for Auth {
             .tokens
             .iter()
             .map(|t| t.principal.name.as_str())
+            .chain(self.certificates.iter().map(|(_, p)| p.name.as_str()))
             .collect();
         f.debug_struct("Auth").field("tokens", &names).finish()
     }
@@ -129,25 +140,41 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 impl Auth {
     /// Reads every token's value; an error names the token and the source, never the value.
     pub fn load(config: &AuthConfig) -> Result<Auth, String> {
-        let mut tokens = Vec::new();
+        let mut tokens: Vec<Token> = Vec::new();
+        let mut certificates = Vec::new();
         for t in &config.tokens {
-            let value = match (&t.file, &t.env) {
-                (Some(path), None) => std::fs::read_to_string(path).map_err(|e| {
+            if t.role == Role::Agent && t.servers.is_empty() {
+                return Err(format!(
+                    "auth token {:?}: an agent token needs servers (globs it may push as)",
+                    t.name
+                ));
+            }
+            let principal = Principal {
+                name: t.name.clone(),
+                role: t.role,
+                servers: t.servers.clone(),
+            };
+            let value = match (&t.file, &t.env, &t.client_cert_cn) {
+                (Some(path), None, None) => std::fs::read_to_string(path).map_err(|e| {
                     format!(
                         "auth token {:?}: cannot read {}: {e}",
                         t.name,
                         path.display()
                     )
                 })?,
-                (None, Some(var)) => std::env::var(var).map_err(|_| {
+                (None, Some(var), None) => std::env::var(var).map_err(|_| {
                     format!(
                         "auth token {:?}: environment variable {var} is not set",
                         t.name
                     )
                 })?,
+                (None, None, Some(cn)) => {
+                    certificates.push((cn.clone(), principal));
+                    continue;
+                }
                 _ => {
                     return Err(format!(
-                        "auth token {:?}: give exactly one of file and env",
+                        "auth token {:?}: give exactly one of file, env and client_cert_cn",
                         t.name
                     ));
                 }
@@ -159,35 +186,36 @@ impl Auth {
                     t.name
                 ));
             }
-            if t.role == Role::Agent && t.servers.is_empty() {
-                return Err(format!(
-                    "auth token {:?}: an agent token needs servers (globs it may push as)",
-                    t.name
-                ));
-            }
-            if tokens.iter().any(|k: &Token| same(&k.value, &value)) {
+            if tokens.iter().any(|k| same(&k.value, &value)) {
                 return Err(format!(
                     "auth token {:?}: the same value as another token",
                     t.name
                 ));
             }
-            tokens.push(Token {
-                value,
-                principal: Principal {
-                    name: t.name.clone(),
-                    role: t.role,
-                    servers: t.servers.clone(),
-                },
-            });
+            tokens.push(Token { value, principal });
         }
         Ok(Auth {
             tokens: Arc::new(tokens),
+            certificates: Arc::new(certificates),
         })
     }
 
-    /// Whether tokens are required.
+    /// Whether callers must identify themselves.
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.tokens.is_empty() || !self.certificates.is_empty()
+    }
+
+    /// The principal a verified client certificate stands for, by its subject's common
+    /// name. The TLS layer has verified the chain against the client CA already.
+    fn by_certificate(&self, request: &Request<()>) -> Option<&Principal> {
+        let certs = request.peer_certs()?;
+        let leaf = certs.first()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+        let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+        self.certificates
+            .iter()
+            .find(|(name, _)| name == cn)
+            .map(|(_, p)| p)
     }
 
     /// Checks a call's token against `service`; on success the request carries the
@@ -196,20 +224,27 @@ impl Auth {
         if !self.enabled() {
             return Ok(request);
         }
-        let header = request.metadata().get("authorization").ok_or_else(|| {
-            Status::unauthenticated("this aggregator needs a token: authorization: Bearer TOKEN")
-        })?;
-        let given = header.as_bytes().strip_prefix(b"Bearer ").ok_or_else(|| {
-            Status::unauthenticated("the authorization header must be \"Bearer TOKEN\"")
-        })?;
-        // Every token is compared, whichever matches, so timing says nothing.
-        let mut found = None;
-        for token in self.tokens.iter() {
-            if same(&token.value, given) {
-                found = Some(&token.principal);
+        let principal = match request.metadata().get("authorization") {
+            Some(header) => {
+                let given = header.as_bytes().strip_prefix(b"Bearer ").ok_or_else(|| {
+                    Status::unauthenticated("the authorization header must be \"Bearer TOKEN\"")
+                })?;
+                // Every token is compared, whichever matches, so timing says nothing.
+                let mut found = None;
+                for token in self.tokens.iter() {
+                    if same(&token.value, given) {
+                        found = Some(&token.principal);
+                    }
+                }
+                found.ok_or_else(|| Status::unauthenticated("unknown token"))?
             }
-        }
-        let principal = found.ok_or_else(|| Status::unauthenticated("unknown token"))?;
+            None => self.by_certificate(&request).ok_or_else(|| {
+                Status::unauthenticated(
+                    "this aggregator needs a token (authorization: Bearer TOKEN) or a client certificate it knows",
+                )
+            })?,
+        };
+        let principal = principal.clone();
         let allowed = matches!(
             (service, principal.role),
             (_, Role::Admin) | (Service::Collector, Role::Agent) | (Service::Query, Role::Query)
@@ -220,7 +255,7 @@ impl Auth {
                 principal.name, principal.role
             )));
         }
-        request.extensions_mut().insert(principal.clone());
+        request.extensions_mut().insert(principal);
         Ok(request)
     }
 }
@@ -299,7 +334,7 @@ mod tests {
         let bad = |text: &str| Auth::load(&toml::from_str(text).unwrap()).unwrap_err();
         assert!(
             bad("[[tokens]]\nname = \"x\"\nrole = \"query\"\n")
-                .contains("exactly one of file and env")
+                .contains("exactly one of file, env and client_cert_cn")
         );
         assert!(
             bad(

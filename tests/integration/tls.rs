@@ -398,3 +398,102 @@ async fn tokens_bind_roles_and_servers() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_mutual_tls_a_client_certificate_stands_in_for_a_token() {
+    let dir = TempDir::new("cert-auth");
+    let ca = Ca::new(&dir, "ca");
+    let (server_cert, server_key) = ca.issue(&dir, "server", false, false);
+    // The certificate's common name is its file name: "db-agents".
+    let (client_cert, client_key) = ca.issue(&dir, "db-agents", true, false);
+    let (unknown_cert, unknown_key) = ca.issue(&dir, "somebody-else", true, false);
+    let ca_pem = ca.pem(&dir);
+    let config = dir.file("agg.toml");
+    std::fs::write(
+        &config,
+        "[[auth.tokens]]\nname = \"db agents\"\nrole = \"agent\"\nservers = [\"db-*\"]\nclient_cert_cn = \"db-agents\"\n",
+    )
+    .unwrap();
+    let agg = AggregatorProcess::start(
+        &dir.file("agg"),
+        &[
+            "--tls-cert",
+            &server_cert,
+            "--tls-key",
+            &server_key,
+            "--tls-client-ca",
+            &ca_pem,
+            "--config",
+            &config,
+        ],
+    );
+    let url = https(&agg);
+    let push = |cert: String, key: String, server: &'static str| {
+        let (url, ca_pem) = (url.clone(), ca_pem.clone());
+        async move {
+            use hourglass::proto::v1;
+            let tls = hourglass::tls::ClientTls {
+                ca: Some(ca_pem.into()),
+                cert: Some(cert.into()),
+                key: Some(key.into()),
+            };
+            let channel = tls.endpoint(&url).unwrap().connect().await.unwrap();
+            let mut hll = hourglass::sketch::hll::Hll::new(12).unwrap();
+            hll.insert(b"x");
+            let hour = (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                / 3600) as u32;
+            v1::collector_client::CollectorClient::new(channel)
+                .push(v1::PushRequest {
+                    server: Some(v1::Server {
+                        name: server.into(),
+                        labels: vec![],
+                    }),
+                    snapshots: vec![v1::Snapshot {
+                        series: Some(v1::Series {
+                            metric: "visitors".into(),
+                            tags: vec![],
+                        }),
+                        hour,
+                        epoch: 1,
+                        version: 1,
+                        sketch: Some(v1::EncodedSketch {
+                            kind: v1::SketchKind::Distinct as i32,
+                            data: hll.encode(),
+                        }),
+                    }],
+                    live_hours: vec![hour],
+                })
+                .await
+                .map(|_| ())
+        }
+    };
+    push(client_cert.clone(), client_key.clone(), "db-1")
+        .await
+        .expect("the certificate's entry may push as db-*");
+    let e = push(client_cert.clone(), client_key.clone(), "web-1")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let e = push(unknown_cert, unknown_key, "db-1").await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::Unauthenticated,
+        "a valid certificate no entry names: {e:?}"
+    );
+    // The agent certificate cannot query.
+    let run = query(
+        &url,
+        &[
+            "--tls-ca",
+            &ca_pem,
+            "--tls-client-cert",
+            &client_cert,
+            "--tls-client-key",
+            &client_key,
+        ],
+    );
+    assert!(run.stderr.contains("may not call Query"), "{}", run.stderr);
+}
