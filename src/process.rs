@@ -168,6 +168,37 @@ pub fn adopt_remote_parent(span: &tracing::Span, metadata: &tonic::metadata::Met
     }
 }
 
+/// The whole life of a server process: a Tokio runtime, logging and traces set up on it
+/// as `service`, then `start`; the last spans are flushed while the runtime still runs.
+/// An error is one `error: …` line on stderr and exit status 1.
+pub fn run_server(
+    format: LogFormat,
+    service: &str,
+    start: impl FnOnce(&tokio::runtime::Runtime) -> anyhow::Result<()>,
+) -> std::process::ExitCode {
+    // The runtime comes first: the trace exporter, when configured, runs on it.
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let telemetry = {
+        let _entered = runtime.enter();
+        init_logging(format, service)
+    };
+    let result = start(&runtime);
+    drop(telemetry);
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Watches SIGTERM and SIGINT (Ctrl-C) from now on; the returned future completes on
 /// either. Must be called inside a Tokio runtime.
 ///

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use hourglass::format::Kind;
-use hourglass::process::{LogFormat, init_logging, shutdown_signal};
+use hourglass::process::{LogFormat, shutdown_signal};
 use hourglass_agent::{Agent, Config, Listeners, Options};
 use tokio::net::TcpListener;
 
@@ -126,28 +126,9 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The runtime comes first: the trace exporter, when configured, runs on it.
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let telemetry = {
-        let _entered = runtime.enter();
-        init_logging(cli.log_format, "hourglass-agent")
-    };
-    let result = start(cli, &runtime);
-    // Flushes the last spans while the runtime still runs.
-    drop(telemetry);
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    hourglass::process::run_server(cli.log_format, "hourglass-agent", |runtime| {
+        start(cli, runtime)
+    })
 }
 
 fn hostname() -> anyhow::Result<String> {

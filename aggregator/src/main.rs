@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use hourglass::process::{LogFormat, init_logging, shutdown_signal};
+use hourglass::process::{LogFormat, shutdown_signal};
 use hourglass_aggregator::{Aggregator, Config, Listeners};
 use tokio::net::TcpListener;
 
@@ -51,28 +51,9 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The runtime comes first: the trace exporter, when configured, runs on it.
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let telemetry = {
-        let _entered = runtime.enter();
-        init_logging(cli.log_format, "hourglass-aggregator")
-    };
-    let result = start(cli, &runtime);
-    // Flushes the last spans while the runtime still runs.
-    drop(telemetry);
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    hourglass::process::run_server(cli.log_format, "hourglass-aggregator", |runtime| {
+        start(cli, runtime)
+    })
 }
 
 fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
