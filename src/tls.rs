@@ -38,6 +38,29 @@ pub struct ServerTls {
     pub client_ca: Option<PathBuf>,
 }
 
+/// The flags of a TLS server port, shared by `hourglass-aggregator` (gRPC) and
+/// `hourglass-agent` (Ingest).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerTlsFlags {
+    /// PEM certificate chain for TLS on the gRPC port (with --tls-key); reloaded when the
+    /// file changes. Without it the port is plaintext, for loopback development.
+    #[arg(long, env = "HOURGLASS_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "HOURGLASS_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: clients must present a certificate signed by one (mutual TLS).
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsFlags {
+    /// The settings these flags give (see [`ServerTls::from_flags`]).
+    pub fn settings(self) -> Result<Option<ServerTls>, TlsError> {
+        ServerTls::from_flags(self.tls_cert, self.tls_key, self.tls_client_ca)
+    }
+}
+
 impl ServerTls {
     /// The settings of `--tls-cert`, `--tls-key` and `--tls-client-ca`: `None` for
     /// plaintext, an error if only one of the certificate and key is given, or a client

@@ -92,16 +92,8 @@ struct Cli {
     /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
     #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
     token_file: Option<PathBuf>,
-    /// PEM certificate chain for TLS on the Ingest port (with --tls-key); reloaded when the
-    /// file changes. Without it Ingest is plaintext, for loopback use.
-    #[arg(long, env = "HOURGLASS_TLS_CERT")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "HOURGLASS_TLS_KEY")]
-    tls_key: Option<PathBuf>,
-    /// PEM CA certificates: Ingest clients must present a certificate signed by one.
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
-    tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    tls: hourglass::tls::ServerTlsFlags,
     /// TOML file with per-metric settings, limits and shipping; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -161,8 +153,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Some(name) => name,
         None => hostname()?,
     };
-    let ingest_tls =
-        hourglass::tls::ServerTls::from_flags(cli.tls_cert, cli.tls_key, cli.tls_client_ca)?;
+    let ingest_tls = cli.tls.settings()?;
     let ingest_tls_config = ingest_tls
         .as_ref()
         .map(hourglass::tls::server_config)

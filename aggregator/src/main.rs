@@ -29,16 +29,8 @@ struct Cli {
     /// Directory of the RocksDB store; created if missing. One aggregator per directory.
     #[arg(long, env = "HOURGLASS_DATA_DIR", default_value = "./hourglass-data")]
     data_dir: PathBuf,
-    /// PEM certificate chain for TLS on the gRPC port (with --tls-key); reloaded when the
-    /// file changes. Without it the port is plaintext, for loopback development.
-    #[arg(long, env = "HOURGLASS_TLS_CERT")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "HOURGLASS_TLS_KEY")]
-    tls_key: Option<PathBuf>,
-    /// PEM CA certificates: clients must present a certificate signed by one (mutual TLS).
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
-    tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    tls: hourglass::tls::ServerTlsFlags,
     /// TOML file with rollup, retention, storage and limits settings; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -62,7 +54,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.data_dir = cli.data_dir;
-    let tls = hourglass::tls::ServerTls::from_flags(cli.tls_cert, cli.tls_key, cli.tls_client_ca)?;
+    let tls = cli.tls.settings()?;
     let grpc_tls = tls
         .as_ref()
         .map(hourglass::tls::server_config)

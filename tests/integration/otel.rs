@@ -93,39 +93,13 @@ async fn a_query_is_traced_from_the_command_through_the_aggregator() {
     let agg = AggregatorProcess::start_with_env("127.0.0.1:0", &dir.file("agg"), &[], &env);
 
     // One snapshot to query.
-    let hour = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 3600) as u32;
-    let mut hll = hourglass::sketch::hll::Hll::new(12).unwrap();
-    hll.insert(b"user1");
     let channel = tonic::transport::Channel::from_shared(agg.grpc.clone())
         .unwrap()
         .connect()
         .await
         .unwrap();
     v1::collector_client::CollectorClient::new(channel)
-        .push(v1::PushRequest {
-            server: Some(v1::Server {
-                name: "web-1".into(),
-                labels: vec![],
-            }),
-            snapshots: vec![v1::Snapshot {
-                series: Some(v1::Series {
-                    metric: "visitors".into(),
-                    tags: vec![],
-                }),
-                hour,
-                epoch: 1,
-                version: 1,
-                sketch: Some(v1::EncodedSketch {
-                    kind: v1::SketchKind::Distinct as i32,
-                    data: hll.encode(),
-                }),
-            }],
-            live_hours: vec![hour],
-        })
+        .push(crate::util::one_item_push("web-1", "visitors", b"user1"))
         .await
         .unwrap();
 

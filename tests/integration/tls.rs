@@ -266,33 +266,7 @@ async fn push_as(url: &str, server: &str, token: Option<&str>) -> Result<(), ton
         .await
         .unwrap();
     let mut client = v1::collector_client::CollectorClient::new(channel);
-    let mut hll = hourglass::sketch::hll::Hll::new(12).unwrap();
-    hll.insert(b"x");
-    let hour = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 3600) as u32;
-    let mut request = tonic::Request::new(v1::PushRequest {
-        server: Some(v1::Server {
-            name: server.into(),
-            labels: vec![],
-        }),
-        snapshots: vec![v1::Snapshot {
-            series: Some(v1::Series {
-                metric: "visitors".into(),
-                tags: vec![],
-            }),
-            hour,
-            epoch: 1,
-            version: 1,
-            sketch: Some(v1::EncodedSketch {
-                kind: v1::SketchKind::Distinct as i32,
-                data: hll.encode(),
-            }),
-        }],
-        live_hours: vec![hour],
-    });
+    let mut request = tonic::Request::new(crate::util::one_item_push(server, "visitors", b"x"));
     if let Some(t) = token {
         request
             .metadata_mut()
@@ -438,34 +412,8 @@ async fn under_mutual_tls_a_client_certificate_stands_in_for_a_token() {
                 key: Some(key.into()),
             };
             let channel = tls.endpoint(&url).unwrap().connect().await.unwrap();
-            let mut hll = hourglass::sketch::hll::Hll::new(12).unwrap();
-            hll.insert(b"x");
-            let hour = (std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-                / 3600) as u32;
             v1::collector_client::CollectorClient::new(channel)
-                .push(v1::PushRequest {
-                    server: Some(v1::Server {
-                        name: server.into(),
-                        labels: vec![],
-                    }),
-                    snapshots: vec![v1::Snapshot {
-                        series: Some(v1::Series {
-                            metric: "visitors".into(),
-                            tags: vec![],
-                        }),
-                        hour,
-                        epoch: 1,
-                        version: 1,
-                        sketch: Some(v1::EncodedSketch {
-                            kind: v1::SketchKind::Distinct as i32,
-                            data: hll.encode(),
-                        }),
-                    }],
-                    live_hours: vec![hour],
-                })
+                .push(crate::util::one_item_push(server, "visitors", b"x"))
                 .await
                 .map(|_| ())
         }

@@ -446,3 +446,36 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     // Chunked bodies keep their chunk sizes; the tests only look for lines inside them.
     (status, body.to_string())
 }
+
+/// A push from `server` of one distinct sketch holding `item`, for `metric` in the current
+/// hour (declared live): the smallest real push, for tests of who may push what.
+pub fn one_item_push(server: &str, metric: &str, item: &[u8]) -> hourglass::proto::v1::PushRequest {
+    use hourglass::proto::v1;
+    let mut hll = hourglass::sketch::hll::Hll::new(12).expect("precision 12");
+    hll.insert(item);
+    let hour = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
+        / 3600) as u32;
+    v1::PushRequest {
+        server: Some(v1::Server {
+            name: server.into(),
+            labels: vec![],
+        }),
+        snapshots: vec![v1::Snapshot {
+            series: Some(v1::Series {
+                metric: metric.into(),
+                tags: vec![],
+            }),
+            hour,
+            epoch: 1,
+            version: 1,
+            sketch: Some(v1::EncodedSketch {
+                kind: v1::SketchKind::Distinct as i32,
+                data: hll.encode(),
+            }),
+        }],
+        live_hours: vec![hour],
+    }
+}
