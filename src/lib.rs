@@ -19,6 +19,7 @@ pub mod hash;
 pub mod process;
 pub mod proto;
 pub mod series;
+pub mod size_limit;
 pub mod sketch;
 pub mod time;
 pub mod tls;

@@ -48,6 +48,10 @@ pub use config::Config;
 use crate::metrics::Metrics;
 use crate::table::Table;
 
+/// The largest Ingest request, in bytes: far above any sane batch of events (the handler
+/// bounds events per call), low enough that one request cannot take the host's memory.
+const MAX_INGEST_MESSAGE: usize = 256 << 20;
+
 /// Who the agent is and where it ships.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -238,7 +242,7 @@ impl Agent {
         ))
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
-        .max_decoding_message_size(256 << 20);
+        .max_decoding_message_size(MAX_INGEST_MESSAGE);
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -252,7 +256,21 @@ impl Agent {
                 }
             }
         };
+        let too_large = {
+            let metrics = Arc::clone(&metrics);
+            hourglass::size_limit::SizeLimitLayer::new(
+                MAX_INGEST_MESSAGE,
+                "the agent's ingest message limit",
+                Arc::new(move |method: &str| {
+                    metrics
+                        .requests_too_large
+                        .get_or_create(&vec![("method", method.to_string())])
+                        .inc();
+                }),
+            )
+        };
         let router = tonic::transport::Server::builder()
+            .layer(too_large)
             .add_service(health_service)
             .add_service(service);
         let grpc = match listeners.ingest_tls {

@@ -23,6 +23,9 @@ pub struct Metrics {
     pub events: Family<Labels, Counter>,
     /// Events or lines refused, by source and reason.
     pub rejected: Family<Labels, Counter>,
+    /// Ingest requests refused before the handler ran because the message was larger
+    /// than the ingest limit, by gRPC method.
+    pub requests_too_large: Family<Labels, Counter>,
     /// StatsD lines of types hourglass does not count.
     pub unsupported: Counter,
     /// Datagrams received.
@@ -86,6 +89,7 @@ impl Metrics {
         let m = Metrics {
             events: Family::default(),
             rejected: Family::default(),
+            requests_too_large: Family::default(),
             unsupported: Counter::default(),
             datagrams: Counter::default(),
             dropped_tags: Counter::default(),
@@ -122,6 +126,11 @@ impl Metrics {
             "rejected",
             "Events and lines refused, by source and reason",
             m.rejected.clone(),
+        );
+        r.register(
+            "requests_too_large",
+            "Ingest requests refused for a message larger than the ingest limit, by method",
+            m.requests_too_large.clone(),
         );
         r.register(
             "unsupported_lines",

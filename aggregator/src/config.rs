@@ -19,9 +19,14 @@
 //! max_snapshots_per_push = 10000
 //! max_live_hours_per_push = 10000
 //! max_message_mib = 64
-//! max_sketch_mib = 16
+//! max_series_per_server = 100000 # series with data within retention.hourly
 //! max_query_range = "400d"
 //! max_query_fanout = 1000000 # series × servers × groups one query may merge
+//!
+//! [limits.max_sketch_kib]  # largest encoded sketch of each kind
+//! distinct = 1024          # a dense p=18 HyperLogLog is 192 KiB
+//! frequency = 16384
+//! membership = 16384
 //! ```
 //!
 //! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
@@ -140,8 +145,12 @@ pub struct LimitsConfig {
     pub max_live_hours_per_push: usize,
     /// Largest gRPC message accepted after decompression, in MiB.
     pub max_message_mib: usize,
-    /// Largest encoded sketch in a snapshot, in MiB.
-    pub max_sketch_mib: usize,
+    /// Largest encoded sketch in a snapshot, per kind, in KiB.
+    pub max_sketch_kib: SketchSizeLimits,
+    /// Most series one server may hold with data within `retention.hourly`. Each kind
+    /// of a metric and tags is its own series. A snapshot of a series beyond the bound is
+    /// rejected; series whose last data has aged out of retention stop counting.
+    pub max_series_per_server: usize,
     /// Longest time range one query may span.
     #[serde(deserialize_with = "duration")]
     pub max_query_range: Duration,
@@ -156,7 +165,8 @@ impl Default for LimitsConfig {
             max_snapshots_per_push: 10_000,
             max_live_hours_per_push: 10_000,
             max_message_mib: 64,
-            max_sketch_mib: 16,
+            max_sketch_kib: SketchSizeLimits::default(),
+            max_series_per_server: 100_000,
             max_query_range: 400 * DAY,
             max_query_fanout: 1_000_000,
         }
@@ -169,14 +179,52 @@ impl LimitsConfig {
         self.max_message_mib.saturating_mul(1 << 20)
     }
 
-    /// [`LimitsConfig::max_sketch_mib`] in bytes.
-    pub fn max_sketch_bytes(&self) -> usize {
-        self.max_sketch_mib.saturating_mul(1 << 20)
+    /// The largest encoded sketch of `kind` accepted, in bytes, and the setting that
+    /// says so.
+    pub fn max_sketch_bytes(&self, kind: hourglass::Kind) -> (usize, &'static str) {
+        let (kib, setting) = match kind {
+            hourglass::Kind::Distinct => (
+                self.max_sketch_kib.distinct,
+                "limits.max_sketch_kib.distinct",
+            ),
+            hourglass::Kind::Frequency => (
+                self.max_sketch_kib.frequency,
+                "limits.max_sketch_kib.frequency",
+            ),
+            hourglass::Kind::Membership => (
+                self.max_sketch_kib.membership,
+                "limits.max_sketch_kib.membership",
+            ),
+        };
+        (kib.saturating_mul(1 << 10), setting)
     }
 
     /// [`LimitsConfig::max_query_range`] in whole hours.
     pub fn max_query_hours(&self) -> u64 {
         self.max_query_range.as_secs() / 3600
+    }
+}
+
+/// `[limits.max_sketch_kib]`: the largest encoded sketch of each kind, in KiB. A sketch's
+/// size follows from its parameters, so each bound says which parameters an agent may use.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SketchSizeLimits {
+    /// HyperLogLog. The largest precision, p = 18, is 192 KiB dense.
+    pub distinct: usize,
+    /// Count-Min plus frequent items. Width × depth × 8 bytes, plus the items.
+    pub frequency: usize,
+    /// Bloom filter. Its bits / 8.
+    pub membership: usize,
+}
+
+impl Default for SketchSizeLimits {
+    fn default() -> Self {
+        SketchSizeLimits {
+            distinct: 1 << 10,
+            frequency: 16 << 10,
+            membership: 16 << 10,
+        }
     }
 }
 
@@ -329,11 +377,22 @@ impl Config {
             l.max_message_mib,
             "must be between 1 and 4096",
         )?;
+        for kind in hourglass::Kind::ALL {
+            let (bytes, setting) = l.max_sketch_bytes(kind);
+            // No tie to max_message_mib: a sketch larger than the message cannot arrive,
+            // so lowering the message bound needs no change here.
+            check(
+                (1 << 10..=4 << 30).contains(&bytes),
+                setting,
+                bytes >> 10,
+                "must be between 1 and 4194304 (4 GiB)",
+            )?;
+        }
         check(
-            l.max_sketch_mib >= 1 && l.max_sketch_mib <= l.max_message_mib,
-            "limits.max_sketch_mib",
-            l.max_sketch_mib,
-            "must be at least 1 and at most limits.max_message_mib",
+            (1..=100_000_000).contains(&l.max_series_per_server),
+            "limits.max_series_per_server",
+            l.max_series_per_server,
+            "must be between 1 and 100000000",
         )?;
         check(
             l.max_query_range >= HOUR,
@@ -380,7 +439,15 @@ mod tests {
         assert!(c.storage.sync_writes);
         assert_eq!(c.limits.max_snapshots_per_push, 10_000);
         assert_eq!(c.limits.max_message_bytes(), 64 << 20);
-        assert_eq!(c.limits.max_sketch_bytes(), 16 << 20);
+        assert_eq!(
+            c.limits.max_sketch_bytes(hourglass::Kind::Distinct),
+            (1 << 20, "limits.max_sketch_kib.distinct")
+        );
+        assert_eq!(
+            c.limits.max_sketch_bytes(hourglass::Kind::Membership).0,
+            16 << 20
+        );
+        assert_eq!(c.limits.max_series_per_server, 100_000);
         assert_eq!(c.limits.max_query_hours(), 400 * 24);
         // The example in the module docs is the defaults, spelled out.
         let documented = Config::from_toml(
@@ -399,9 +466,13 @@ mod tests {
             max_snapshots_per_push = 10000
             max_live_hours_per_push = 10000
             max_message_mib = 64
-            max_sketch_mib = 16
+            max_series_per_server = 100000
             max_query_range = "400d"
             max_query_fanout = 1000000
+            [limits.max_sketch_kib]
+            distinct = 1024
+            frequency = 16384
+            membership = 16384
             "#,
         )
         .unwrap();
@@ -438,8 +509,13 @@ mod tests {
         assert!(e.contains("retention.rollups"), "{e}");
 
         let mut c = Config::default();
-        c.limits.max_sketch_mib = 100;
+        c.limits.max_sketch_kib.frequency = 0;
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("limits.max_sketch_mib"), "{e}");
+        assert!(e.contains("limits.max_sketch_kib.frequency"), "{e}");
+
+        let mut c = Config::default();
+        c.limits.max_series_per_server = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.max_series_per_server"), "{e}");
     }
 }

@@ -26,6 +26,9 @@ pub struct Metrics {
     pub snapshots_stale: Counter,
     /// Snapshots rejected, by the rule they broke.
     pub snapshots_rejected: Family<Labels, Counter>,
+    /// Requests refused before any handler ran because the message was larger than
+    /// `limits.max_message_mib`, by gRPC method.
+    pub requests_too_large: Family<Labels, Counter>,
     /// Query RPCs answered, by method and outcome.
     pub queries: Family<Labels, Counter>,
     /// Push latency in seconds, from request to reply.
@@ -83,6 +86,7 @@ impl Metrics {
             snapshots_stored: Counter::default(),
             snapshots_stale: Counter::default(),
             snapshots_rejected: Family::default(),
+            requests_too_large: Family::default(),
             queries: Family::default(),
             push_seconds: latency_buckets(),
             query_seconds: Family::new_with_constructor(latency_buckets),
@@ -118,6 +122,11 @@ impl Metrics {
             "snapshots_rejected",
             "Snapshots refused, by the rule they broke",
             m.snapshots_rejected.clone(),
+        );
+        r.register(
+            "requests_too_large",
+            "Requests refused for a message larger than limits.max_message_mib, by method",
+            m.requests_too_large.clone(),
         );
         r.register(
             "queries",

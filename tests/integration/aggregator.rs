@@ -732,7 +732,10 @@ fn a_bad_config_file_fails_naming_the_field() {
     let dir = TempDir::new("agg-config");
     let config = dir.file("aggregator.toml");
     for (text, field) in [
-        ("[limits]\nmax_sketch_mib = 100\n", "limits.max_sketch_mib"),
+        (
+            "[limits.max_sketch_kib]\nmembership = 0\n",
+            "limits.max_sketch_kib.membership",
+        ),
         ("[rollup]\nlateness = \"soon\"\n", "lateness"),
         ("[retention]\nhourly_days = 3\n", "hourly_days"),
     ] {

@@ -144,6 +144,17 @@ fn hll() -> Vec<u8> {
     s.encode()
 }
 
+/// A dense p=14 HyperLogLog: 12 KiB.
+fn dense_hll() -> Vec<u8> {
+    let mut s = hourglass::sketch::hll::Hll::new(14).unwrap();
+    for i in 0..100_000u32 {
+        s.insert(&i.to_le_bytes());
+    }
+    let bytes = s.encode();
+    assert!(bytes.len() > 12_000, "{} bytes", bytes.len());
+    bytes
+}
+
 fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
     v1::Snapshot {
         series: Some(v1::Series {
@@ -166,7 +177,7 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
     let config = dir.file("agg.toml");
     std::fs::write(
         &config,
-        "[limits]\nmax_message_mib = 1\nmax_sketch_mib = 1\n",
+        "[limits]\nmax_message_mib = 1\n[limits.max_sketch_kib]\ndistinct = 2\n",
     )
     .unwrap();
     let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &config]);
@@ -181,21 +192,35 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
         .unwrap()
         .as_secs()
         / 3600) as u32;
-    // A 2 MiB message against a 1 MiB limit.
-    let e = collector
-        .push(v1::PushRequest {
-            server: server.clone(),
-            snapshots: vec![snapshot(now, vec![0u8; 2 << 20])],
-            live_hours: vec![],
-        })
+    // A 2 MiB message against a 1 MiB limit, once as it is and once zstd-compressed to
+    // a few hundred bytes that inflate past the limit: tonic refuses both before the
+    // handler; each is RESOURCE_EXHAUSTED naming the setting, and counted.
+    let big = v1::PushRequest {
+        server: server.clone(),
+        snapshots: vec![snapshot(now, vec![0u8; 2 << 20])],
+        live_hours: vec![],
+    };
+    let e = collector.push(big.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message()
+            .contains("more than the limit of 1048576 bytes (limits.max_message_mib)"),
+        "{}",
+        e.message()
+    );
+    let e = CollectorClient::new(channel(&agg.grpc).await)
+        .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+        .push(big)
         .await
         .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("decompressed"), "{}", e.message());
+    let (_, metrics) = http_get(agg.admin, "/metrics");
     assert!(
-        matches!(
-            e.code(),
-            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        metrics.contains(
+            r#"hourglass_aggregator_requests_too_large_total{method="/hourglass.v1.Collector/Push"} 2"#
         ),
-        "{e:?}"
+        "{metrics}"
     );
     // Hours out of range and garbage sketches are refused one by one; the good one is stored.
     let results = collector
@@ -205,6 +230,7 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
                 snapshot(now + 48, hll()),
                 snapshot(now - 24 * 400, hll()),
                 snapshot(now, b"HGSK garbage".to_vec()),
+                snapshot(now, dense_hll()),
                 snapshot(now, hll()),
             ],
             live_hours: vec![now],
@@ -217,8 +243,15 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
     use v1::PushOutcome::{Rejected, Stored};
     assert_eq!(
         outcomes,
-        vec![Rejected, Rejected, Rejected, Stored],
+        vec![Rejected, Rejected, Rejected, Rejected, Stored],
         "{results:?}"
+    );
+    assert!(
+        results[3]
+            .reason
+            .contains("for a distinct sketch (limits.max_sketch_kib.distinct)"),
+        "{}",
+        results[3].reason
     );
     assert!(
         results[0].reason.contains("outside the hours accepted"),
@@ -231,5 +264,90 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
         "{metrics}"
     );
     assert!(metrics.contains(r#"reason="sketch.data""#), "{metrics}");
+    assert!(metrics.contains(r#"reason="sketch.size""#), "{metrics}");
     assert_eq!(http_get(agg.admin, "/readyz").0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_series_per_server_bound_refuses_new_series_and_holds_across_a_kill() {
+    let dir = TempDir::new("robust-series");
+    let config = dir.file("agg.toml");
+    std::fs::write(&config, "[limits]\nmax_series_per_server = 2\n").unwrap();
+    let data = dir.file("agg");
+    let push = |server: &str, metrics: &[&str]| {
+        let mut request = crate::util::one_item_push(server, "m", b"x");
+        let template = request.snapshots.pop().unwrap();
+        for metric in metrics {
+            let mut s = template.clone();
+            s.series.as_mut().unwrap().metric = (*metric).into();
+            request.snapshots.push(s);
+        }
+        request
+    };
+    let outcomes = |response: v1::PushResponse| -> Vec<(v1::PushOutcome, String)> {
+        response
+            .results
+            .into_iter()
+            .map(|r| (r.outcome(), r.reason))
+            .collect()
+    };
+    use v1::PushOutcome::{Rejected, Stale, Stored};
+
+    let agg = AggregatorProcess::start(&data, &["--config", &config]);
+    let mut collector = CollectorClient::new(channel(&agg.grpc).await);
+    // Two series fit; the third is refused, with the bound named; the first two stored.
+    let got = outcomes(
+        collector
+            .push(push("web-1", &["a", "b", "c"]))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(got[0].0, Stored, "{got:?}");
+    assert_eq!(got[1].0, Stored, "{got:?}");
+    assert_eq!(got[2].0, Rejected, "{got:?}");
+    assert!(
+        got[2].1.contains("limits.max_series_per_server") && got[2].1.contains("\"web-1\""),
+        "{}",
+        got[2].1
+    );
+    // Another server has its own bound.
+    let got = outcomes(
+        collector
+            .push(push("web-2", &["c", "d"]))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert!(got.iter().all(|(o, _)| *o == Stored), "{got:?}");
+    let (_, metrics) = http_get(agg.admin, "/metrics");
+    assert!(
+        metrics.contains(
+            r#"hourglass_aggregator_snapshots_rejected_total{reason="series_per_server"} 1"#
+        ),
+        "{metrics}"
+    );
+    // The refused series was not created: only a, b, c (from web-2) and d exist.
+    let listed = hourglass::proto::v1::query_client::QueryClient::new(channel(&agg.grpc).await)
+        .list_series(v1::ListSeriesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .series
+        .len();
+    assert_eq!(listed, 4);
+
+    // After a SIGKILL the bound still knows web-1's series: it comes from the store.
+    agg.kill();
+    let agg = AggregatorProcess::start(&data, &["--config", &config]);
+    let mut collector = CollectorClient::new(channel(&agg.grpc).await);
+    let got = outcomes(
+        collector
+            .push(push("web-1", &["d", "a"]))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(got[0].0, Rejected, "{got:?}");
+    assert_eq!(got[1].0, Stale, "{got:?}");
 }

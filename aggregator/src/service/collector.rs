@@ -17,9 +17,10 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
 use super::convert::{self, MAX_SERVER_NAME_LEN};
+use super::ledger::{Admission, SeriesLedger};
 use super::outcome_label;
 use crate::config::LimitsConfig;
-use crate::keys::{Epoch, Hour, HourKey};
+use crate::keys::{Day, Epoch, Hour, HourKey};
 use crate::metrics::Metrics;
 use crate::store::{PutOutcome, SeriesName, Store};
 
@@ -29,6 +30,7 @@ pub struct CollectorService {
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
     retention_hourly: std::time::Duration,
+    ledger: Arc<SeriesLedger>,
 }
 
 impl CollectorService {
@@ -44,12 +46,15 @@ impl CollectorService {
             metrics,
             limits,
             retention_hourly,
+            ledger: Arc::new(SeriesLedger::new()),
         }
     }
 }
 
 /// A snapshot that passed every check, ready for the store.
 struct Valid {
+    /// Its index in the push.
+    index: usize,
     name: SeriesName,
     hour: Hour,
     epoch: u64,
@@ -71,7 +76,7 @@ fn reject(rule: &'static str, reason: String) -> Rejection {
 fn check_snapshot(
     i: usize,
     snapshot: &mut v1::Snapshot,
-    max_sketch_bytes: usize,
+    limits: &LimitsConfig,
     hours: &std::ops::RangeInclusive<u32>,
 ) -> Result<Valid, Rejection> {
     // An hour ahead of the clock (beyond the next) is a broken agent clock; one older
@@ -106,11 +111,12 @@ fn check_snapshot(
         .ok_or_else(|| reject("sketch", format!("snapshots[{i}].sketch is missing")))?;
     let kind = convert::kind(sketch.kind, &format!("snapshots[{i}].sketch.kind"))
         .map_err(|reason| reject("sketch.kind", reason))?;
+    let (max_sketch_bytes, setting) = limits.max_sketch_bytes(kind);
     if sketch.data.len() > max_sketch_bytes {
         return Err(reject(
             "sketch.size",
             format!(
-                "snapshots[{i}].sketch.data is {} bytes, more than the limit of {max_sketch_bytes} (limits.max_sketch_mib)",
+                "snapshots[{i}].sketch.data is {} bytes, more than the limit of {max_sketch_bytes} for a {kind} sketch ({setting})",
                 sketch.data.len()
             ),
         ));
@@ -133,6 +139,7 @@ fn check_snapshot(
         ));
     }
     Ok(Valid {
+        index: i,
         name: SeriesName::new(series.metric(), series.tags().to_vec(), kind),
         hour: Hour(snapshot.hour),
         epoch: snapshot.epoch,
@@ -141,52 +148,99 @@ fn check_snapshot(
     })
 }
 
-/// What the blocking part of a push did.
-struct Stored {
-    outcomes: Vec<PutOutcome>,
+/// Everything the blocking part of a push needs besides the snapshots.
+struct PushTarget<'a> {
+    server: &'a str,
+    labels: &'a [(String, String)],
+    live_hours: &'a [Hour],
+    /// The oldest day hourly retention keeps: series last seen before it stop counting.
+    oldest_day: Day,
+    /// `limits.max_series_per_server`.
+    max_series: usize,
 }
 
+/// Stores the valid snapshots of one push, with the server's live hours, in one write.
+/// Returns, per snapshot of `valid` in order, what the store did or why the series bound
+/// refused it.
 fn store_push(
     store: &dyn Store,
-    server: &str,
-    labels: &[(String, String)],
-    live_hours: &[Hour],
+    ledger: &SeriesLedger,
+    target: &PushTarget<'_>,
     valid: Vec<Valid>,
-) -> Result<Stored, crate::store::StoreError> {
-    let server_id = store.server_id(server, labels, true)?.ok_or_else(|| {
-        crate::store::StoreError::Engine(format!("server {server:?} not created"))
-    })?;
-    // Batches carry many hours of few series: look each series up once.
-    let mut ids = HashMap::new();
+) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
+    let engine = crate::store::StoreError::Engine;
+    let server = target.server;
+    let server_id = store
+        .server_id(server, target.labels, true)?
+        .ok_or_else(|| engine(format!("server {server:?} not created")))?;
+    let (oldest, limit) = (target.oldest_day, target.max_series);
+    let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
     let mut batch = Vec::with_capacity(valid.len());
-    for v in valid {
-        let id = match ids.get(&v.name) {
-            Some(id) => *id,
-            None => {
-                let id = store.series_id(&v.name, true)?.ok_or_else(|| {
-                    crate::store::StoreError::Engine(format!("series {} not created", v.name))
-                })?;
-                ids.insert(v.name.clone(), id);
-                id
+    ledger.with_server(store, server_id, oldest, |held| {
+        // Batches carry many hours of few series: look each series up once. A series the
+        // bound refuses is not created in the dictionary.
+        let mut ids: HashMap<SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
+        for v in valid {
+            let day = v.hour.day();
+            let id = match ids.get(&v.name) {
+                Some(Ok(id)) => {
+                    held.admit(*id, day, oldest, limit);
+                    Ok(*id)
+                }
+                Some(Err(full)) => Err(*full),
+                None => {
+                    let decided = match store.series_id(&v.name, false)? {
+                        Some(id) => match held.admit(id, day, oldest, limit) {
+                            Admission::Held | Admission::New => Ok(id),
+                            Admission::Full { held } => Err(held),
+                        },
+                        None if held.is_full(oldest, limit) => Err(held.len()),
+                        None => {
+                            let id = store
+                                .series_id(&v.name, true)?
+                                .ok_or_else(|| engine(format!("series {} not created", v.name)))?;
+                            held.admit(id, day, oldest, limit);
+                            Ok(id)
+                        }
+                    };
+                    ids.insert(v.name.clone(), decided);
+                    decided
+                }
+            };
+            match id {
+                Ok(id) => {
+                    let key = HourKey {
+                        series: id,
+                        hour: v.hour,
+                        server: server_id,
+                        epoch: Epoch(v.epoch),
+                    };
+                    batch.push((key, v.version, v.sketch));
+                    answers.push(None);
+                }
+                Err(count) => answers.push(Some(Err(reject(
+                    "series_per_server",
+                    format!(
+                        "snapshots[{}]: server {server:?} already holds {count} series with data within retention.hourly, the limit (limits.max_series_per_server); series {} would be one more",
+                        v.index, v.name
+                    ),
+                )))),
             }
-        };
-        let key = HourKey {
-            series: id,
-            hour: v.hour,
-            server: server_id,
-            epoch: Epoch(v.epoch),
-        };
-        batch.push((key, v.version, v.sketch));
-    }
-    if !live_hours.is_empty() {
-        store.mark_live(server_id, live_hours)?;
-    }
-    let outcomes = if batch.is_empty() {
-        Vec::new()
-    } else {
-        store.put_hourly(&batch)?
-    };
-    Ok(Stored { outcomes })
+        }
+        Ok(())
+    })?;
+    let live = (!target.live_hours.is_empty()).then_some((server_id, target.live_hours));
+    let mut outcomes = store.put_push(live, &batch)?.into_iter();
+    answers
+        .into_iter()
+        .map(|answer| match answer {
+            Some(rejected) => Ok(rejected),
+            None => outcomes
+                .next()
+                .map(Ok)
+                .ok_or_else(|| engine("the store answered fewer outcomes than snapshots".into())),
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
@@ -236,6 +290,16 @@ impl Collector for CollectorService {
 }
 
 impl CollectorService {
+    /// Counts a refused snapshot under its rule and makes its result.
+    fn rejection(&self, r: Rejection) -> v1::SnapshotResult {
+        self.metrics.rejected(r.rule);
+        v1::SnapshotResult {
+            outcome: v1::PushOutcome::Rejected as i32,
+            held_version: 0,
+            reason: r.reason,
+        }
+    }
+
     async fn push_inner(
         &self,
         mut request: v1::PushRequest,
@@ -289,7 +353,6 @@ impl CollectorService {
         }
         let live: Vec<Hour> = live.into_iter().map(Hour).collect();
 
-        let max_sketch = limits.max_sketch_bytes();
         let now_hour = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| (d.as_secs() / 3600) as u32);
@@ -297,32 +360,31 @@ impl CollectorService {
         let accepted_hours = now_hour.saturating_sub(retained)..=now_hour.saturating_add(1);
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
-        // Which result each valid snapshot answers, so outcomes land in request order.
-        let mut slots = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
-            match check_snapshot(i, snapshot, max_sketch, &accepted_hours) {
+            match check_snapshot(i, snapshot, limits, &accepted_hours) {
                 Ok(v) => {
-                    slots.push(i);
                     valid.push(v);
                     results.push(v1::SnapshotResult::default());
                 }
-                Err(r) => {
-                    self.metrics.rejected(r.rule);
-                    results.push(v1::SnapshotResult {
-                        outcome: v1::PushOutcome::Rejected as i32,
-                        held_version: 0,
-                        reason: r.reason,
-                    });
-                }
+                Err(r) => results.push(self.rejection(r)),
             }
         }
-        let rejected = results.len() - valid.len();
-        let versions: Vec<u64> = valid.iter().map(|v| v.version).collect();
+        // Which result each valid snapshot answers, so outcomes land in request order.
+        let slots: Vec<(usize, u64)> = valid.iter().map(|v| (v.index, v.version)).collect();
 
         let store = Arc::clone(&self.store);
+        let ledger = Arc::clone(&self.ledger);
         let name = server.name.clone();
-        let stored = tokio::task::spawn_blocking(move || {
-            store_push(store.as_ref(), &name, &labels, &live, valid)
+        let max_series = limits.max_series_per_server;
+        let answers = tokio::task::spawn_blocking(move || {
+            let target = PushTarget {
+                server: &name,
+                labels: &labels,
+                live_hours: &live,
+                oldest_day: Hour(*accepted_hours.start()).day(),
+                max_series,
+            };
+            store_push(store.as_ref(), &ledger, &target, valid)
         })
         .await
         .map_err(|e| Status::internal(format!("push task failed: {e}")))?
@@ -331,17 +393,17 @@ impl CollectorService {
             convert::store_status(&e)
         })?;
 
-        if stored.outcomes.len() != slots.len() {
+        if answers.len() != slots.len() {
             return Err(Status::internal(format!(
                 "the store answered {} outcomes for {} snapshots",
-                stored.outcomes.len(),
+                answers.len(),
                 slots.len()
             )));
         }
         let (mut n_stored, mut n_stale) = (0u64, 0u64);
-        for ((slot, outcome), version) in slots.into_iter().zip(stored.outcomes).zip(versions) {
-            results[slot] = match outcome {
-                PutOutcome::Stored => {
+        for ((slot, version), answer) in slots.into_iter().zip(answers) {
+            results[slot] = match answer {
+                Ok(PutOutcome::Stored) => {
                     n_stored += 1;
                     v1::SnapshotResult {
                         outcome: v1::PushOutcome::Stored as i32,
@@ -349,7 +411,7 @@ impl CollectorService {
                         reason: String::new(),
                     }
                 }
-                PutOutcome::Stale { held } => {
+                Ok(PutOutcome::Stale { held }) => {
                     n_stale += 1;
                     v1::SnapshotResult {
                         outcome: v1::PushOutcome::Stale as i32,
@@ -357,8 +419,10 @@ impl CollectorService {
                         reason: String::new(),
                     }
                 }
+                Err(r) => self.rejection(r),
             };
         }
+        let rejected = results.len() as u64 - n_stored - n_stale;
         self.metrics.snapshots_stored.inc_by(n_stored);
         self.metrics.snapshots_stale.inc_by(n_stale);
         span.record("stored", n_stored);

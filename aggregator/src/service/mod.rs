@@ -4,6 +4,7 @@
 
 pub mod collector;
 pub mod convert;
+pub mod ledger;
 pub mod query;
 
 use std::future::Future;
@@ -64,7 +65,7 @@ pub async fn serve(
     .send_compressed(CompressionEncoding::Gzip)
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
-    let query = QueryServer::new(QueryService::new(store, metrics, limits))
+    let query = QueryServer::new(QueryService::new(store, Arc::clone(&metrics), limits))
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .send_compressed(CompressionEncoding::Zstd)
@@ -91,7 +92,18 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha();
 
-    let mut builder = tonic::transport::Server::builder();
+    // Messages tonic refuses for size never reach a handler: count and name them here.
+    let too_large = hourglass::size_limit::SizeLimitLayer::new(
+        max_message,
+        "limits.max_message_mib",
+        Arc::new(move |method: &str| {
+            metrics
+                .requests_too_large
+                .get_or_create(&vec![("method", method.to_string())])
+                .inc();
+        }),
+    );
+    let mut builder = tonic::transport::Server::builder().layer(too_large);
     // Tokens guard Collector and Query; health and reflection stay open for probes.
     let push_auth = auth.clone();
     let collector = tonic::service::interceptor::InterceptedService::new(collector, move |r| {

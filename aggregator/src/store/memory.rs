@@ -32,6 +32,8 @@ struct Inner {
     /// (day, series) → the mark its rollups were built from.
     built: BTreeMap<(Day, SeriesId), u64>,
     live: BTreeSet<(ServerId, Hour)>,
+    /// (server, day, series) for every stored snapshot: [`Store::server_series`].
+    server_series: BTreeSet<(ServerId, Day, SeriesId)>,
     next_mark: u64,
 }
 
@@ -58,9 +60,16 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+    fn put_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, Vec<u8>)],
+    ) -> Result<Vec<PutOutcome>, StoreError> {
         check_hourly_batch(batch)?;
         let mut inner = self.lock();
+        if let Some((server, hours)) = live {
+            inner.live.extend(hours.iter().map(|h| (server, *h)));
+        }
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, version, sketch) in batch {
             let held = inner.hourly.get(key).map(|s| s.version);
@@ -75,6 +84,9 @@ impl Store for MemoryStore {
                         },
                     );
                     inner.mark(key.series, key.hour.day());
+                    inner
+                        .server_series
+                        .insert((key.server, key.hour.day(), key.series));
                     outcomes.push(PutOutcome::Stored);
                 }
             }
@@ -154,6 +166,7 @@ impl Store for MemoryStore {
         let before = inner.hourly.len();
         inner.hourly.retain(|k, _| k.hour >= hour);
         inner.live.retain(|(_, h)| *h >= hour);
+        inner.server_series.retain(|(_, d, _)| *d >= hour.day());
         Ok((before - inner.hourly.len()) as u64)
     }
 
@@ -276,9 +289,21 @@ impl Store for MemoryStore {
         Ok(inner.dirty.get(&(day, series)) == Some(&mark))
     }
 
-    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
-        self.lock().live.extend(hours.iter().map(|h| (server, *h)));
-        Ok(())
+    fn server_series(
+        &self,
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
+        let inner = self.lock();
+        let mut latest = BTreeMap::new();
+        for (_, day, series) in inner
+            .server_series
+            .range((server, since, SeriesId(0))..)
+            .take_while(|(s, _, _)| *s == server)
+        {
+            latest.insert(*series, *day);
+        }
+        Ok(latest.into_iter().collect())
     }
 
     fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {

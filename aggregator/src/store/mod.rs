@@ -224,7 +224,30 @@ pub trait Store: Send + Sync + 'static {
     /// The read of the held versions and the write are atomic with respect to every other
     /// writer of the same keys. An entry whose sketch is not a valid frame fails the whole
     /// batch with [`StoreError::InvalidSketch`] before anything is written.
-    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError>;
+    ///
+    /// Each stored entry also records, in the same write, that its server holds its series
+    /// on its day ([`Store::server_series`]).
+    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+        self.put_push(None, batch)
+    }
+
+    /// One push: [`Store::mark_live`] for `live` (a server and the hours it declares live)
+    /// and [`Store::put_hourly`] for `batch`, in one atomic, durable write, so a push
+    /// costs one WAL sync, not two.
+    fn put_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, Vec<u8>)],
+    ) -> Result<Vec<PutOutcome>, StoreError>;
+
+    /// The series `server` has stored snapshots of on a day from `since` on, each with the
+    /// latest such day, in series order. This is the index the collector bounds the series
+    /// per server with (`limits.max_series_per_server`); hourly retention trims it.
+    fn server_series(
+        &self,
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError>;
 
     /// Visits the snapshots of `series` in `hours`, across all servers and epochs, in key
     /// order (hour, then server, then epoch), until `visit` returns false.
@@ -253,7 +276,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Retention: deletes every hourly snapshot of an hour before `hour`, of every series.
-    /// Returns how many were deleted. Does not block writers.
+    /// Returns how many were deleted. Does not block writers. Liveness of those hours goes
+    /// too, and [`Store::server_series`] entries of days that ended before `hour`.
     fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError>;
 
     /// Retention: deletes every rollup of a day before `day`. Returns how many.
@@ -308,7 +332,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Records that `server` was up and ingesting during `hours` (from pushes).
-    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError>;
+    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
+        self.put_push(Some((server, hours)), &[]).map(drop)
+    }
 
     /// How many hours of `hours` `server` was recorded live.
     fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;

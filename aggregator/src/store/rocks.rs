@@ -69,6 +69,8 @@ const META_SERVER_BY_ID: &[u8] = b"server/id/";
 const META_DIRTY: &[u8] = b"dirty/";
 const META_BUILT: &[u8] = b"built/";
 const META_LIVE: &[u8] = b"live/";
+/// `server | day | series` for every stored snapshot: which series a server holds.
+const META_SERVER_SERIES: &[u8] = b"sseries/";
 
 /// Bytes of the version in front of every hourly value.
 const VERSION_LEN: usize = 8;
@@ -409,6 +411,26 @@ impl RocksStore {
         Ok(None)
     }
 
+    /// The server ids with `meta` entries under `prefix` (keys `prefix | server | ...`),
+    /// one seek per server.
+    fn servers_under(&self, prefix: &[u8]) -> Result<Vec<u32>, StoreError> {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        let mut servers = Vec::new();
+        it.seek(prefix);
+        while let Some(key) = it.key() {
+            let server = meta_id(key, &key[prefix.len()..(prefix.len() + 4).min(key.len())])?;
+            servers.push(server);
+            match server.checked_add(1) {
+                Some(next) => it.seek([prefix, &next.to_be_bytes()].concat()),
+                None => break,
+            }
+        }
+        it.status().map_err(engine_error)?;
+        Ok(servers)
+    }
+
     /// Visits every `meta` entry under `prefix`, in key order.
     fn scan_meta(
         &self,
@@ -471,13 +493,26 @@ impl RocksStore {
 }
 
 impl Store for RocksStore {
-    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+    fn put_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, Vec<u8>)],
+    ) -> Result<Vec<PutOutcome>, StoreError> {
         check_hourly_batch(batch)?;
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
         let hourly = self.cf(CF_HOURLY);
         let meta = self.cf(CF_META);
+        let mut write = WriteBatch::default();
+        if let Some((server, hours)) = live {
+            for hour in hours {
+                write.put_cf(meta, live_key(server, *hour), []);
+            }
+        }
+        if batch.is_empty() {
+            if !write.is_empty() {
+                self.write(write)?;
+            }
+            return Ok(Vec::new());
+        }
         let keys: Vec<[u8; HourKey::LEN]> = batch.iter().map(|(key, _, _)| key.encode()).collect();
 
         let _guards = self.lock_stripes(batch);
@@ -485,7 +520,6 @@ impl Store for RocksStore {
             .db
             .multi_get_cf(keys.iter().map(|key| (hourly, key.as_slice())));
 
-        let mut write = WriteBatch::default();
         let mark = self.next_mark.fetch_add(1, Ordering::Relaxed).to_be_bytes();
         let mut outcomes = Vec::with_capacity(batch.len());
         // Versions written earlier in this batch: a later entry for the same key competes
@@ -507,6 +541,7 @@ impl Store for RocksStore {
                     value.extend_from_slice(sketch);
                     write.put_cf(hourly, key, value);
                     write.put_cf(meta, dirty_key(hour_key.series, hour_key.hour.day()), mark);
+                    write.put_cf(meta, server_series_key(hour_key), []);
                     in_batch.insert(*key, *version);
                     outcomes.push(PutOutcome::Stored);
                 }
@@ -589,13 +624,16 @@ impl Store for RocksStore {
         let deleted = self.delete_before(CF_HOURLY, hour.0)?;
         // Liveness older than the oldest hour kept says nothing any query can ask about.
         let mut batch = WriteBatch::default();
-        for server in self.list_servers()? {
-            let id = server.id.0.to_be_bytes();
-            batch.delete_range_cf(
-                self.cf(CF_META),
-                [META_LIVE, &id].concat(),
-                [META_LIVE, &id, &hour.0.to_be_bytes()].concat(),
-            );
+        // Nor does the series index of days that ended before it.
+        for (prefix, cutoff) in [(META_LIVE, hour.0), (META_SERVER_SERIES, hour.day().0)] {
+            for server in self.servers_under(prefix)? {
+                let id = server.to_be_bytes();
+                batch.delete_range_cf(
+                    self.cf(CF_META),
+                    [prefix, &id].concat(),
+                    [prefix, &id, &cutoff.to_be_bytes()].concat(),
+                );
+            }
         }
         self.write(batch)?;
         Ok(deleted)
@@ -788,12 +826,40 @@ impl Store for RocksStore {
         Ok(!self.is_day_dirty(series, day)?)
     }
 
-    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
-        for hour in hours {
-            batch.put_cf(self.cf(CF_META), live_key(server, *hour), []);
+    fn server_series(
+        &self,
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
+        let prefix = [META_SERVER_SERIES, &server.0.to_be_bytes()].concat();
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(prefix_end(&prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        it.seek([prefix.as_slice(), &since.0.to_be_bytes()].concat());
+        // Keys run day by day, so a later day overwrites an earlier one.
+        let mut latest = HashMap::new();
+        while let Some(key) = it.key() {
+            let fields: &[u8; 8] =
+                key[prefix.len()..]
+                    .try_into()
+                    .map_err(|_| StoreError::BadValue {
+                        column: CF_META,
+                        key: key.to_vec(),
+                        reason: format!(
+                            "a server-series key has {} bytes, not {}",
+                            key.len(),
+                            prefix.len() + 8
+                        ),
+                    })?;
+            let day = u32::from_be_bytes([fields[0], fields[1], fields[2], fields[3]]);
+            let series = u32::from_be_bytes([fields[4], fields[5], fields[6], fields[7]]);
+            latest.insert(SeriesId(series), Day(day));
+            it.next();
         }
-        self.write(batch)
+        it.status().map_err(engine_error)?;
+        let mut latest: Vec<(SeriesId, Day)> = latest.into_iter().collect();
+        latest.sort_unstable();
+        Ok(latest)
     }
 
     fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
@@ -918,6 +984,16 @@ fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreErro
         u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
         u32::from_be_bytes([key[4], key[5], key[6], key[7]]),
     ))
+}
+
+fn server_series_key(key: &HourKey) -> Vec<u8> {
+    [
+        META_SERVER_SERIES,
+        &key.server.0.to_be_bytes(),
+        &key.hour.day().0.to_be_bytes(),
+        &key.series.0.to_be_bytes(),
+    ]
+    .concat()
 }
 
 fn live_key(server: ServerId, hour: Hour) -> Vec<u8> {

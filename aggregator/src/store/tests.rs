@@ -410,6 +410,67 @@ fn liveness_counts_hours(store: &dyn Store) {
     assert_eq!(store.live_hours(ServerId(1), Hour(5)..Hour(5)).unwrap(), 0);
 }
 
+fn a_push_writes_liveness_and_snapshots_together(store: &dyn Store) {
+    let live = [Hour(30), Hour(31)];
+    let outcomes = store
+        .put_push(
+            Some((ServerId(1), &live)),
+            &[
+                (key(1, 30, 1, 0), 1, sketch(1)),
+                (key(1, 31, 1, 0), 1, sketch(2)),
+            ],
+        )
+        .unwrap();
+    assert_eq!(outcomes, vec![PutOutcome::Stored; 2]);
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(48)).unwrap(), 2);
+    assert_eq!(scan_all(store, 1, 0..48).len(), 2);
+    // One bad sketch fails the whole push before anything, liveness included, is written.
+    let e = store
+        .put_push(
+            Some((ServerId(2), &live)),
+            &[
+                (key(1, 30, 2, 0), 1, sketch(1)),
+                (key(1, 31, 2, 0), 1, vec![1, 2, 3]),
+            ],
+        )
+        .unwrap_err();
+    assert!(matches!(e, StoreError::InvalidSketch { .. }), "{e}");
+    assert_eq!(store.live_hours(ServerId(2), Hour(0)..Hour(48)).unwrap(), 0);
+    assert_eq!(scan_all(store, 1, 0..48).len(), 2);
+}
+
+fn the_server_series_index_follows_writes_and_retention(store: &dyn Store) {
+    // Server 1: series 1 on days 0 and 2, series 2 on day 1; server 2: series 3 on day 2.
+    store
+        .put_hourly(&[
+            (key(1, 5, 1, 0), 1, sketch(1)),
+            (key(1, 50, 1, 0), 1, sketch(1)),
+            (key(2, 30, 1, 0), 1, sketch(1)),
+            (key(3, 49, 2, 0), 1, sketch(1)),
+        ])
+        .unwrap();
+    // A stale write changes nothing.
+    store
+        .put_hourly(&[(key(2, 30, 1, 0), 1, sketch(2))])
+        .unwrap();
+    let index = |server, since| store.server_series(ServerId(server), Day(since)).unwrap();
+    assert_eq!(
+        index(1, 0),
+        vec![(SeriesId(1), Day(2)), (SeriesId(2), Day(1))]
+    );
+    assert_eq!(index(1, 2), vec![(SeriesId(1), Day(2))]);
+    assert_eq!(index(2, 0), vec![(SeriesId(3), Day(2))]);
+    assert_eq!(index(3, 0), vec![]);
+    // Retention from hour 40 (day 1) drops day 0's entries and keeps day 1's.
+    store.delete_hourly_before(Hour(40)).unwrap();
+    assert_eq!(
+        index(1, 0),
+        vec![(SeriesId(1), Day(2)), (SeriesId(2), Day(1))]
+    );
+    store.delete_hourly_before(Hour(48)).unwrap();
+    assert_eq!(index(1, 0), vec![(SeriesId(1), Day(2))]);
+}
+
 fn dirty_days_follow_writes(store: &dyn Store) {
     // Hours 23 and 24 are on days 0 and 1.
     store
@@ -605,6 +666,16 @@ macro_rules! store_suite {
         fn liveness_counts_hours() {
             let (_dir, store) = $make;
             super::liveness_counts_hours(&*store);
+        }
+        #[test]
+        fn a_push_writes_liveness_and_snapshots_together() {
+            let (_dir, store) = $make;
+            super::a_push_writes_liveness_and_snapshots_together(&*store);
+        }
+        #[test]
+        fn the_server_series_index_follows_writes_and_retention() {
+            let (_dir, store) = $make;
+            super::the_server_series_index_follows_writes_and_retention(&*store);
         }
         #[test]
         fn series_dictionary_is_stable() {
