@@ -3,6 +3,9 @@
 //! `build.rs` generates the code into `OUT_DIR`; this is the one module that includes it.
 //! Conversions between these messages and the library's types live beside it.
 
+/// The byte buffer type of `bytes` fields (`EncodedSketch.data`, `Event.item`).
+pub use prost::bytes::Bytes;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("hourglass.v1");

@@ -609,7 +609,7 @@ impl Table {
                     version: entry.version,
                     sketch: Some(v1::EncodedSketch {
                         kind: v1::SketchKind::from(sketch.kind()) as i32,
-                        data: sketch.encode(),
+                        data: sketch.encode().into(),
                     }),
                 });
             }

@@ -80,7 +80,7 @@ async fn push_all(addr: &str, scale: &Scale, items: u32) -> (Duration, Vec<Durat
                     version: 1,
                     sketch: Some(v1::EncodedSketch {
                         kind: v1::SketchKind::Distinct as i32,
-                        data: sketch(server, first_hour + h, items),
+                        data: sketch(server, first_hour + h, items).into(),
                     }),
                 })
                 .collect();
@@ -247,6 +247,21 @@ async fn scenario(scale: Scale) {
     );
     let served = serve().await;
     let (wall, mut latencies) = push_all(&served.addr, &scale, scale.items_per_sketch).await;
+    // For investigations: RocksDB's account of the push (flushes, compactions, stalls),
+    // and a way to stop after the push, for profiling it alone.
+    if std::env::var_os("HOURGLASS_BENCH_ENGINE").is_some() {
+        println!("{}", served.store.engine_report());
+    }
+    if std::env::var_os("HOURGLASS_BENCH_PUSH_ONLY").is_some() {
+        latencies.sort();
+        println!(
+            "push only: {:.0} snapshots/s ({snapshots} in {:.2} s), p50 {}",
+            snapshots as f64 / wall.as_secs_f64(),
+            wall.as_secs_f64(),
+            ms(percentile(&latencies, 0.5))
+        );
+        return;
+    }
     latencies.sort();
     let rate = snapshots as f64 / wall.as_secs_f64();
     let subset: Vec<String> = (0..scale.servers.min(10)).map(server_name).collect();

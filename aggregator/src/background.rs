@@ -228,7 +228,7 @@ mod tests {
             server,
             epoch: Epoch(1),
         };
-        store.put_hourly(&[(key, 1, hll.encode())]).unwrap();
+        store.put_hourly(&[(key, 1, hll.encode().into())]).unwrap();
         let now = 102 * DAY_SECS;
         let config = Config::default();
         let bounds = PassBounds::at(now, &config);

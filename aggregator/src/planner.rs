@@ -825,7 +825,7 @@ mod tests {
                                 server,
                                 epoch: Epoch(1),
                             };
-                            batch.push((key, 1, sketch.encode()));
+                            batch.push((key, 1, sketch.encode().into()));
                         }
                     }
                 }
@@ -957,7 +957,7 @@ mod tests {
         };
         fleet
             .store
-            .put_hourly(&[(key, 1, sketch_of(Kind::Distinct, &late).encode())])
+            .put_hourly(&[(key, 1, sketch_of(Kind::Distinct, &late).encode().into())])
             .unwrap();
         let dirty = fleet.answer(&sel);
         assert!(

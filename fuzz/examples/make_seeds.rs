@@ -85,7 +85,7 @@ fn main() -> std::io::Result<()> {
             version: 1 + i as u64,
             sketch: Some(v1::EncodedSketch {
                 kind: i32::from(sketch.kind().code()),
-                data: sketch.encode(),
+                data: sketch.encode().into(),
             }),
         })
         .collect::<Vec<_>>();

@@ -178,7 +178,7 @@ async fn export(
     .expect("export")
     .into_inner()
     .sketch
-    .map(|s| s.data)
+    .map(|s| s.data.to_vec())
     .unwrap_or_default()
 }
 

@@ -51,7 +51,7 @@ fn snapshot(
         version,
         sketch: Some(v1::EncodedSketch {
             kind: kind as i32,
-            data,
+            data: data.into(),
         }),
     }
 }

@@ -171,7 +171,7 @@ fn stored(agg: &AggregatorProcess) -> Stored {
                     .await
                     .expect("export")
                     .into_inner();
-                let bytes = r.sketch.map(|s| s.data).unwrap_or_default();
+                let bytes = r.sketch.map(|s| s.data.to_vec()).unwrap_or_default();
                 assert!(!bytes.is_empty(), "{metric} {kind:?}: nothing stored");
                 exports.push((format!("{metric} {kind:?}"), bytes));
             }

@@ -166,7 +166,7 @@ fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
         version: 1,
         sketch: Some(v1::EncodedSketch {
             kind: v1::SketchKind::Distinct as i32,
-            data,
+            data: data.into(),
         }),
     }
 }

@@ -473,7 +473,7 @@ pub fn one_item_push(server: &str, metric: &str, item: &[u8]) -> hourglass::prot
             version: 1,
             sketch: Some(v1::EncodedSketch {
                 kind: v1::SketchKind::Distinct as i32,
-                data: hll.encode(),
+                data: hll.encode().into(),
             }),
         }],
         live_hours: vec![hour],

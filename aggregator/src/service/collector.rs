@@ -59,7 +59,7 @@ struct Valid {
     hour: Hour,
     epoch: u64,
     version: u64,
-    sketch: Vec<u8>,
+    sketch: hourglass::proto::Bytes,
 }
 
 /// A snapshot refused: the rule (a metric label) and the reason for the agent.

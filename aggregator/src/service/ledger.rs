@@ -165,7 +165,7 @@ mod tests {
                 server,
                 epoch: Epoch(1),
             };
-            store.put_hourly(&[(key, 1, sketch())]).unwrap();
+            store.put_hourly(&[(key, 1, sketch().into())]).unwrap();
         };
         put(1, 24); // day 1
         put(2, 48); // day 2

@@ -315,7 +315,7 @@ impl Query for QueryService {
             Ok(v1::ExportResponse {
                 sketch: a.total.sketch.as_ref().map(|s| v1::EncodedSketch {
                     kind: v1::SketchKind::from(s.kind()) as i32,
-                    data: s.encode(),
+                    data: s.encode().into(),
                 }),
                 coverage: Some(convert::coverage(&a.total.coverage)),
             })

@@ -7,8 +7,8 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
-    DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError, StoredSketch, check_frame,
-    check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
+    Bytes, DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError, StoredSketch,
+    check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -63,7 +63,7 @@ impl Store for MemoryStore {
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
-        batch: &[(HourKey, u64, Vec<u8>)],
+        batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError> {
         check_hourly_batch(batch)?;
         let mut inner = self.lock();
@@ -80,7 +80,7 @@ impl Store for MemoryStore {
                         *key,
                         StoredSketch {
                             version: *version,
-                            sketch: sketch.clone(),
+                            sketch: sketch.to_vec(),
                         },
                     );
                     inner.mark(key.series, key.hour.day());

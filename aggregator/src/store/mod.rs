@@ -26,6 +26,7 @@
 
 use hourglass::Kind;
 use hourglass::format::decode_frame;
+pub use hourglass::proto::Bytes;
 use std::ops::Range;
 use std::path::PathBuf;
 use thiserror::Error;
@@ -227,7 +228,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Each stored entry also records, in the same write, that its server holds its series
     /// on its day ([`Store::server_series`]).
-    fn put_hourly(&self, batch: &[(HourKey, u64, Vec<u8>)]) -> Result<Vec<PutOutcome>, StoreError> {
+    fn put_hourly(&self, batch: &[(HourKey, u64, Bytes)]) -> Result<Vec<PutOutcome>, StoreError> {
         self.put_push(None, batch)
     }
 
@@ -237,7 +238,7 @@ pub trait Store: Send + Sync + 'static {
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
-        batch: &[(HourKey, u64, Vec<u8>)],
+        batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError>;
 
     /// The series `server` has stored snapshots of on a day from `since` on, each with the
@@ -351,7 +352,7 @@ fn check_frame(sketch: &[u8], what: impl FnOnce() -> String) -> Result<(), Store
 }
 
 /// Checks every frame of an hourly batch, so a bad entry fails it before anything is written.
-fn check_hourly_batch(batch: &[(HourKey, u64, Vec<u8>)]) -> Result<(), StoreError> {
+fn check_hourly_batch(batch: &[(HourKey, u64, Bytes)]) -> Result<(), StoreError> {
     for (i, (key, _, sketch)) in batch.iter().enumerate() {
         check_frame(sketch, || format!("hourly batch entry {i}, {key:?}"))?;
     }

@@ -74,22 +74,22 @@ fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 fn upsert_by_version(store: &dyn Store) {
     let k = key(1, 100, 1, 1);
     assert_eq!(
-        store.put_hourly(&[(k, 2, sketch(2))]).unwrap(),
+        store.put_hourly(&[(k, 2, sketch(2).into())]).unwrap(),
         [PutOutcome::Stored]
     );
     // Older and equal versions are stale and change nothing.
     assert_eq!(
-        store.put_hourly(&[(k, 1, sketch(1))]).unwrap(),
+        store.put_hourly(&[(k, 1, sketch(1).into())]).unwrap(),
         [PutOutcome::Stale { held: 2 }]
     );
     assert_eq!(
-        store.put_hourly(&[(k, 2, sketch(99))]).unwrap(),
+        store.put_hourly(&[(k, 2, sketch(99).into())]).unwrap(),
         [PutOutcome::Stale { held: 2 }]
     );
     assert_eq!(scan_all(store, 1, 100..101)[0].1.sketch, sketch(2));
     // Newer replaces.
     assert_eq!(
-        store.put_hourly(&[(k, 3, sketch(3))]).unwrap(),
+        store.put_hourly(&[(k, 3, sketch(3).into())]).unwrap(),
         [PutOutcome::Stored]
     );
     assert_eq!(
@@ -107,10 +107,10 @@ fn upsert_by_version(store: &dyn Store) {
     assert_eq!(
         store
             .put_hourly(&[
-                (k2, 5, sketch(5)),
-                (k2, 5, sketch(5)),
-                (k2, 4, sketch(4)),
-                (k2, 6, sketch(6))
+                (k2, 5, sketch(5).into()),
+                (k2, 5, sketch(5).into()),
+                (k2, 4, sketch(4).into()),
+                (k2, 6, sketch(6).into())
             ])
             .unwrap(),
         [
@@ -136,7 +136,9 @@ fn reordering_and_duplicates_are_harmless(store: &dyn Store) {
     for (server, order) in orders.iter().enumerate() {
         let k = key(2, 7, server as u32 + 1, 1);
         for &version in *order {
-            store.put_hourly(&[(k, version, sketch(version))]).unwrap();
+            store
+                .put_hourly(&[(k, version, sketch(version).into())])
+                .unwrap();
         }
     }
     let rows = scan_all(store, 2, 0..100);
@@ -158,15 +160,19 @@ fn scan_selects_series_and_hours_in_key_order(store: &dyn Store) {
         for hour in [9, 10, 11, 12] {
             for server in [2, 1] {
                 for epoch in [1, 0] {
-                    batch.push((key(series, hour, server, epoch), 1, sketch(u64::from(hour))));
+                    batch.push((
+                        key(series, hour, server, epoch),
+                        1,
+                        sketch(u64::from(hour)).into(),
+                    ));
                 }
             }
         }
     }
     // Also the extremes of every field, which must not leak into neighbouring ranges.
-    batch.push((key(4, 12, u32::MAX - 1, u64::MAX), 1, sketch(0)));
-    batch.push((key(4, 13, 0, 0), 1, sketch(0)));
-    batch.push((key(4, 9, 0, 0), 1, sketch(0)));
+    batch.push((key(4, 12, u32::MAX - 1, u64::MAX), 1, sketch(0).into()));
+    batch.push((key(4, 13, 0, 0), 1, sketch(0).into()));
+    batch.push((key(4, 9, 0, 0), 1, sketch(0).into()));
     store.put_hourly(&batch).unwrap();
 
     let got: Vec<HourKey> = scan_all(store, 4, 10..13)
@@ -261,12 +267,12 @@ fn rollups_put_get_scan(store: &dyn Store) {
 }
 
 fn invalid_sketches_are_refused(store: &dyn Store) {
-    let good = (key(1, 1, 1, 1), 1, sketch(1));
+    let good = (key(1, 1, 1, 1), 1, sketch(1).into());
     let mut corrupt = sketch(2);
     let last = corrupt.len() - 1;
     corrupt[last] ^= 1;
     let err = store
-        .put_hourly(&[good.clone(), (key(1, 2, 1, 1), 1, corrupt)])
+        .put_hourly(&[good.clone(), (key(1, 2, 1, 1), 1, corrupt.into())])
         .unwrap_err();
     assert!(matches!(err, StoreError::InvalidSketch { .. }), "{err}");
     assert!(err.to_string().contains("entry 1"), "{err}");
@@ -283,14 +289,14 @@ fn retention_deletes_exactly_what_is_older(store: &dyn Store) {
     let mut batch = Vec::new();
     for series in [1, 2, 3] {
         for hour in 10..20 {
-            batch.push((key(series, hour, 1, 0), 1, sketch(1)));
-            batch.push((key(series, hour, 2, 7), 1, sketch(1)));
+            batch.push((key(series, hour, 1, 0), 1, sketch(1).into()));
+            batch.push((key(series, hour, 2, 7), 1, sketch(1).into()));
         }
     }
     // A series with only new data, and one with only old data.
-    batch.push((key(4, 30, 1, 0), 1, sketch(1)));
-    batch.push((key(5, 3, 1, 0), 1, sketch(1)));
-    batch.push((key(u32::MAX, 3, 1, 0), 1, sketch(1)));
+    batch.push((key(4, 30, 1, 0), 1, sketch(1).into()));
+    batch.push((key(5, 3, 1, 0), 1, sketch(1).into()));
+    batch.push((key(u32::MAX, 3, 1, 0), 1, sketch(1).into()));
     store.put_hourly(&batch).unwrap();
 
     assert_eq!(store.delete_hourly_before(Hour(10)).unwrap(), 2);
@@ -308,7 +314,7 @@ fn retention_deletes_exactly_what_is_older(store: &dyn Store) {
     assert!(scan_all(store, 5, 0..100).is_empty());
     // A late snapshot for an expired hour can be written again (retention is not a ban).
     store
-        .put_hourly(&[(key(1, 12, 1, 0), 1, sketch(1))])
+        .put_hourly(&[(key(1, 12, 1, 0), 1, sketch(1).into())])
         .unwrap();
     assert_eq!(scan_all(store, 1, 0..15).len(), 1);
 
@@ -364,14 +370,14 @@ fn take(store: &dyn Store, before: u32, limit: usize) -> Vec<(SeriesId, Day)> {
 
 fn a_rebuild_that_races_a_write_leaves_the_day_dirty(store: &dyn Store) {
     store
-        .put_hourly(&[(key(1, 5, 1, 0), 1, sketch(1))])
+        .put_hourly(&[(key(1, 5, 1, 0), 1, sketch(1).into())])
         .unwrap();
     assert!(store.is_day_dirty(SeriesId(1), Day(0)).unwrap());
     let marks = store.dirty_days(Day(1), 10).unwrap();
     assert_eq!(marks.len(), 1);
     // A snapshot lands while the builder reads the hours...
     store
-        .put_hourly(&[(key(1, 6, 1, 0), 1, sketch(2))])
+        .put_hourly(&[(key(1, 6, 1, 0), 1, sketch(2).into())])
         .unwrap();
     // ...so the rollup it writes is already old: the day must stay dirty.
     let rollup = vec![(day_key(1, 0, ServerId::ALL), sketch(1))];
@@ -416,8 +422,8 @@ fn a_push_writes_liveness_and_snapshots_together(store: &dyn Store) {
         .put_push(
             Some((ServerId(1), &live)),
             &[
-                (key(1, 30, 1, 0), 1, sketch(1)),
-                (key(1, 31, 1, 0), 1, sketch(2)),
+                (key(1, 30, 1, 0), 1, sketch(1).into()),
+                (key(1, 31, 1, 0), 1, sketch(2).into()),
             ],
         )
         .unwrap();
@@ -429,8 +435,8 @@ fn a_push_writes_liveness_and_snapshots_together(store: &dyn Store) {
         .put_push(
             Some((ServerId(2), &live)),
             &[
-                (key(1, 30, 2, 0), 1, sketch(1)),
-                (key(1, 31, 2, 0), 1, vec![1, 2, 3]),
+                (key(1, 30, 2, 0), 1, sketch(1).into()),
+                (key(1, 31, 2, 0), 1, vec![1, 2, 3].into()),
             ],
         )
         .unwrap_err();
@@ -443,15 +449,15 @@ fn the_server_series_index_follows_writes_and_retention(store: &dyn Store) {
     // Server 1: series 1 on days 0 and 2, series 2 on day 1; server 2: series 3 on day 2.
     store
         .put_hourly(&[
-            (key(1, 5, 1, 0), 1, sketch(1)),
-            (key(1, 50, 1, 0), 1, sketch(1)),
-            (key(2, 30, 1, 0), 1, sketch(1)),
-            (key(3, 49, 2, 0), 1, sketch(1)),
+            (key(1, 5, 1, 0), 1, sketch(1).into()),
+            (key(1, 50, 1, 0), 1, sketch(1).into()),
+            (key(2, 30, 1, 0), 1, sketch(1).into()),
+            (key(3, 49, 2, 0), 1, sketch(1).into()),
         ])
         .unwrap();
     // A stale write changes nothing.
     store
-        .put_hourly(&[(key(2, 30, 1, 0), 1, sketch(2))])
+        .put_hourly(&[(key(2, 30, 1, 0), 1, sketch(2).into())])
         .unwrap();
     let index = |server, since| store.server_series(ServerId(server), Day(since)).unwrap();
     assert_eq!(
@@ -475,10 +481,10 @@ fn dirty_days_follow_writes(store: &dyn Store) {
     // Hours 23 and 24 are on days 0 and 1.
     store
         .put_hourly(&[
-            (key(1, 23, 1, 0), 1, sketch(1)),
-            (key(1, 24, 1, 0), 1, sketch(1)),
-            (key(2, 47, 1, 0), 1, sketch(1)),
-            (key(1, 49, 1, 0), 1, sketch(1)),
+            (key(1, 23, 1, 0), 1, sketch(1).into()),
+            (key(1, 24, 1, 0), 1, sketch(1).into()),
+            (key(2, 47, 1, 0), 1, sketch(1).into()),
+            (key(1, 49, 1, 0), 1, sketch(1).into()),
         ])
         .unwrap();
     // Day 2 is still open: it stays marked.
@@ -493,12 +499,12 @@ fn dirty_days_follow_writes(store: &dyn Store) {
     assert!(take(store, 2, 100).is_empty());
     // A stale write changes nothing, so it marks nothing.
     store
-        .put_hourly(&[(key(1, 23, 1, 0), 1, sketch(1))])
+        .put_hourly(&[(key(1, 23, 1, 0), 1, sketch(1).into())])
         .unwrap();
     assert!(take(store, 2, 100).is_empty());
     // A late, newer snapshot of a closed day marks it again.
     store
-        .put_hourly(&[(key(1, 23, 1, 0), 2, sketch(2))])
+        .put_hourly(&[(key(1, 23, 1, 0), 2, sketch(2).into())])
         .unwrap();
     store.mark_day_dirty(SeriesId(3), Day(0)).unwrap();
     store.mark_day_dirty(SeriesId(3), Day(0)).unwrap();
@@ -600,7 +606,7 @@ fn concurrent_writers_keep_the_newest(store: Arc<dyn Store>) {
                     let version = if t % 2 == 0 { step + 1 } else { 50 - step };
                     let batch: Vec<_> = keys
                         .iter()
-                        .map(|k| (*k, version, sketch(version)))
+                        .map(|k| (*k, version, sketch(version).into()))
                         .collect();
                     store.put_hourly(&batch).unwrap();
                 }
@@ -735,7 +741,9 @@ mod rocks {
             let dir = tempfile::tempdir().unwrap();
             let store = RocksStore::open(dir.path(), &options()).unwrap();
             let batch: Vec<_> = (0..48)
-                .flat_map(|hour| (1..4).map(move |server| (key(1, hour, server, 0), 1, sketch(3))))
+                .flat_map(|hour| {
+                    (1..4).map(move |server| (key(1, hour, server, 0), 1, sketch(3).into()))
+                })
                 .collect();
             store.put_hourly(&batch).unwrap();
             store.flush().unwrap();
@@ -770,7 +778,7 @@ mod rocks {
                 .unwrap()
                 .unwrap();
             store
-                .put_hourly(&[(key(series.0, 5, server.0, 1), 3, sketch(3))])
+                .put_hourly(&[(key(series.0, 5, server.0, 1), 3, sketch(3).into())])
                 .unwrap();
             store
                 .put_rollup(day_key(series.0, 0, ServerId::ALL), sketch(4))
@@ -815,7 +823,7 @@ mod rocks {
         // Versions held before the reopen still decide.
         assert_eq!(
             store
-                .put_hourly(&[(key(series.0, 5, server.0, 1), 2, sketch(2))])
+                .put_hourly(&[(key(series.0, 5, server.0, 1), 2, sketch(2).into())])
                 .unwrap(),
             [PutOutcome::Stale { held: 3 }]
         );
@@ -894,7 +902,7 @@ mod rocks {
             "{err:?}"
         );
         // A write over the damaged row reports it rather than guessing the held version.
-        let err = store.put_hourly(&[(k, 9, sketch(9))]);
+        let err = store.put_hourly(&[(k, 9, sketch(9).into())]);
         assert!(matches!(err, Err(StoreError::BadValue { .. })), "{err:?}");
         // A key of the wrong length in the hourly column family.
         put_raw(&store, "hourly", &[0, 0, 0, 2, 0, 0, 0, 1, 9], &[0; 30]);
@@ -929,7 +937,7 @@ mod rocks {
         )
         .unwrap();
         store
-            .put_hourly(&[(key(1, 1, 1, 1), 1, sketch(1))])
+            .put_hourly(&[(key(1, 1, 1, 1), 1, sketch(1).into())])
             .unwrap();
         assert_eq!(scan_all(&store, 1, 0..2).len(), 1);
     }
@@ -987,7 +995,7 @@ fn measure_compression() {
     println!("|---|---|---|---|---|");
     for (name, make) in &kinds {
         let batch: Vec<_> = (0..ROWS)
-            .map(|row| (key(1, 1, row + 1, 0), 1, make(row)))
+            .map(|row| (key(1, 1, row + 1, 0), 1, Bytes::from(make(row))))
             .collect();
         let raw: usize = batch.iter().map(|(_, _, s)| s.len() + 8).sum();
         let sst_bytes = |compression: bool, compact: bool| {
