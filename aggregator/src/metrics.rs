@@ -31,6 +31,9 @@ pub struct Metrics {
     pub requests_too_large: Family<Labels, Counter>,
     /// Query RPCs answered, by method and outcome.
     pub queries: Family<Labels, Counter>,
+    /// Queries refused by a bound, by the setting (`limits.max_query_range`,
+    /// `limits.max_query_fanout`).
+    pub queries_refused: Family<Labels, Counter>,
     /// Push latency in seconds, from request to reply.
     pub push_seconds: Histogram,
     /// Query latency in seconds, by method.
@@ -88,6 +91,7 @@ impl Metrics {
             snapshots_rejected: Family::default(),
             requests_too_large: Family::default(),
             queries: Family::default(),
+            queries_refused: Family::default(),
             push_seconds: latency_buckets(),
             query_seconds: Family::new_with_constructor(latency_buckets),
             rollup_passes: Family::default(),
@@ -122,6 +126,11 @@ impl Metrics {
             "snapshots_rejected",
             "Snapshots refused, by the rule they broke",
             m.snapshots_rejected.clone(),
+        );
+        r.register(
+            "queries_refused",
+            "Queries refused by a bound, by the setting that sets it",
+            m.queries_refused.clone(),
         );
         r.register(
             "requests_too_large",
@@ -220,6 +229,13 @@ impl Metrics {
         self.query_seconds
             .get_or_create(&vec![("method", method.to_string())])
             .observe(seconds);
+    }
+
+    /// Counts one query refused by the bound `setting`.
+    pub fn query_refused(&self, setting: &'static str) {
+        self.queries_refused
+            .get_or_create(&vec![("bound", setting.to_string())])
+            .inc();
     }
 
     /// Counts one rejected snapshot under the rule it broke.

@@ -549,6 +549,13 @@ async fn a_bad_snapshot_is_rejected_alone_and_bad_requests_name_the_field() {
         "{}",
         too_long.message()
     );
+    let (_, metrics) = http_get(agg.admin, "/metrics");
+    assert!(
+        metrics.contains(
+            r#"hourglass_aggregator_queries_refused_total{bound="limits.max_query_range"} 1"#
+        ),
+        "{metrics}"
+    );
     let wrong_kind = query
         .membership(v1::MembershipRequest {
             selector: selector("visitors", h..h + 1),

@@ -19,6 +19,9 @@ use crate::store::StoreError;
 ///
 /// `max_hours` bounds the span of the range; `kind` comes from the RPC (or, for Export,
 /// from the request).
+/// The setting that bounds a query's range; its refusal names it.
+pub const RANGE_BOUND: &str = "limits.max_query_range";
+
 pub fn selector(
     proto: Option<&v1::Selector>,
     kind: Kind,
@@ -45,7 +48,7 @@ pub fn selector(
     let span = u64::from(range.end_hour - range.start_hour);
     if span > max_hours {
         return Err(Status::invalid_argument(format!(
-            "selector.range spans {span} hours, more than the limit of {max_hours} (limits.max_query_range)"
+            "selector.range spans {span} hours, more than the limit of {max_hours} ({RANGE_BOUND})"
         )));
     }
     for (i, pattern) in proto.servers.iter().enumerate() {

@@ -20,7 +20,7 @@ use super::convert;
 use super::outcome_label;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
-use crate::planner::{Answer, Merged, Planner, Selector};
+use crate::planner::{Answer, Merged, Planner, QueryError, Selector};
 use crate::store::Store;
 
 /// The `Query` gRPC service.
@@ -82,7 +82,15 @@ impl QueryService {
 
     /// Converts the selector and asks the planner, off the async threads.
     async fn plan(&self, selector: Option<&v1::Selector>, kind: Kind) -> Result<Answer, Status> {
-        let selector: Selector = convert::selector(selector, kind, self.limits.max_query_hours())?;
+        let selector: Selector = convert::selector(selector, kind, self.limits.max_query_hours())
+            .inspect_err(|status| {
+            if status
+                .message()
+                .ends_with(&format!("({})", convert::RANGE_BOUND))
+            {
+                self.metrics.query_refused(convert::RANGE_BOUND);
+            }
+        })?;
         let span = tracing::Span::current();
         span.record("metric", selector.metric.as_str());
         span.record("kind", kind.to_string());
@@ -95,7 +103,12 @@ impl QueryService {
         })
         .await
         .map_err(|e| Status::internal(format!("query task failed: {e}")))?
-        .map_err(|e| convert::query_status(&e))?;
+        .map_err(|e| {
+            if let QueryError::FanOut { .. } = e {
+                self.metrics.query_refused("limits.max_query_fanout");
+            }
+            convert::query_status(&e)
+        })?;
         span.record("hourly_rows", answer.plan.hourly_rows);
         span.record("rollups", answer.plan.rollups);
         span.record("sketches_merged", answer.total.coverage.sketches_merged);
@@ -321,5 +334,61 @@ impl Query for QueryService {
             })
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{Epoch, Hour, HourKey};
+    use crate::store::{MemoryStore, SeriesName};
+
+    #[tokio::test]
+    async fn a_query_over_the_fanout_bound_is_refused_and_counted() {
+        let store = Arc::new(MemoryStore::new());
+        let series = store
+            .series_id(&SeriesName::new("visitors", vec![], Kind::Distinct), true)
+            .unwrap()
+            .unwrap();
+        let hour = Hour(480_000);
+        for name in ["web-1", "web-2"] {
+            let server = store.server_id(name, &[], true).unwrap().unwrap();
+            let key = HourKey {
+                series,
+                hour,
+                server,
+                epoch: Epoch(1),
+            };
+            let sketch = hourglass::sketch::hll::Hll::new(4).unwrap().encode();
+            store.put_hourly(&[(key, 1, sketch.into())]).unwrap();
+        }
+        let metrics = Arc::new(Metrics::new());
+        let limits = LimitsConfig {
+            max_query_fanout: 1,
+            ..LimitsConfig::default()
+        };
+        let service = QueryService::new(store, Arc::clone(&metrics), limits);
+        let request = v1::DistinctRequest {
+            selector: Some(v1::Selector {
+                metric: "visitors".into(),
+                range: Some(v1::TimeRange {
+                    start_hour: hour.0,
+                    end_hour: hour.0 + 1,
+                }),
+                ..Default::default()
+            }),
+        };
+        let refused = service
+            .distinct(Request::new(request))
+            .await
+            .expect_err("2 servers over a fan-out of 1");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            metrics
+                .encode()
+                .contains(r#"queries_refused_total{bound="limits.max_query_fanout"} 1"#),
+            "{}",
+            metrics.encode()
+        );
     }
 }
