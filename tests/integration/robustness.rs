@@ -135,6 +135,32 @@ async fn a_flood_of_malformed_datagrams_and_oversized_requests_leaves_the_agent_
         .unwrap()
         .into_inner();
     assert_eq!(ok.accepted, 1);
+    // A message that inflates past the agent's 256 MiB Ingest limit: a few KiB of zstd on
+    // the wire. tonic refuses it while decompressing, before the handler; the agent counts
+    // it and names the limit.
+    let bomb = v1::IngestRequest {
+        events: vec![v1::Event {
+            metric: "visitors".into(),
+            item: vec![0u8; 257 << 20].into(),
+            ..Default::default()
+        }],
+        batches: vec![],
+    };
+    let e = IngestClient::new(channel(&agent.ingest).await)
+        .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+        .send(bomb)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("the agent's ingest message limit"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(
+        agent.metric(r#"requests_too_large_total{method="/hourglass.v1.Ingest/Send"}"#),
+        1.0
+    );
     assert_eq!(http_get(agent.admin, "/healthz").0, 200);
 }
 
