@@ -147,6 +147,10 @@ pub struct LimitsConfig {
     pub max_message_mib: usize,
     /// Largest encoded sketch in a snapshot, per kind, in KiB.
     pub max_sketch_kib: SketchSizeLimits,
+    /// Deprecated: one bound in MiB for every kind, from before `max_sketch_kib`. Still
+    /// read, so that an existing config file keeps working; when set it is the bound for
+    /// every kind and [`Config::deprecations`] says so at start.
+    pub max_sketch_mib: Option<usize>,
     /// Most series one server may hold with data within `retention.hourly`. Each kind
     /// of a metric and tags is its own series. A snapshot of a series beyond the bound is
     /// rejected; series whose last data has aged out of retention stop counting.
@@ -166,6 +170,7 @@ impl Default for LimitsConfig {
             max_live_hours_per_push: 10_000,
             max_message_mib: 64,
             max_sketch_kib: SketchSizeLimits::default(),
+            max_sketch_mib: None,
             max_series_per_server: 100_000,
             max_query_range: 400 * DAY,
             max_query_fanout: 1_000_000,
@@ -182,6 +187,9 @@ impl LimitsConfig {
     /// The largest encoded sketch of `kind` accepted, in bytes, and the setting that
     /// says so.
     pub fn max_sketch_bytes(&self, kind: hourglass::Kind) -> (usize, &'static str) {
+        if let Some(mib) = self.max_sketch_mib {
+            return (mib.saturating_mul(1 << 20), "limits.max_sketch_mib");
+        }
         let (kib, setting) = match kind {
             hourglass::Kind::Distinct => (
                 self.max_sketch_kib.distinct,
@@ -291,6 +299,18 @@ impl Config {
         toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
     }
 
+    /// Settings still read but replaced, each with what replaces it: for a warning at start.
+    pub fn deprecations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(mib) = self.limits.max_sketch_mib {
+            out.push(format!(
+                "limits.max_sketch_mib = {mib} is deprecated: it bounds sketches of every kind and \
+                 overrides [limits.max_sketch_kib]; set distinct, frequency and membership there instead"
+            ));
+        }
+        out
+    }
+
     /// Checks every field against its bounds.
     pub fn validate(&self) -> Result<(), ConfigError> {
         fn check(
@@ -388,6 +408,14 @@ impl Config {
                 "must be between 1 and 4194304 (4 GiB)",
             )?;
         }
+        if let Some(mib) = l.max_sketch_mib {
+            check(
+                (1..=4096).contains(&mib),
+                "limits.max_sketch_mib",
+                mib,
+                "must be between 1 and 4096",
+            )?;
+        }
         check(
             (1..=100_000_000).contains(&l.max_series_per_server),
             "limits.max_series_per_server",
@@ -477,6 +505,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(documented, Config::default());
+    }
+
+    #[test]
+    fn the_deprecated_single_sketch_bound_still_reads_and_applies_to_every_kind() {
+        let c = Config::from_toml("[limits]\nmax_sketch_mib = 2\n").unwrap();
+        c.validate().unwrap();
+        for kind in hourglass::Kind::ALL {
+            assert_eq!(
+                c.limits.max_sketch_bytes(kind),
+                (2 << 20, "limits.max_sketch_mib")
+            );
+        }
+        let warnings = c.deprecations();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("max_sketch_kib"), "{warnings:?}");
+        assert!(Config::default().deprecations().is_empty());
+        let mut c = c;
+        c.limits.max_sketch_mib = Some(0);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("limits.max_sketch_mib"), "{e}");
     }
 
     #[test]

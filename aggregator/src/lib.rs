@@ -77,6 +77,9 @@ impl Aggregator {
     /// [`StoreError::InUse`] when another process holds the directory.
     pub fn open(config: Config) -> anyhow::Result<Aggregator> {
         config.validate()?;
+        for warning in config.deprecations() {
+            tracing::warn!("config: {warning}");
+        }
         let auth = auth::Auth::load(&config.auth).map_err(|e| anyhow::anyhow!("config: {e}"))?;
         if auth.enabled() {
             tracing::info!(

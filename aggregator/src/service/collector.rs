@@ -3,8 +3,11 @@
 //! Each snapshot is checked on its own; one that breaks a rule is rejected with a reason
 //! naming the field, and the rest of the batch is still stored. The store keeps, per
 //! (series, hour, server, epoch), the highest version, so retries and duplicates only
-//! come back as STALE. The reply is sent after the one `put_hourly` batch returns, which
+//! come back as STALE. The reply is sent after the one `put_push` write returns, which
 //! is after the WAL holds it.
+//!
+//! A server may hold at most `limits.max_series_per_server` series ([`super::ledger`]);
+//! a snapshot of one more is rejected and its series is not created.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -221,7 +224,7 @@ fn store_push(
                 Err(count) => answers.push(Some(Err(reject(
                     "series_per_server",
                     format!(
-                        "snapshots[{}]: server {server:?} already holds {count} series with data within retention.hourly, the limit (limits.max_series_per_server); series {} would be one more",
+                        "snapshots[{}]: server {server:?} holds {count} series with data within retention.hourly and the limit is {limit} (limits.max_series_per_server); series {} would be one more",
                         v.index, v.name
                     ),
                 )))),

@@ -15,13 +15,13 @@ use crate::keys::Hour;
 use crate::planner::{Coverage, GroupBy, QueryError, Selector};
 use crate::store::StoreError;
 
+/// The setting that bounds a query's range; its refusal names it.
+pub const RANGE_BOUND: &str = "limits.max_query_range";
+
 /// Converts a request's selector for the planner, checking every field.
 ///
 /// `max_hours` bounds the span of the range; `kind` comes from the RPC (or, for Export,
 /// from the request).
-/// The setting that bounds a query's range; its refusal names it.
-pub const RANGE_BOUND: &str = "limits.max_query_range";
-
 pub fn selector(
     proto: Option<&v1::Selector>,
     kind: Kind,

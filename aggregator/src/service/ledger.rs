@@ -27,6 +27,11 @@ pub struct SeriesLedger {
 /// One server's series, once loaded from the store.
 pub struct ServerSeries {
     held: HashMap<SeriesId, Day>,
+    /// Every series held was last seen on this day or later: a sweep for series gone with
+    /// retention finds nothing until `oldest` passes it. Without it, a server at its bound
+    /// sending new names (the buggy agent the bound is for) would sweep the whole map for
+    /// every one of them.
+    swept: Day,
 }
 
 /// What [`ServerSeries::admit`] decided for one series.
@@ -64,7 +69,10 @@ impl SeriesLedger {
         let mut guard = lock(&entry);
         if guard.is_none() {
             let held = store.server_series(server, oldest)?.into_iter().collect();
-            *guard = Some(ServerSeries { held });
+            *guard = Some(ServerSeries {
+                held,
+                swept: oldest,
+            });
         }
         let series = guard.as_mut().expect("loaded above");
         f(series)
@@ -81,10 +89,7 @@ impl ServerSeries {
             *last = (*last).max(day);
             return Admission::Held;
         }
-        if self.held.len() >= limit {
-            self.held.retain(|_, last| *last >= oldest);
-        }
-        if self.held.len() >= limit {
+        if self.is_full(oldest, limit) {
             return Admission::Full {
                 held: self.held.len(),
             };
@@ -100,8 +105,9 @@ impl ServerSeries {
 
     /// Whether one more new series would be refused (after retention's drop).
     pub fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
-        if self.held.len() >= limit {
+        if self.held.len() >= limit && oldest > self.swept {
             self.held.retain(|_, last| *last >= oldest);
+            self.swept = oldest;
         }
         self.held.len() >= limit
     }
@@ -138,6 +144,7 @@ mod tests {
     fn new_series_count_until_the_limit_and_retention_frees_them() {
         let mut s = ServerSeries {
             held: HashMap::new(),
+            swept: Day(0),
         };
         assert_eq!(s.admit(SeriesId(1), Day(10), Day(0), 2), Admission::New);
         assert_eq!(s.admit(SeriesId(1), Day(12), Day(0), 2), Admission::Held);

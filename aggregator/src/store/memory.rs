@@ -73,6 +73,9 @@ impl Store for MemoryStore {
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, version, sketch) in batch {
             let held = inner.hourly.get(key).map(|s| s.version);
+            inner
+                .server_series
+                .insert((key.server, key.hour.day(), key.series));
             match held {
                 Some(held) if held >= *version => outcomes.push(PutOutcome::Stale { held }),
                 _ => {
@@ -84,9 +87,6 @@ impl Store for MemoryStore {
                         },
                     );
                     inner.mark(key.series, key.hour.day());
-                    inner
-                        .server_series
-                        .insert((key.server, key.hour.day(), key.series));
                     outcomes.push(PutOutcome::Stored);
                 }
             }

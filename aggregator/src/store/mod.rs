@@ -226,8 +226,8 @@ pub trait Store: Send + Sync + 'static {
     /// writer of the same keys. An entry whose sketch is not a valid frame fails the whole
     /// batch with [`StoreError::InvalidSketch`] before anything is written.
     ///
-    /// Each stored entry also records, in the same write, that its server holds its series
-    /// on its day ([`Store::server_series`]).
+    /// Each entry, stored or stale, also records in the same write that its server holds
+    /// its series on its day ([`Store::server_series`]).
     fn put_hourly(&self, batch: &[(HourKey, u64, Bytes)]) -> Result<Vec<PutOutcome>, StoreError> {
         self.put_push(None, batch)
     }

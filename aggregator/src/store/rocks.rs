@@ -548,7 +548,12 @@ impl Store for RocksStore {
                 },
             };
             match held_version {
-                Some(held) if held >= *version => outcomes.push(PutOutcome::Stale { held }),
+                Some(held) if held >= *version => {
+                    // The server holds the series that day all the same: a store from
+                    // before the index learns it from the agent's next resend.
+                    write.put_cf(meta, server_series_key(hour_key), []);
+                    outcomes.push(PutOutcome::Stale { held });
+                }
                 _ => {
                     let mut value = Vec::with_capacity(VERSION_LEN + sketch.len());
                     value.extend_from_slice(&version.to_be_bytes());
@@ -1220,5 +1225,19 @@ pub(super) mod testing {
     /// Writes raw bytes under a raw key of a column family, bypassing every check.
     pub fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {
         store.db.put_cf(store.cf(cf), key, value).unwrap();
+    }
+
+    /// Deletes every `meta` key of the series-per-server index, as in a store written
+    /// before the index existed.
+    pub fn drop_server_series_index(store: &RocksStore) {
+        let meta = store.cf(CF_META);
+        store
+            .db
+            .delete_range_cf(
+                meta,
+                META_SERVER_SERIES,
+                &prefix_end(META_SERVER_SERIES)[..],
+            )
+            .unwrap();
     }
 }

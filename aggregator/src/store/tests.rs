@@ -730,6 +730,25 @@ mod rocks {
 
     store_suite!(temp_store());
 
+    #[test]
+    fn a_stale_resend_fills_in_an_index_written_before_the_index_existed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path(), &options()).unwrap();
+        let entry = || [(key(7, 30, 2, 0), 3, sketch(1).into())];
+        store.put_hourly(&entry()).unwrap();
+        super::super::rocks::testing::drop_server_series_index(&store);
+        assert_eq!(store.server_series(ServerId(2), Day(0)).unwrap(), vec![]);
+        // The agent resends what the store holds: stale, and now indexed.
+        assert_eq!(
+            store.put_hourly(&entry()).unwrap(),
+            vec![PutOutcome::Stale { held: 3 }]
+        );
+        assert_eq!(
+            store.server_series(ServerId(2), Day(0)).unwrap(),
+            vec![(SeriesId(7), Day(1))]
+        );
+    }
+
     /// The same suite once more with every write flushed to SST files, so reads go
     /// through the block-based tables, their Bloom filters and range tombstones rather
     /// than only the memtable.
