@@ -11,7 +11,7 @@ use std::net::UdpSocket;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass, http_get};
+use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass, http_get, this_hour};
 use hourglass::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient, query_client::QueryClient,
 };
@@ -23,10 +23,6 @@ fn now_secs() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_secs() as i64
-}
-
-fn this_hour() -> u32 {
-    (now_secs() / 3600) as u32
 }
 
 /// A free loopback port: bound and released, for a process started later.

@@ -182,19 +182,7 @@ fn dense_hll() -> Vec<u8> {
 }
 
 fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
-    v1::Snapshot {
-        series: Some(v1::Series {
-            metric: "visitors".into(),
-            tags: vec![],
-        }),
-        hour,
-        epoch: 1,
-        version: 1,
-        sketch: Some(v1::EncodedSketch {
-            kind: v1::SketchKind::Distinct as i32,
-            data: data.into(),
-        }),
-    }
+    crate::util::distinct_snapshot("visitors", hour, data)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -213,11 +201,7 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
         name: "web-1".into(),
         labels: vec![],
     });
-    let now = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 3600) as u32;
+    let now = crate::util::this_hour();
     // A 2 MiB message against a 1 MiB limit, once as it is and once zstd-compressed to
     // a few hundred bytes that inflate past the limit: tonic refuses both before the
     // handler; each is RESOURCE_EXHAUSTED naming the setting, and counted.

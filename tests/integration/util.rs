@@ -447,35 +447,46 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
+/// The current UTC hour, as hours since 1970.
+pub fn this_hour() -> u32 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
+        / 3600) as u32
+}
+
+/// A version-1, epoch-1 snapshot of a distinct sketch `data` for `metric` (no tags) at `hour`.
+pub fn distinct_snapshot(metric: &str, hour: u32, data: Vec<u8>) -> hourglass::proto::v1::Snapshot {
+    use hourglass::proto::v1;
+    v1::Snapshot {
+        series: Some(v1::Series {
+            metric: metric.into(),
+            tags: vec![],
+        }),
+        hour,
+        epoch: 1,
+        version: 1,
+        sketch: Some(v1::EncodedSketch {
+            kind: v1::SketchKind::Distinct as i32,
+            data: data.into(),
+        }),
+    }
+}
+
 /// A push from `server` of one distinct sketch holding `item`, for `metric` in the current
 /// hour (declared live): the smallest real push, for tests of who may push what.
 pub fn one_item_push(server: &str, metric: &str, item: &[u8]) -> hourglass::proto::v1::PushRequest {
     use hourglass::proto::v1;
     let mut hll = hourglass::sketch::hll::Hll::new(12).expect("precision 12");
     hll.insert(item);
-    let hour = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs()
-        / 3600) as u32;
+    let hour = this_hour();
     v1::PushRequest {
         server: Some(v1::Server {
             name: server.into(),
             labels: vec![],
         }),
-        snapshots: vec![v1::Snapshot {
-            series: Some(v1::Series {
-                metric: metric.into(),
-                tags: vec![],
-            }),
-            hour,
-            epoch: 1,
-            version: 1,
-            sketch: Some(v1::EncodedSketch {
-                kind: v1::SketchKind::Distinct as i32,
-                data: hll.encode().into(),
-            }),
-        }],
+        snapshots: vec![distinct_snapshot(metric, hour, hll.encode())],
         live_hours: vec![hour],
     }
 }

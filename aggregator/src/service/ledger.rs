@@ -13,10 +13,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::keys::{Day, ServerId};
+use crate::keys::{Day, SeriesId, ServerId};
 use crate::store::{Store, StoreError};
-
-pub use crate::keys::SeriesId;
 
 /// The series each server holds, by the last day it has data of.
 #[derive(Default)]
@@ -98,11 +96,6 @@ impl ServerSeries {
         Admission::New
     }
 
-    /// Whether the server holds `series`.
-    pub fn holds(&self, series: SeriesId) -> bool {
-        self.held.contains_key(&series)
-    }
-
     /// Whether one more new series would be refused (after retention's drop).
     pub fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
         if self.held.len() >= limit && oldest > self.swept {
@@ -157,7 +150,8 @@ mod tests {
         // Series 2 was last seen on day 11; once retention starts at day 12 it no longer
         // counts, and series 1 (moved on to day 12) still does.
         assert_eq!(s.admit(SeriesId(3), Day(12), Day(12), 2), Admission::New);
-        assert!(s.holds(SeriesId(1)) && !s.holds(SeriesId(2)) && s.holds(SeriesId(3)));
+        let holds = |id| s.held.contains_key(&SeriesId(id));
+        assert!(holds(1) && !holds(2) && holds(3));
         assert_eq!(s.len(), 2);
     }
 

@@ -858,20 +858,10 @@ impl Store for RocksStore {
         // Keys run day by day, so a later day overwrites an earlier one.
         let mut latest = HashMap::new();
         while let Some(key) = it.key() {
-            let fields: &[u8; 8] =
-                key[prefix.len()..]
-                    .try_into()
-                    .map_err(|_| StoreError::BadValue {
-                        column: CF_META,
-                        key: key.to_vec(),
-                        reason: format!(
-                            "a server-series key has {} bytes, not {}",
-                            key.len(),
-                            prefix.len() + 8
-                        ),
-                    })?;
-            let day = u32::from_be_bytes([fields[0], fields[1], fields[2], fields[3]]);
-            let series = u32::from_be_bytes([fields[4], fields[5], fields[6], fields[7]]);
+            // `day | series`, each checked to be 4 bytes by `meta_id`.
+            let fields = &key[prefix.len()..];
+            let (day, series) = fields.split_at(fields.len().min(4));
+            let (day, series) = (meta_id(key, day)?, meta_id(key, series)?);
             latest.insert(SeriesId(series), Day(day));
             it.next();
         }
