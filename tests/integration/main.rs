@@ -4,6 +4,7 @@ mod agent;
 mod aggregator;
 mod demo;
 mod faults;
+mod install_deps;
 mod otel;
 mod robustness;
 mod sketch_cli;
