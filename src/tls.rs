@@ -312,11 +312,41 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    /// The tonic endpoint for `url`: TLS for `https://` (with the CA and the client
-    /// identity given), plaintext for `http://`. An error names what does not fit.
-    pub fn endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, TlsError> {
-        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-            .map_err(|_| TlsError(format!("{url:?} is not a URL")))?;
+    /// The URL for `address`, which is a URL (`http://host:port`, `https://host:port`)
+    /// or, as grpcurl and most gRPC tools take it, `host:port`: that means `https://`
+    /// when TLS files are given and `http://` otherwise.
+    pub fn url(&self, address: &str) -> String {
+        if address.contains("://") {
+            return address.to_string();
+        }
+        let scheme = if self.ca.is_some() || self.cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{address}")
+    }
+
+    /// The tonic endpoint for `address` (a URL or `host:port`, see [`ClientTls::url`]):
+    /// TLS for `https://` (with the CA and the client identity given), plaintext for
+    /// `http://`. An error names what does not fit.
+    pub fn endpoint(&self, address: &str) -> Result<tonic::transport::Endpoint, TlsError> {
+        let url = &self.url(address)[..];
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(TlsError(format!(
+                "{address:?}: give host:port, http://host:port or https://host:port"
+            )));
+        }
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(|_| {
+            TlsError(format!(
+                "{address:?} is not an address: give host:port, http://host:port or https://host:port"
+            ))
+        })?;
+        if endpoint.uri().host().is_none_or(str::is_empty) {
+            return Err(TlsError(format!(
+                "{address:?} names no host: give host:port, http://host:port or https://host:port"
+            )));
+        }
         let https = url.starts_with("https://");
         if !https {
             if self.ca.is_some() || self.cert.is_some() {
@@ -414,6 +444,33 @@ mod tests {
                 .to_string()
                 .contains("https://")
         );
+    }
+
+    #[test]
+    fn host_port_means_http_or_https_by_the_tls_flags() {
+        let plain = ClientTls::default();
+        assert_eq!(plain.url("127.0.0.1:7710"), "http://127.0.0.1:7710");
+        assert_eq!(plain.url("agg.example:7700"), "http://agg.example:7700");
+        assert_eq!(plain.url("[::1]:7700"), "http://[::1]:7700");
+        assert_eq!(plain.url("https://a:1"), "https://a:1");
+        assert!(plain.endpoint("127.0.0.1:7710").is_ok());
+        assert_eq!(
+            plain.endpoint("[::1]:7700").unwrap().uri().to_string(),
+            "http://[::1]:7700/"
+        );
+        let with_ca = ClientTls {
+            ca: Some(PathBuf::from("ca.pem")),
+            ..ClientTls::default()
+        };
+        assert_eq!(with_ca.url("agg:7700"), "https://agg:7700");
+        // The https:// it implies needs the CA file: the error is about reading it, not
+        // about the URL's form.
+        let e = with_ca.endpoint("agg:7700").unwrap_err().to_string();
+        assert!(e.contains("ca.pem"), "{e}");
+        for bad in ["", "ftp://a:1", "http://", "a b:1"] {
+            let e = plain.endpoint(bad).unwrap_err().to_string();
+            assert!(e.contains("host:port"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@ struct Cli {
     /// servers: `--label region=eu --label role=web`. In the environment, comma-separated.
     #[arg(long = "label", env = "HOURGLASS_LABELS", value_delimiter = ',', value_parser = parse_label)]
     labels: Vec<(String, String)>,
-    /// The aggregator's gRPC URL.
+    /// The aggregator's gRPC address: `host:port` (http://, or https:// when --tls-ca or
+    /// --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(
         long,
         env = "HOURGLASS_AGGREGATOR",
@@ -168,13 +169,15 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         key: cli.tls_client_key,
     };
     // Checked now, so a bad URL or a missing CA is one line at start, not a retry loop.
+    // `host:port` is taken too, and means http:// or https:// by the TLS flags.
     aggregator_tls
         .endpoint(&cli.aggregator)
         .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?;
+    let aggregator = aggregator_tls.url(&cli.aggregator);
     tracing::info!(
         "shipping to {} over {}",
-        cli.aggregator,
-        if cli.aggregator.starts_with("https://") {
+        aggregator,
+        if aggregator.starts_with("https://") {
             "TLS"
         } else {
             "plaintext"
@@ -191,7 +194,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let agent = Agent::open(Options {
         server_name,
         labels: cli.labels,
-        aggregator: cli.aggregator,
+        aggregator,
         aggregator_tls,
         aggregator_token,
         data_dir: cli.data_dir,

@@ -1,6 +1,7 @@
 //! The `hourglass` command's subcommands.
 
 mod demo;
+mod health;
 mod numbers;
 mod query;
 mod send;
@@ -42,6 +43,11 @@ enum Command {
     ///
     /// Example: `hourglass simulate --spawn 5 --days 7 --events-per-hour 2000 --truth truth.json`
     Simulate(simulate::SimulateArgs),
+    /// Ask a server's admin port whether it is healthy (exit status 0 on HTTP 200): the
+    /// container image's health check, which has no curl.
+    ///
+    /// Example: `hourglass health --admin 127.0.0.1:7701 --path /readyz`
+    Health(health::HealthArgs),
 }
 
 /// Runs one parsed command line.
@@ -52,6 +58,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Query(args) => query::run(args),
         Command::Send(args) => send::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::Health(args) => health::run(args),
     }
 }
 

@@ -34,7 +34,8 @@ pub struct QueryArgs {
     question: Question,
     #[command(flatten)]
     tls: super::TlsArgs,
-    /// The aggregator's gRPC address.
+    /// The aggregator's gRPC address: `host:port` (http://, or https:// when --tls-ca or
+    /// --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = DEFAULT_AGGREGATOR)]
     aggregator: String,
     /// The metric, such as `visitors`.

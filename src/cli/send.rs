@@ -19,7 +19,8 @@ const BATCH: usize = 10_000;
 pub struct SendArgs {
     #[command(flatten)]
     tls: super::TlsArgs,
-    /// The agent's gRPC Ingest address.
+    /// The agent's gRPC Ingest address: `host:port` (http://, or https:// when --tls-ca
+    /// or --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(long, env = "HOURGLASS_AGENT", default_value = DEFAULT_AGENT)]
     agent: String,
     /// The metric, such as `visitors`.

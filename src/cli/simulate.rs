@@ -34,7 +34,8 @@ pub const PAGES: &str = "pages";
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
-    /// Running agents' Ingest URLs, comma-separated; server i of the model is the i-th.
+    /// Running agents' Ingest addresses (`host:port` or URLs), comma-separated; server
+    /// i of the model is the i-th.
     #[arg(
         long,
         value_delimiter = ',',

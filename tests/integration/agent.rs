@@ -757,6 +757,61 @@ fn send_command_reports_what_the_agent_took() {
     );
 }
 
+/// grpcurl and most gRPC tools take `host:port`: so do the agent's `--aggregator`,
+/// `send --agent` and `query --aggregator`, meaning http:// without TLS flags.
+#[test]
+fn every_address_flag_takes_host_port() {
+    let dir = TempDir::new("agent-host-port");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg_hostport = agg
+        .grpc
+        .strip_prefix("http://")
+        .expect("http URL")
+        .to_string();
+    let agent = AgentProcess::start(
+        "web-1",
+        &agg_hostport,
+        &dir.file("agent"),
+        &["--flush-interval", "1s"],
+    );
+    let agent_hostport = agent.ingest.strip_prefix("http://").expect("http URL");
+    let run = hourglass(
+        &["send", "--agent", agent_hostport, "visitors", "a", "b", "c"],
+        b"",
+    )
+    .ok();
+    assert!(run.text().contains("3 accepted"), "{}", run.text());
+    wait_shipped(&agent);
+    let h = this_hour();
+    let answer = hourglass(
+        &[
+            "query",
+            "distinct",
+            "--metric",
+            "visitors",
+            "--aggregator",
+            &agg_hostport,
+            "--from",
+            &hourglass::time::hour_start(h - 1).to_rfc3339(),
+            "--to",
+            &hourglass::time::hour_start(h + 1).to_rfc3339(),
+            "--json",
+        ],
+        b"",
+    )
+    .ok()
+    .json();
+    assert_eq!(
+        answer["estimate"].as_f64().map(f64::round),
+        Some(3.0),
+        "{answer}"
+    );
+    // Something that is neither host:port nor a URL is one clear line.
+    let run = hourglass(&["send", "--agent", "ftp://x:1", "visitors", "a"], b"");
+    assert!(!run.status.success());
+    assert!(run.stderr.contains("host:port"), "{}", run.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
     let dir = TempDir::new("agent-batches");

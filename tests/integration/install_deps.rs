@@ -47,10 +47,7 @@ fn libclang_cpp_alone_is_not_libclang() {
     let (code, stderr) = check(&root);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("missing: libclang"), "{stderr}");
-    assert!(
-        stderr.contains("would install: libclang1-14\n"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("would install: libclang1-14\n"), "{stderr}");
 }
 
 #[test]
@@ -66,7 +63,10 @@ fn the_names_clang_sys_loads_are_found() {
         let root = machine("deps-found", &[CPP_ONLY[0], lib, HEADERS, CXX]);
         let (code, stderr) = check(&root);
         assert_eq!(code, 0, "{lib}: {stderr}");
-        assert!(stderr.contains(&format!("libclang: {}", root.file(lib))), "{lib}: {stderr}");
+        assert!(
+            stderr.contains(&format!("libclang: {}", root.file(lib))),
+            "{lib}: {stderr}"
+        );
     }
 }
 
@@ -76,7 +76,10 @@ fn clang_headers_and_a_cxx_compiler_are_required_too() {
     let root = machine("deps-no-headers", &[lib, CXX]);
     let (code, stderr) = check(&root);
     assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("would install: libclang-common-14-dev\n"), "{stderr}");
+    assert!(
+        stderr.contains("would install: libclang-common-14-dev\n"),
+        "{stderr}"
+    );
 
     let root = machine("deps-no-cxx", &[lib, HEADERS]);
     let (code, stderr) = check(&root);
