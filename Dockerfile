@@ -1,34 +1,61 @@
-# syntax=docker/dockerfile:1
 # The hourglass image: the three programs (hourglass, hourglass-agent,
 # hourglass-aggregator) on Debian bookworm-slim, run as the non-root user 10001.
 #
 #   docker build -t hourglass:0.1.0 .
 #   docker run -p 7700:7700 -p 7701:7701 -v hourglass:/var/lib/hourglass hourglass:0.1.0
-#   docker run --rm hourglass:0.1.0 hourglass query distinct --metric visitors --aggregator http://HOST:7700
+#   docker run --rm hourglass:0.1.0 hourglass query distinct --metric visitors --aggregator HOST:7700
 #
 # The default command is the aggregator; another program runs by naming it, as above
 # (the Helm chart in helm/hourglass sets the command of each role). The first build
-# compiles RocksDB from source: about 10 minutes on 2 cores.
+# compiles RocksDB from source: about 10 minutes on 2 cores; later builds reuse the layer
+# that holds it until Cargo.toml, Cargo.lock or the .proto files change.
+#
+# Works with the classic builder and with BuildKit (no registry-fetched syntax image, no
+# cache mounts). Without a registry, point the two stages at local images:
+#   --build-arg RUST_IMAGE=IMAGE      Debian bookworm with cargo and rustc on PATH
+#   --build-arg RUNTIME_IMAGE=IMAGE   Debian bookworm(-slim)
+# (.ci/image makes both from debootstrap and the host's toolchain.)
 
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS builder
-# RocksDB's bindings need libclang (bindgen); the image already has the C++ toolchain.
-# No protoc: the build uses the vendored one.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends clang libclang-dev \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# What RocksDB's build needs from the system (libclang, clang's headers, a C++
+# compiler), checked and installed by the same script a user runs on a machine.
+COPY scripts/install-deps scripts/install-deps
+RUN scripts/install-deps && rm -rf /var/lib/apt/lists/*
+
+# The dependencies, RocksDB above all, in a layer of their own: the manifests, the
+# lockfile, the build script and the .proto files, with empty sources for every target
+# the manifests name. A new workspace member needs its Cargo.toml listed here.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY .cargo .cargo
+COPY proto proto
+COPY agent/Cargo.toml agent/Cargo.toml
+COPY aggregator/Cargo.toml aggregator/Cargo.toml
+RUN set -e; \
+    for manifest in Cargo.toml */Cargo.toml; do \
+        dir=$(dirname "$manifest"); \
+        mkdir -p "$dir/src" "$dir/benches"; \
+        echo 'fn main() {}' > "$dir/src/main.rs"; \
+        : > "$dir/src/lib.rs"; \
+        for bench in $(awk '/^\[\[bench\]\]/ { b = 1; next } b && /^name *=/ { gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b = 0 }' "$manifest"); do \
+            echo 'fn main() {}' > "$dir/benches/$bench.rs"; \
+        done; \
+    done; \
+    cargo build --release --locked --workspace --bins; \
+    rm -rf src benches */src */benches
+
+# The sources. Touched, so cargo never takes the empty stubs' build for them.
 COPY . .
-# BuildKit cache mounts keep the crates and the compiled RocksDB between builds; the
-# binaries are copied out of the cached target directory.
-RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
-    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --workspace --locked \
+RUN find . -path ./target -prune -o -name '*.rs' -exec touch {} + \
+    && cargo build --release --locked --workspace --bins \
     && mkdir -p /out \
-    && cp target/release/hourglass target/release/hourglass-agent target/release/hourglass-aggregator /out/
+    && cp target/release/hourglass target/release/hourglass-agent target/release/hourglass-aggregator /out/ \
+    && for b in hourglass hourglass-agent hourglass-aggregator; do \
+        /out/$b --version | grep -q "^$b " || { echo "/out/$b is not the real $b"; exit 1; }; \
+    done
 # The release profile keeps line tables (debug = "line-tables-only"), RocksDB's included:
 # the aggregator is ~475 MB with them and ~20 MB without. Symbols stay, so backtraces
 # still name functions. Build with --build-arg STRIP_DEBUG=0 to keep them.
@@ -40,7 +67,7 @@ FROM ${RUNTIME_IMAGE}
 # say so).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates libstdc++6 \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 # A fixed UID and GID, which the chart's securityContext (runAsUser 10001) and any
 # volume permissions rely on.
 RUN groupadd --gid 10001 hourglass \
@@ -56,5 +83,9 @@ ENV HOURGLASS_DATA_DIR=/var/lib/hourglass
 VOLUME ["/var/lib/hourglass"]
 # gRPC and admin of the aggregator; the agent uses 8125/udp, 7710 and 7711.
 EXPOSE 7700 7701
+# The admin port's /healthz: HOURGLASS_ADMIN_LISTEN's port when set, else the
+# aggregator's 7701, then the agent's 7711 (`hourglass health --help`).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["hourglass", "health"]
 # No init process is needed: both servers handle SIGTERM (drain, flush, exit) as PID 1.
 CMD ["hourglass-aggregator"]

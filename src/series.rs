@@ -17,6 +17,8 @@ pub const MAX_TAG_KEY_LEN: usize = 64;
 pub const MAX_TAG_VALUE_LEN: usize = 256;
 /// Most tags on one series.
 pub const MAX_TAGS: usize = 16;
+/// Longest server name, in bytes: a DNS name's limit, since the default is the hostname.
+pub const MAX_SERVER_NAME_LEN: usize = 253;
 
 /// Why a metric name, tag or series is not acceptable.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -69,6 +71,17 @@ pub enum NameError {
     TooManyTags {
         /// How many were given.
         count: usize,
+    },
+    /// A server name is empty, longer than [`MAX_SERVER_NAME_LEN`], or holds a control
+    /// character or a separator of the text forms (`,` `|` `{` `}` `=`).
+    #[error(
+        "server name {name:?} is invalid: 1 to {MAX_SERVER_NAME_LEN} bytes (it is {len}), without ',', '|', '{{', '}}', '=' or control characters"
+    )]
+    BadServerName {
+        /// The name given.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
     },
     /// A `k=v` pair without `=`, or a series text form that does not parse.
     #[error("cannot parse {text:?}: {reason}")]
@@ -125,6 +138,25 @@ pub fn validate_tag(key: &str, value: &str) -> Result<(), NameError> {
         });
     }
     Ok(())
+}
+
+/// Checks a server name: the one rule for the agent (at start, for `--server-name` or
+/// the hostname) and the aggregator (for every push), so a name one accepts the other
+/// never refuses.
+pub fn validate_server_name(name: &str) -> Result<(), NameError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SERVER_NAME_LEN
+        && !name
+            .chars()
+            .any(|c| c.is_control() || matches!(c, ',' | '|' | '{' | '}' | '='));
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::BadServerName {
+            name: name.to_string(),
+            len: name.len(),
+        })
+    }
 }
 
 /// Parses `key=value` (as given to `--tag` and `--label`).
@@ -264,6 +296,27 @@ impl TryFrom<&v1::Series> for Series {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_names_have_one_rule() {
+        for good in [
+            "web-1",
+            "ip-10-0-0-1.eu-west-1.compute.internal",
+            "a",
+            &"x".repeat(253),
+        ] {
+            assert_eq!(validate_server_name(good), Ok(()), "{good:?}");
+        }
+        // 254 to 256 bytes passed the agent's old tag-value rule and were refused by the
+        // aggregator on every push.
+        for len in [254, 255, 256, 300] {
+            let e = validate_server_name(&"x".repeat(len)).unwrap_err();
+            assert!(e.to_string().contains(&format!("it is {len}")), "{e}");
+        }
+        for bad in ["", "a,b", "a|b", "a{b", "a}b", "a=b", "a\nb", "a\u{7f}"] {
+            assert!(validate_server_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn tags(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

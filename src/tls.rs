@@ -319,7 +319,7 @@ impl ClientTls {
         if address.contains("://") {
             return address.to_string();
         }
-        let scheme = if self.ca.is_some() || self.cert.is_some() {
+        let scheme = if self.ca.is_some() || self.cert.is_some() || self.key.is_some() {
             "https"
         } else {
             "http"
@@ -337,6 +337,16 @@ impl ClientTls {
                 "{address:?}: give host:port, http://host:port or https://host:port"
             )));
         }
+        // Without a scheme the port is required: `agg` alone would quietly mean port 80.
+        if !address.contains("://")
+            && !address
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        {
+            return Err(TlsError(format!(
+                "{address:?} has no port: give host:port, http://host:port or https://host:port"
+            )));
+        }
         let endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(|_| {
             TlsError(format!(
                 "{address:?} is not an address: give host:port, http://host:port or https://host:port"
@@ -349,7 +359,7 @@ impl ClientTls {
         }
         let https = url.starts_with("https://");
         if !https {
-            if self.ca.is_some() || self.cert.is_some() {
+            if self.ca.is_some() || self.cert.is_some() || self.key.is_some() {
                 return Err(TlsError(format!(
                     "TLS files were given but {url} is plaintext: use an https:// URL"
                 )));
@@ -463,11 +473,26 @@ mod tests {
             ..ClientTls::default()
         };
         assert_eq!(with_ca.url("agg:7700"), "https://agg:7700");
+        let key_only = ClientTls {
+            key: Some(PathBuf::from("client.key")),
+            ..ClientTls::default()
+        };
+        assert_eq!(key_only.url("agg:7700"), "https://agg:7700");
+        assert!(key_only.endpoint("http://agg:7700").is_err());
         // The https:// it implies needs the CA file: the error is about reading it, not
         // about the URL's form.
         let e = with_ca.endpoint("agg:7700").unwrap_err().to_string();
         assert!(e.contains("ca.pem"), "{e}");
-        for bad in ["", "ftp://a:1", "http://", "a b:1"] {
+        for bad in [
+            "",
+            "ftp://a:1",
+            "http://",
+            "a b:1",
+            "agg",
+            ":7700",
+            "agg:port",
+            "[::1]",
+        ] {
             let e = plain.endpoint(bad).unwrap_err().to_string();
             assert!(e.contains("host:port"), "{bad:?}: {e}");
         }

@@ -29,6 +29,7 @@
 //! [shipping]
 //! max_batch_mib = 4       # encoded sketches per Push, at most (up to 64, the aggregator's default message limit)
 //! max_snapshots_per_push = 1000 # snapshots per Push, at most (the aggregator refuses more than its limit)
+//! max_live_hours_per_push = 10000 # live hours per Push, at most (fewer are sent while the aggregator refuses that many)
 //! push_timeout = "30s"    # one Push call, at most
 //! backoff_initial = "1s"  # first retry delay after a failed push ...
 //! backoff_max = "60s"     # ... doubling up to this, with jitter
@@ -165,6 +166,9 @@ pub struct Shipping {
     pub max_batch_mib: usize,
     /// Snapshots per Push.
     pub max_snapshots_per_push: usize,
+    /// Live hours declared per Push; at most the aggregator's
+    /// `limits.max_live_hours_per_push`, or pushes are refused and sent again smaller.
+    pub max_live_hours_per_push: usize,
     /// Deadline of one Push.
     #[serde(deserialize_with = "duration")]
     pub push_timeout: Duration,
@@ -184,6 +188,7 @@ impl Default for Shipping {
         Shipping {
             max_batch_mib: 4,
             max_snapshots_per_push: 1000,
+            max_live_hours_per_push: 10_000,
             push_timeout: Duration::from_secs(30),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
@@ -320,6 +325,15 @@ impl Config {
                 format!(
                     "is {}; it must be between 1 and 10000",
                     s.max_snapshots_per_push
+                ),
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_live_hours_per_push) {
+            return Err(invalid(
+                "shipping.max_live_hours_per_push",
+                format!(
+                    "is {}; it must be between 1 and 1000000",
+                    s.max_live_hours_per_push
                 ),
             ));
         }
@@ -476,6 +490,8 @@ mod tests {
         assert_eq!(c.flush_interval, Duration::from_secs(10));
         assert_eq!(c.lateness, HOUR);
         assert_eq!(c.default_kinds, vec![Kind::Distinct, Kind::Frequency]);
+        // The aggregator's default limits.max_live_hours_per_push.
+        assert_eq!(c.shipping.max_live_hours_per_push, 10_000);
         let spec = c.spec_for("anything").unwrap();
         let kinds: Vec<Kind> = spec.empty.iter().map(Sketch::kind).collect();
         assert_eq!(kinds, vec![Kind::Distinct, Kind::Frequency]);
@@ -534,6 +550,14 @@ mod tests {
         let c: Config = toml::from_str("[limits]\nmax_item_len = 0").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("limits.max_item_len"), "{e}");
+        for bad in [0, 1_000_001] {
+            let c: Config =
+                toml::from_str(&format!("[shipping]\nmax_live_hours_per_push = {bad}")).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("shipping.max_live_hours_per_push"), "{e}");
+        }
+        let c: Config = toml::from_str("[shipping]\nmax_live_hours_per_push = 3").unwrap();
+        c.validate().unwrap();
         let c: Config = toml::from_str("flush_interval = \"10ms\"").unwrap();
         assert!(
             c.validate()

@@ -100,11 +100,10 @@ impl Agent {
     /// Validates the options, locks the data dir and restores its checkpoint.
     pub fn open(options: Options) -> anyhow::Result<Agent> {
         options.config.validate()?;
-        hourglass::series::validate_tag("server", &options.server_name)
-            .map_err(|_| anyhow::anyhow!("server name {:?} is not usable: at most 256 bytes without ',', '|', '{{', '}}', '=' or control characters", options.server_name))?;
-        if options.server_name.is_empty() {
-            anyhow::bail!("server name is empty (--server-name)");
-        }
+        // The aggregator's rule (one function for both): a name it would refuse on every
+        // push is an error now, not a stream of dropped snapshots later.
+        hourglass::series::validate_server_name(&options.server_name)
+            .map_err(|e| anyhow::anyhow!("{e} (--server-name, or the hostname)"))?;
         let dir = &options.data_dir;
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the data dir {}", dir.display()))?;

@@ -44,6 +44,9 @@ pub struct Metrics {
     /// Stale replies naming a later version than the agent gave (a checkpoint behind
     /// what was sent).
     pub version_divergence: Counter,
+    /// Live hours dropped because the aggregator refused a push of them alone for good
+    /// (the reason is logged).
+    pub live_hours_dropped: Counter,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
     pub pushes: Family<Labels, Counter>,
     /// Push latency, seconds.
@@ -98,6 +101,7 @@ impl Metrics {
             snapshots_rejected: Counter::default(),
             snapshots_retried: Counter::default(),
             version_divergence: Counter::default(),
+            live_hours_dropped: Counter::default(),
             pushes: Family::default(),
             // 0.5 ms to about 16 s.
             push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -167,6 +171,11 @@ impl Metrics {
             "version_divergence",
             "Stale replies naming a later version than the agent gave",
             m.version_divergence.clone(),
+        );
+        r.register(
+            "live_hours_dropped",
+            "Live hours dropped because the aggregator refused them for good (reasons are logged)",
+            m.live_hours_dropped.clone(),
         );
         r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
         r.register(

@@ -6,6 +6,10 @@
 //! replaces, never trails, what it had sent. After a failed push the next attempt waits an
 //! exponentially growing, jittered delay (checkpoints continue on every tick meanwhile);
 //! what waits is at most one snapshot per (series, hour).
+//!
+//! Live hours go at most `shipping.max_live_hours_per_push` a push, riding with the
+//! snapshot batches or in pushes of their own, and fewer when the aggregator refuses that
+//! many: a bound on live hours is one the agent can keep, so it never costs a snapshot.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -57,6 +61,9 @@ pub struct Shipper {
     failures: u32,
     next_push: Instant,
     jitter: u64,
+    /// Live hours per push: `shipping.max_live_hours_per_push`, halved while the
+    /// aggregator refuses that many.
+    live_chunk: usize,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
@@ -81,6 +88,7 @@ impl Shipper {
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
+        let live_chunk = config.shipping.max_live_hours_per_push.max(1);
         Shipper {
             table,
             metrics,
@@ -91,6 +99,7 @@ impl Shipper {
             failures: 0,
             next_push: Instant::now(),
             jitter: seed,
+            live_chunk,
             // Checked when the agent starts (main.rs), so a bad token never gets here.
             authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
         }
@@ -256,6 +265,12 @@ impl Shipper {
     }
 
     /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
+    ///
+    /// Live hours ride with the snapshot batches, at most `live_chunk` a push, and those
+    /// left over go in pushes of their own. A push carrying both that is refused for good
+    /// is sent again as two, so that a bound only one part breaks (the aggregator's
+    /// `limits.max_live_hours_per_push`, say) never drops the other part: snapshots are
+    /// dropped only when a push of snapshots alone is refused for good.
     async fn push_all(&mut self) -> Result<(), PushError> {
         let (keys, live) = {
             let t = crate::table::lock(&self.table);
@@ -266,42 +281,38 @@ impl Shipper {
         }
         let max_bytes = self.config.max_batch_bytes();
         let max_snapshots = self.config.shipping.max_snapshots_per_push;
+        // Live hours before `live_at` are acknowledged; `ride` turns false once a push of
+        // both was refused, and the rest of the live hours then go alone.
+        let mut live_at = 0;
+        let mut ride = true;
         let mut start = 0;
-        let mut first = true;
-        while first || start < keys.len() {
+        while start < keys.len() {
             let (snapshots, sent, next) = {
                 let t = crate::table::lock(&self.table);
                 t.encode_batch(&keys, start, max_bytes, max_snapshots)
             };
             let count = snapshots.len();
-            let request = v1::PushRequest {
-                server: Some(self.server.clone()),
-                snapshots,
-                live_hours: if first { live.clone() } else { Vec::new() },
+            let rider: &[u32] = if ride {
+                &live[live_at..live.len().min(live_at + self.live_chunk)]
+            } else {
+                &[]
             };
-            let started = Instant::now();
-            let mut call = tonic::Request::new(request);
-            call.set_timeout(self.config.shipping.push_timeout);
-            if let Some(header) = &self.authorization {
-                call.metadata_mut().insert("authorization", header.clone());
-            }
-            let reply = self.client.push(call).await;
-            self.metrics
-                .push_seconds
-                .observe(started.elapsed().as_secs_f64());
-            let code = reply
-                .as_ref()
-                .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
-            self.metrics
-                .pushes
-                .get_or_create(&vec![(
-                    "outcome",
-                    hourglass::proto::code_label(code).to_string(),
-                )])
-                .inc();
-            self.metrics.snapshots_sent.inc_by(count as u64);
-            let results = match reply {
-                Ok(r) => r.into_inner().results,
+            let results = match self.send(snapshots, rider.to_vec()).await {
+                Ok(results) => results,
+                Err(status) if refused_for_good(status.code()) && !rider.is_empty() => {
+                    // Which part the aggregator refuses is not known: send the snapshots
+                    // again alone, and the live hours in pushes of their own.
+                    self.metrics.snapshots_retried.inc_by(count as u64);
+                    tracing::warn!(
+                        code = ?status.code(),
+                        message = status.message(),
+                        snapshots = count,
+                        live_hours = rider.len(),
+                        "the aggregator refused a push of snapshots and live hours; sending them apart"
+                    );
+                    ride = false;
+                    continue;
+                }
                 Err(status) if refused_for_good(status.code()) => {
                     // The aggregator refuses this batch as a whole (too large, too many
                     // snapshots, malformed): sending it again would be refused again, and
@@ -317,7 +328,6 @@ impl Shipper {
                     for &(key, version, _) in &sent {
                         t.ack(key, version);
                     }
-                    first = false;
                     start = next;
                     continue;
                 }
@@ -334,18 +344,104 @@ impl Shipper {
                 });
             }
             self.apply(&sent, &results)?;
-            if first {
-                self.table
-                    .lock()
-                    .expect("table lock")
-                    .live_hours_acked(&live);
-                self.metrics.last_push.set(unix_now());
+            if !rider.is_empty() {
+                crate::table::lock(&self.table).live_hours_acked(rider);
+                live_at += rider.len();
             }
-            first = false;
             start = next;
         }
-        self.metrics.last_push.set(unix_now());
+        self.push_live_hours(&live[live_at..]).await
+    }
+
+    /// Pushes `hours` in pushes of live hours alone, at most `live_chunk` each. One refused
+    /// with RESOURCE_EXHAUSTED (more live hours than the aggregator's
+    /// `limits.max_live_hours_per_push`) is sent again in halves, down to one hour, and the
+    /// smaller chunk is kept for later flushes. Live hours refused for good even so are
+    /// dropped, logged and counted in `live_hours_dropped`, so they do not come back every
+    /// flush; no snapshot is ever dropped here.
+    async fn push_live_hours(&mut self, hours: &[u32]) -> Result<(), PushError> {
+        let mut at = 0;
+        while at < hours.len() {
+            let chunk = &hours[at..hours.len().min(at + self.live_chunk)];
+            match self.send(Vec::new(), chunk.to_vec()).await {
+                Ok(results) if results.is_empty() => {
+                    crate::table::lock(&self.table).live_hours_acked(chunk);
+                }
+                Ok(results) => {
+                    return Err(PushError::Mismatch {
+                        got: results.len(),
+                        sent: 0,
+                    });
+                }
+                Err(status)
+                    if status.code() == tonic::Code::ResourceExhausted && chunk.len() > 1 =>
+                {
+                    self.live_chunk = chunk.len() / 2;
+                    tracing::warn!(
+                        message = status.message(),
+                        live_hours = chunk.len(),
+                        retry_with = self.live_chunk,
+                        "the aggregator refused a push of live hours as too many; sending fewer at a time \
+                         (set shipping.max_live_hours_per_push to at most its limits.max_live_hours_per_push)"
+                    );
+                    continue;
+                }
+                Err(status) if refused_for_good(status.code()) => {
+                    self.metrics.live_hours_dropped.inc_by(chunk.len() as u64);
+                    tracing::error!(
+                        code = ?status.code(),
+                        message = status.message(),
+                        live_hours = chunk.len(),
+                        first = chunk[0],
+                        last = chunk[chunk.len() - 1],
+                        "the aggregator refused a push of live hours alone; they are dropped"
+                    );
+                    crate::table::lock(&self.table).drop_live_hours(chunk);
+                }
+                Err(status) => return Err(status.into()),
+            }
+            at += chunk.len();
+        }
         Ok(())
+    }
+
+    /// One Push call of `snapshots` and `live_hours`, timed, counted and bounded by
+    /// `shipping.push_timeout`: the per-snapshot results, or the call's status.
+    async fn send(
+        &mut self,
+        snapshots: Vec<v1::Snapshot>,
+        live_hours: Vec<u32>,
+    ) -> Result<Vec<v1::SnapshotResult>, tonic::Status> {
+        let count = snapshots.len();
+        let request = v1::PushRequest {
+            server: Some(self.server.clone()),
+            snapshots,
+            live_hours,
+        };
+        let started = Instant::now();
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(self.config.shipping.push_timeout);
+        if let Some(header) = &self.authorization {
+            call.metadata_mut().insert("authorization", header.clone());
+        }
+        let reply = self.client.push(call).await;
+        self.metrics
+            .push_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let code = reply
+            .as_ref()
+            .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+        self.metrics
+            .pushes
+            .get_or_create(&vec![(
+                "outcome",
+                hourglass::proto::code_label(code).to_string(),
+            )])
+            .inc();
+        self.metrics.snapshots_sent.inc_by(count as u64);
+        let results = reply?.into_inner().results;
+        self.metrics.last_push.set(unix_now());
+        Ok(results)
     }
 
     /// Records a push's results: stored and stale snapshots are acknowledged; rejected
@@ -385,11 +481,15 @@ impl Shipper {
                             // Continue above it, so new content is not taken for stale.
                             self.metrics.version_divergence.inc();
                             t.raise_last_version(r.held_version);
+                            // What it holds is other content than this entry's: only a
+                            // version above it gets the entry's content there, so the
+                            // entry is owed again, and the next flush gives it one.
+                            t.mark_dirty(key);
                             tracing::error!(
                                 hour = key.1,
                                 sent = version,
                                 held = r.held_version,
-                                "the aggregator holds a later version than this agent gave; continuing above it"
+                                "the aggregator holds a later version than this agent gave; continuing above it and sending the entry again"
                             );
                         }
                     }
@@ -420,4 +520,93 @@ fn refused_for_good(code: tonic::Code) -> bool {
         code,
         tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{IngestStats, lock};
+
+    /// A shipper of `table` whose channel is never used (it connects lazily).
+    fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>) -> Shipper {
+        let channel = Channel::from_static("http://127.0.0.1:1").connect_lazy();
+        Shipper::new(
+            Arc::clone(table),
+            Arc::new(Metrics::new()),
+            config,
+            PathBuf::from("unused"),
+            v1::Server {
+                name: "web-1".into(),
+                labels: Vec::new(),
+            },
+            channel,
+            None,
+        )
+    }
+
+    fn stale(held_version: u64) -> v1::SnapshotResult {
+        v1::SnapshotResult {
+            outcome: v1::PushOutcome::Stale as i32,
+            held_version,
+            reason: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stale_reply_naming_a_later_version_sends_the_entry_again() {
+        let config = Arc::new(Config::default());
+        let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));
+        let now = unix_now();
+        {
+            let mut t = lock(&table);
+            for metric in ["diverged", "plain"] {
+                let id = t
+                    .resolve_statsd(metric, "", &mut IngestStats::default())
+                    .unwrap();
+                t.insert(id, now, now, b"u1", 1).unwrap();
+            }
+            assert_eq!(t.assign_versions(), 2, "both at version 1");
+        }
+        let s = shipper(&table, config);
+        let (keys, sent) = {
+            let t = lock(&table);
+            let keys = t.unacked();
+            let (_, sent, _) = t.encode_batch(&keys, 0, usize::MAX, 1000);
+            (keys, sent)
+        };
+        let diverged = keys
+            .iter()
+            .position(|&k| lock(&table).get(k).unwrap().0.to_string() == "diverged")
+            .unwrap();
+        // Two kinds an entry, so two results each. The aggregator holds version 5 of
+        // "diverged" (sent before the checkpoint fell behind) and version 1 of "plain".
+        let mut results = Vec::new();
+        for (i, &(_, version, count)) in sent.iter().enumerate() {
+            let held = if i == diverged { 5 } else { version };
+            results.extend(std::iter::repeat_n(stale(held), count));
+        }
+        s.apply(&sent, &results).unwrap();
+        assert_eq!(s.metrics.version_divergence.get(), 2);
+        assert_eq!(s.metrics.snapshots_acked.get(), 4);
+
+        let mut t = lock(&table);
+        assert_eq!(
+            t.last_version(),
+            5,
+            "continues above what the aggregator holds"
+        );
+        let entry = |t: &Table, i: usize| t.get(keys[i]).unwrap().1.clone();
+        assert!(
+            entry(&t, diverged).pending(),
+            "the aggregator holds other content: this entry's must still reach it"
+        );
+        assert!(
+            !entry(&t, 1 - diverged).pending(),
+            "a plain stale reply acknowledges"
+        );
+        // The next flush gives it a version above the one held, and sends it.
+        assert_eq!(t.assign_versions(), 1);
+        assert_eq!(entry(&t, diverged).version, 6);
+        assert_eq!(t.unacked(), vec![keys[diverged]]);
+    }
 }

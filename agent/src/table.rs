@@ -523,6 +523,14 @@ impl Table {
         }
     }
 
+    /// Forgets live hours the aggregator refused for good (the caller counts them), so
+    /// they are not sent again every flush.
+    pub fn drop_live_hours(&mut self, hours: &[u32]) {
+        for h in hours {
+            self.live_hours.remove(h);
+        }
+    }
+
     /// The highest version given to any entry of this epoch.
     pub fn last_version(&self) -> u64 {
         self.last_version
@@ -617,6 +625,15 @@ impl Table {
             next += 1;
         }
         (snapshots, sent, next)
+    }
+
+    /// Marks `key` changed, so the next flush gives it a new version and sends it again
+    /// (when the aggregator holds a later version of it than this agent gave, with other
+    /// content). Nothing happens if the table does not hold `key`.
+    pub fn mark_dirty(&mut self, key: Key) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.dirty = true;
+        }
     }
 
     /// Records that the aggregator holds `version` of `key` (or a newer one).
@@ -892,6 +909,40 @@ mod tests {
             .unwrap();
         t.insert(id, later, later, b"c", 1).unwrap();
         assert_eq!(t.series_count(), 1);
+    }
+
+    #[test]
+    fn an_entry_marked_dirty_is_sent_again_above_a_raised_counter() {
+        let mut t = table();
+        add(&mut t, "v", "", "a", NOW).unwrap();
+        add(&mut t, "w", "", "a", NOW).unwrap();
+        assert_eq!(t.assign_versions(), 2);
+        let keys = t.unacked();
+        for &k in &keys {
+            t.ack(k, 1);
+        }
+        assert!(t.unacked().is_empty());
+        // The aggregator holds version 5 of "v": continue above it, and owe "v" again.
+        let v = t.get(keys[0]).map(|(s, _)| s.to_string()).unwrap();
+        t.raise_last_version(5);
+        t.mark_dirty(keys[0]);
+        t.mark_dirty((999, 1)); // not held: nothing happens
+        assert!(t.entry(&v, hour(NOW)).unwrap().pending());
+        assert_eq!(t.backlog().snapshots, 2, "one entry, two kinds");
+        assert_eq!(t.assign_versions(), 1, "only the marked entry");
+        assert_eq!(t.entry(&v, hour(NOW)).unwrap().version, 6);
+        assert_eq!(t.unacked(), vec![keys[0]]);
+    }
+
+    #[test]
+    fn live_hours_are_forgotten_when_acknowledged_or_dropped() {
+        let mut t = table();
+        for h in [10, 11, 12, 13] {
+            t.mark_live(h);
+        }
+        t.live_hours_acked(&[10, 11]);
+        t.drop_live_hours(&[13]);
+        assert_eq!(t.live_hours(), vec![12]);
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Metrics {
     pub snapshots_stale: Counter,
     /// Snapshots rejected, by the rule they broke.
     pub snapshots_rejected: Family<Labels, Counter>,
+    /// Live hours declared outside the hours accepted now (a broken agent clock, or
+    /// hours past retention), ignored.
+    pub live_hours_refused: Counter,
     /// Requests refused before any handler ran because the message was larger than
     /// `limits.max_message_mib`, by gRPC method.
     pub requests_too_large: Family<Labels, Counter>,
@@ -89,6 +92,7 @@ impl Metrics {
             snapshots_stored: Counter::default(),
             snapshots_stale: Counter::default(),
             snapshots_rejected: Family::default(),
+            live_hours_refused: Counter::default(),
             requests_too_large: Family::default(),
             queries: Family::default(),
             queries_refused: Family::default(),
@@ -126,6 +130,11 @@ impl Metrics {
             "snapshots_rejected",
             "Snapshots refused, by the rule they broke",
             m.snapshots_rejected.clone(),
+        );
+        r.register(
+            "live_hours_refused",
+            "Live hours a push declared outside the hours accepted now (retention.hourly back, one hour ahead); ignored",
+            m.live_hours_refused.clone(),
         );
         r.register(
             "queries_refused",

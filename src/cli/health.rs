@@ -13,9 +13,11 @@ const DEFAULT_ADMIN: [&str; 2] = ["127.0.0.1:7701", "127.0.0.1:7711"];
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// The admin address (`host:port`) of an aggregator or agent. Default: the address in
-    /// HOURGLASS_ADMIN_LISTEN (as both servers read it; 0.0.0.0 and [::] mean loopback),
-    /// else 127.0.0.1:7701 (the aggregator's default), then 127.0.0.1:7711 (the agent's).
+    /// The admin address (`host:port`) of an aggregator or agent. Default, in a container
+    /// whose PID 1 is hourglass-aggregator or hourglass-agent: that program's
+    /// --admin-listen, else HOURGLASS_ADMIN_LISTEN, else its default port (7701, 7711);
+    /// elsewhere HOURGLASS_ADMIN_LISTEN, else 127.0.0.1:7701 then 127.0.0.1:7711.
+    /// 0.0.0.0 and [::] mean loopback.
     #[arg(long)]
     admin: Option<String>,
     /// The path to ask: `/healthz` (the process serves) or `/readyz` (it is ready for
@@ -28,15 +30,20 @@ pub struct HealthArgs {
 }
 
 pub fn run(args: HealthArgs) -> anyhow::Result<()> {
-    let candidates: Vec<String> = match (&args.admin, std::env::var("HOURGLASS_ADMIN_LISTEN")) {
-        (Some(admin), _) => vec![admin.clone()],
-        (None, Ok(listen)) if !listen.trim().is_empty() => vec![loopback(listen.trim())],
-        _ => DEFAULT_ADMIN.iter().map(|a| a.to_string()).collect(),
-    };
+    let pid1 = std::fs::read("/proc/1/cmdline")
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let env = std::env::var("HOURGLASS_ADMIN_LISTEN").ok();
+    let candidates = candidates(args.admin.as_deref(), &pid1, env.as_deref());
     let mut failures = Vec::new();
     for address in &candidates {
         match ask(address, &args.path, args.timeout) {
-            Ok(status) if status == 200 => {
+            Ok(200) => {
                 println!("{address}{}: healthy (HTTP 200)", args.path);
                 return Ok(());
             }
@@ -45,6 +52,43 @@ pub fn run(args: HealthArgs) -> anyhow::Result<()> {
         }
     }
     anyhow::bail!("not healthy: {}", failures.join("; "))
+}
+
+/// The admin addresses to ask, in turn. In a container, PID 1 is the server itself: its
+/// own `--admin-listen` flag, else HOURGLASS_ADMIN_LISTEN, else its program's default, so
+/// an agent sharing a network namespace with an aggregator never answers for it.
+/// Elsewhere: HOURGLASS_ADMIN_LISTEN, else both defaults.
+fn candidates(given: Option<&str>, pid1: &[String], env: Option<&str>) -> Vec<String> {
+    if let Some(admin) = given {
+        return vec![admin.to_string()];
+    }
+    let program = pid1
+        .first()
+        .map(|p| p.rsplit('/').next().unwrap_or(p).to_string());
+    let default = match program.as_deref() {
+        Some("hourglass-aggregator") => Some(DEFAULT_ADMIN[0]),
+        Some("hourglass-agent") => Some(DEFAULT_ADMIN[1]),
+        _ => None,
+    };
+    if default.is_some() {
+        for (i, arg) in pid1.iter().enumerate() {
+            if let Some(value) = arg.strip_prefix("--admin-listen=") {
+                return vec![loopback(value)];
+            }
+            if arg == "--admin-listen"
+                && let Some(value) = pid1.get(i + 1)
+            {
+                return vec![loopback(value)];
+            }
+        }
+    }
+    if let Some(listen) = env.map(str::trim).filter(|l| !l.is_empty()) {
+        return vec![loopback(listen)];
+    }
+    match default {
+        Some(admin) => vec![admin.to_string()],
+        None => DEFAULT_ADMIN.iter().map(|a| a.to_string()).collect(),
+    }
 }
 
 /// A listen address as a place to connect to: the wildcard addresses mean this host.
@@ -70,11 +114,11 @@ fn ask(address: &str, path: &str, timeout: Duration) -> anyhow::Result<u16> {
     let mut stream = TcpStream::connect_timeout(addr, timeout).context("cannot connect")?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .context("cannot send the request")?;
+    // One write: a request in pieces may meet a server that answers after the first.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .context("cannot send the request")?;
     let mut head = Vec::new();
     stream
         .take(4096)
@@ -94,6 +138,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_container_program_decides_which_port() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let agent = argv(&["/usr/local/bin/hourglass-agent", "--server-name", "w"]);
+        let agg = argv(&["hourglass-aggregator"]);
+        // An agent next to an aggregator (host network) asks its own port only.
+        assert_eq!(candidates(None, &agent, None), ["127.0.0.1:7711"]);
+        assert_eq!(candidates(None, &agg, None), ["127.0.0.1:7701"]);
+        let flagged = argv(&["hourglass-agent", "--admin-listen", "0.0.0.0:7799"]);
+        assert_eq!(
+            candidates(None, &flagged, Some("0.0.0.0:1")),
+            ["127.0.0.1:7799"]
+        );
+        let flagged = argv(&["hourglass-aggregator", "--admin-listen=10.1.2.3:9"]);
+        assert_eq!(candidates(None, &flagged, None), ["10.1.2.3:9"]);
+        assert_eq!(candidates(None, &agent, Some("[::]:7")), ["[::1]:7"]);
+        // Not in a container of ours (PID 1 is an init): the env, else both defaults.
+        let init = argv(&["/sbin/init"]);
+        assert_eq!(candidates(None, &init, Some("0.0.0.0:5")), ["127.0.0.1:5"]);
+        assert_eq!(candidates(None, &init, None), DEFAULT_ADMIN);
+        assert_eq!(candidates(Some("h:1"), &agent, Some("x:2")), ["h:1"]);
+    }
+
+    #[test]
     fn wildcard_listen_addresses_mean_loopback() {
         assert_eq!(loopback("0.0.0.0:7701"), "127.0.0.1:7701");
         assert_eq!(loopback("[::]:7711"), "[::1]:7711");
@@ -107,8 +174,14 @@ mod tests {
         let server = std::thread::spawn(move || {
             for status in ["200 OK", "503 Service Unavailable", "garbage"] {
                 let (mut s, _) = listener.accept().unwrap();
+                // The whole request, so closing leaves nothing unread (no reset).
+                let mut got = Vec::new();
                 let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf).unwrap();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).unwrap();
+                    assert!(n > 0, "request cut short");
+                    got.extend_from_slice(&buf[..n]);
+                }
                 let reply = if status == "garbage" {
                     "hello\r\n".to_string()
                 } else {

@@ -735,50 +735,90 @@ def stop(process, grace):
         raise AssertionError(f"{process.args[0]} did not stop within {grace}s of SIGTERM")
 
 
-def run_binaries(bin_dir):
+class Programs:
+    """Starts the chart's programs with a container's env: the built binaries in
+    `bin_dir`, or, with `image`, that image under Docker (host network, so the addresses
+    are the same; the env is the container's alone, as in a pod)."""
+
+    def __init__(self, tmp, bin_dir=None, image=None):
+        self.tmp, self.bin_dir, self.image = tmp, bin_dir, image
+        self.containers = []
+        if image:
+            os.chmod(tmp, 0o777)  # the image's user (10001) writes its data here
+
+    def popen(self, c, overrides):
+        command = [*c["command"], *c.get("args", [])]
+        if not self.image:
+            return subprocess.Popen([str(self.bin_dir / command[0]), *command[1:]], env=process_env(c, overrides),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        env.update(overrides)
+        name = f"hourglass-chart-{os.getpid()}-{len(self.containers)}"
+        self.containers.append(name)
+        flags = [f for k, v in env.items() if v is not None for f in ("-e", f"{k}={v}")]
+        return subprocess.Popen(
+            ["docker", "run", "--rm", "--name", name, "--network", "host", "-v", f"{self.tmp}:{self.tmp}",
+             *flags, self.image, *command],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def hourglass(self, *args):
+        if not self.image:
+            return [str(self.bin_dir / "hourglass"), *args]
+        return ["docker", "run", "--rm", "--network", "host", self.image, "hourglass", *args]
+
+    def cleanup(self):
+        for name in self.containers:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def chart_image():
+    """The image the chart names by default, if this machine's Docker has it."""
+    sts = only(render(), "StatefulSet")
+    image = container(sts, "aggregator")["image"]
+    if shutil.which("docker") is None:
+        return image, False
+    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    return image, found
+
+
+def run_binaries(bin_dir=None, image=None):
     """The chart's rendered env and config files drive the real processes end to end."""
     docs = render(*values("agent-only"), "--set", "aggregator.enabled=true", "--set", "agent.config.flush_interval=500ms")
     sts = only(docs, "StatefulSet")
     ds = only(docs, "DaemonSet")
     agg_c = container(sts, "aggregator")
     agent_c = container(ds, "agent")
+    if image:
+        expect(agg_c["image"] == image and agent_c["image"] == image,
+               f"the pods run {agg_c['image']} and {agent_c['image']}, not {image}")
     agg_toml = only(docs, "ConfigMap", "-aggregator")["data"]["aggregator.toml"]
     agent_toml = only(docs, "ConfigMap", "-agent")["data"]["agent.toml"]
     with tempfile.TemporaryDirectory(prefix="hourglass-chart-") as tmp:
         tmp = Path(tmp)
         (tmp / "aggregator.toml").write_text(agg_toml)
         (tmp / "agent.toml").write_text(agent_toml)
+        programs = Programs(tmp, bin_dir, image)
         processes = []
         try:
-            aggregator = subprocess.Popen(
-                [str(bin_dir / agg_c["command"][0]), *agg_c.get("args", [])],
-                env=process_env(agg_c, {
-                    "HOURGLASS_LISTEN": "127.0.0.1:0",
-                    "HOURGLASS_ADMIN_LISTEN": "127.0.0.1:0",
-                    "HOURGLASS_DATA_DIR": str(tmp / "aggregator"),
-                    "HOURGLASS_CONFIG": str(tmp / "aggregator.toml"),
-                }),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
+            aggregator = programs.popen(agg_c, {
+                "HOURGLASS_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_ADMIN_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_DATA_DIR": str(tmp / "aggregator"),
+                "HOURGLASS_CONFIG": str(tmp / "aggregator.toml"),
+            })
             processes.append(aggregator)
             grpc = Stderr(aggregator).wait_for("grpc listening on ", 60)
             expect(env_of(agent_c)["HOURGLASS_SERVER_NAME"].get("valueFrom"), "server name not from the downward API")
-            agent = subprocess.Popen(
-                [str(bin_dir / agent_c["command"][0]), *agent_c.get("args", [])],
-                env=process_env(agent_c, {
-                    "HOURGLASS_SERVER_NAME": "node-1",  # what spec.nodeName gives
-                    "HOURGLASS_AGGREGATOR": f"http://{grpc}",
-                    "HOURGLASS_STATSD_LISTEN": "127.0.0.1:0",
-                    "HOURGLASS_STATSD_SOCKET": str(tmp / "dsd.socket"),
-                    "HOURGLASS_INGEST_LISTEN": "127.0.0.1:0",
-                    "HOURGLASS_ADMIN_LISTEN": "127.0.0.1:0",
-                    "HOURGLASS_DATA_DIR": str(tmp / "agent"),
-                    "HOURGLASS_CONFIG": str(tmp / "agent.toml"),
-                }),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
+            agent = programs.popen(agent_c, {
+                "HOURGLASS_SERVER_NAME": "node-1",  # what spec.nodeName gives
+                "HOURGLASS_AGGREGATOR": grpc,  # host:port, as the chart's own value may be
+                "HOURGLASS_STATSD_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_STATSD_SOCKET": str(tmp / "dsd.socket"),
+                "HOURGLASS_INGEST_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_ADMIN_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_DATA_DIR": str(tmp / "agent"),
+                "HOURGLASS_CONFIG": str(tmp / "agent.toml"),
+            })
             processes.append(agent)
             agent_stderr = Stderr(agent)
             statsd = agent_stderr.wait_for("statsd listening on ", 30)
@@ -786,10 +826,10 @@ def run_binaries(bin_dir):
             host, _, statsd_port = statsd.rpartition(":")
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 udp.sendto(b"visitors:user42|s|#country:de\nvisitors:user43|s|#country:de", (host, int(statsd_port)))
-            query = [
-                str(bin_dir / "hourglass"), "query", "distinct", "--metric", "visitors", "--tag", "country=de",
+            query = programs.hourglass(
+                "query", "distinct", "--metric", "visitors", "--tag", "country=de",
                 "--from", "-2h", "--label", "region=eu", "--server", "node-1", "--aggregator", f"http://{grpc}", "--json",
-            ]
+            )
             deadline = time.monotonic() + 30
             answer = None
             while time.monotonic() < deadline:
@@ -810,6 +850,7 @@ def run_binaries(bin_dir):
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            programs.cleanup()
 
 
 # ------------------------------------------------------------------------------- main
@@ -843,10 +884,20 @@ def main():
     def binaries():
         if bin_dir is None:
             raise Skip("no built binaries (cargo build, or set HOURGLASS_BIN_DIR)")
-        run_binaries(bin_dir)
+        run_binaries(bin_dir=bin_dir)
 
     CHECKS.append(("binaries: the rendered env and config run a real aggregator and agent end to end"
                    + (f" ({bin_dir})" if bin_dir else ""), binaries))
+
+    def in_image():
+        if args.bin_dir == "skip":
+            raise Skip("HOURGLASS_BIN_DIR=skip")
+        image, found = chart_image()
+        if not found:
+            raise Skip(f"no image {image} in this machine's Docker (docker build -t {image} .)")
+        run_binaries(image=image)
+
+    CHECKS.append(("image: the rendered env and config run the chart's default image end to end", in_image))
 
     passed = failed = skipped = 0
     for description, function in CHECKS:

@@ -917,3 +917,128 @@ fn a_checkpoint_of_another_server_is_refused() {
         0.0
     );
 }
+
+/// Issue 13: an aggregator refuses a push declaring more live hours than its
+/// `limits.max_live_hours_per_push`. That must cost an agent no snapshot and no live hour:
+/// "auto" keeps the default (10,000 a push) and sends fewer once refused, "set" is
+/// configured to the aggregator's limit and is never refused. Both hold events in eight
+/// hours, and every event must be stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn live_hours_beyond_the_aggregators_limit_go_in_chunks_and_cost_no_snapshot() {
+    let dir = TempDir::new("agent-live-chunks");
+    let agg_config = dir.file("aggregator.toml");
+    std::fs::write(&agg_config, "[limits]\nmax_live_hours_per_push = 3\n").expect("write config");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &agg_config]);
+    let auto_config = fast_config(&dir, "");
+    let set_config = dir.file("agent-set.toml");
+    std::fs::write(
+        &set_config,
+        "[shipping]\nbackoff_initial = \"100ms\"\nbackoff_max = \"500ms\"\nmax_live_hours_per_push = 3\n",
+    )
+    .expect("write config");
+    let start = |name: &str, config: &str| {
+        let args = [
+            "--flush-interval",
+            "200ms",
+            "--lateness",
+            "12h",
+            "--config",
+            config,
+        ];
+        AgentProcess::start(name, &agg.grpc, &dir.file(name), &args)
+    };
+    let agents = [
+        ("auto", start("auto", &auto_config)),
+        ("set", start("set", &set_config)),
+    ];
+
+    // Hour k back (k = 0..8) gets 5 + k users of its own, all in one Ingest call, so the
+    // first flush holds eight live hours: more than the aggregator takes in one push.
+    let now = now_secs();
+    let hours: Vec<(u32, u32)> = (0..8u32)
+        .map(|k| (((now - i64::from(k) * 3600) / 3600) as u32, 5 + k))
+        .collect();
+    let events: Vec<v1::Event> = (0..8u32)
+        .flat_map(|k| {
+            (0..5 + k).map(move |i| v1::Event {
+                metric: "visits".into(),
+                item: format!("h{k}-user{i}").into_bytes().into(),
+                time_unix_seconds: now - i64::from(k) * 3600,
+                ..Default::default()
+            })
+        })
+        .collect();
+    let total: u32 = hours.iter().map(|(_, n)| n).sum();
+    assert_eq!(events.len(), total as usize);
+    for (_, agent) in &agents {
+        let mut client = IngestClient::new(channel(&agent.ingest).await);
+        let reply = client
+            .send(v1::IngestRequest {
+                events: events.clone(),
+                batches: Vec::new(),
+            })
+            .await
+            .expect("ingest")
+            .into_inner();
+        assert_eq!((reply.accepted, reply.rejected), (u64::from(total), 0));
+    }
+    for (_, agent) in &agents {
+        wait_shipped(agent);
+    }
+
+    let range = hours[7].0..hours[0].0 + 1;
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    for (name, agent) in &agents {
+        // Nothing was dropped, and a counter would say so if it had been.
+        assert_eq!(agent.metric("snapshots_rejected_total"), 0.0, "{name}");
+        assert_eq!(agent.metric("live_hours_dropped_total"), 0.0, "{name}");
+        // Every hour holds exactly its users (small counts are exact) ...
+        for &(hour, users) in &hours {
+            let answer = distinct(&agg, "visits", hour..hour + 1, &[name]).await;
+            assert_eq!(
+                answer.estimate.round() as u32,
+                users,
+                "{name}: hour {hour}; logs:\n{}",
+                agent.logs()
+            );
+        }
+        // ... the range holds every event once, and every hour was declared live.
+        let reply = q
+            .distinct(v1::DistinctRequest {
+                selector: selector("visits", range.clone(), &[name]),
+            })
+            .await
+            .expect("distinct")
+            .into_inner();
+        assert_eq!(reply.answer.expect("answer").estimate.round() as u32, total);
+        let coverage = reply.coverage.expect("coverage");
+        assert_eq!(
+            (coverage.sketches_merged, coverage.server_hours_missing),
+            (8, 0),
+            "{name}: {coverage:?}"
+        );
+        let frequency = export(
+            &agg,
+            "visits",
+            v1::SketchKind::Frequency,
+            range.clone(),
+            &[name],
+        )
+        .await;
+        match Sketch::decode(&frequency).expect("frequency sketch") {
+            Sketch::Frequency(f) => assert_eq!(f.total(), u64::from(total), "{name}"),
+            other => panic!("{name}: {:?}", other.kind()),
+        }
+    }
+    let refused =
+        |agent: &AgentProcess| agent.metric(r#"pushes_total{outcome="resource_exhausted"}"#);
+    assert!(
+        refused(&agents[0].1) >= 1.0,
+        "the default was above the aggregator's limit"
+    );
+    assert_eq!(
+        refused(&agents[1].1),
+        0.0,
+        "set to the aggregator's limit: never refused"
+    );
+}

@@ -361,3 +361,64 @@ async fn the_series_per_server_bound_refuses_new_series_and_holds_across_a_kill(
     assert_eq!(got[0].0, Rejected, "{got:?}");
     assert_eq!(got[1].0, Stale, "{got:?}");
 }
+
+/// Server names of 254 to 256 bytes passed the agent's old check and were refused by the
+/// aggregator on every push, each push's snapshots dropped. One rule now serves both: the
+/// agent refuses such a name at start, and the aggregator refuses it with the same words.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_name_the_aggregator_refuses_stops_the_agent_at_start() {
+    let dir = TempDir::new("robust-server-name");
+    let long = "x".repeat(254);
+    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+        .args(["--server-name", &long, "--data-dir", &dir.file("agent")])
+        .args(["--statsd-listen", "off", "--ingest-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .output()
+        .expect("run hourglass-agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the agent started: {stderr}");
+    assert!(
+        stderr.contains("server name") && stderr.contains("1 to 253 bytes (it is 254)"),
+        "{stderr}"
+    );
+
+    // The aggregator's refusal of the same name names the same rule.
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let mut client = CollectorClient::new(channel(&agg.grpc).await);
+    let mut push = crate::util::one_item_push("web-1", "visitors", b"u");
+    push.server.as_mut().expect("server").name = long.clone();
+    let status = client.push(push).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("1 to 253 bytes (it is 254)"),
+        "{}",
+        status.message()
+    );
+    // 253 bytes is accepted by both.
+    let mut push = crate::util::one_item_push("web-1", "visitors", b"u");
+    push.server.as_mut().expect("server").name = "x".repeat(253);
+    client
+        .push(push)
+        .await
+        .expect("a 253-byte name is accepted");
+}
+
+/// Live hours are bound like snapshot hours: a declaration far ahead of the clock (or
+/// past retention) is ignored and counted, and the rest of the push is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn live_hours_outside_the_accepted_hours_are_ignored_and_counted() {
+    let dir = TempDir::new("robust-live-hours");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let mut client = CollectorClient::new(channel(&agg.grpc).await);
+    let now = crate::util::this_hour();
+    let mut push = crate::util::one_item_push("web-1", "visitors", b"u");
+    push.live_hours = vec![now, now + 1, now + 2, now + 10_000, now - 24 * 400];
+    let reply = client.push(push).await.expect("push").into_inner();
+    assert_eq!(reply.results.len(), 1);
+    assert_eq!(reply.results[0].outcome, v1::PushOutcome::Stored as i32);
+    let (_, metrics) = http_get(agg.admin, "/metrics");
+    assert!(
+        metrics.contains("hourglass_aggregator_live_hours_refused_total 3"),
+        "{metrics}"
+    );
+}

@@ -19,7 +19,7 @@ use hourglass::sketch::Sketch;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
-use super::convert::{self, MAX_SERVER_NAME_LEN};
+use super::convert;
 use super::ledger::{Admission, SeriesLedger};
 use super::outcome_label;
 use crate::config::LimitsConfig;
@@ -324,18 +324,10 @@ impl CollectorService {
         if let Some(principal) = &principal {
             principal.may_push_as(&server.name)?;
         }
-        if server.name.is_empty() || server.name.len() > MAX_SERVER_NAME_LEN {
-            return Err(Status::invalid_argument(format!(
-                "server.name {:?} must be 1 to {MAX_SERVER_NAME_LEN} bytes",
-                server.name
-            )));
-        }
-        if server.name.chars().any(char::is_control) {
-            return Err(Status::invalid_argument(format!(
-                "server.name {:?} must not contain control characters",
-                server.name
-            )));
-        }
+        // The agent checks the same rule at start, so an agent never runs with a name
+        // every push of which would be refused here.
+        hourglass::series::validate_server_name(&server.name)
+            .map_err(|e| Status::invalid_argument(format!("server.name: {e}")))?;
         span.record("server", server.name.as_str());
         let mut labels = convert::pairs(&server.labels, "server.labels")?;
         labels.sort();
@@ -354,13 +346,27 @@ impl CollectorService {
                 limits.max_live_hours_per_push
             )));
         }
-        let live: Vec<Hour> = live.into_iter().map(Hour).collect();
-
         let now_hour = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| (d.as_secs() / 3600) as u32);
         let retained = u32::try_from(self.retention_hourly.as_secs() / 3600).unwrap_or(u32::MAX);
         let accepted_hours = now_hour.saturating_sub(retained)..=now_hour.saturating_add(1);
+        // Live hours are bound like snapshot hours: one far ahead would count a server as
+        // up for hours that have not happened, one past retention would be deleted at once.
+        let (live, refused): (Vec<u32>, Vec<u32>) =
+            live.into_iter().partition(|h| accepted_hours.contains(h));
+        if !refused.is_empty() {
+            self.metrics.live_hours_refused.inc_by(refused.len() as u64);
+            tracing::warn!(
+                server = %server.name,
+                refused = refused.len(),
+                first = %hourglass::time::format_hour(refused[0].min(u32::MAX / 2)),
+                accepted_from = %hourglass::time::format_hour(*accepted_hours.start()),
+                accepted_to = %hourglass::time::format_hour(*accepted_hours.end()),
+                "push declared live hours outside the hours accepted now; ignored"
+            );
+        }
+        let live: Vec<Hour> = live.into_iter().map(Hour).collect();
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {

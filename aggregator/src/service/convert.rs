@@ -96,8 +96,7 @@ pub fn selector(
     })
 }
 
-/// Longest server name, in bytes: a DNS name's limit, since the default is the hostname.
-pub const MAX_SERVER_NAME_LEN: usize = 253;
+use hourglass::series::MAX_SERVER_NAME_LEN;
 
 /// Checks and converts tags or labels; `field` names the list in errors.
 pub fn pairs(tags: &[v1::Tag], field: &str) -> Result<Vec<(String, String)>, Status> {
