@@ -1,12 +1,20 @@
 //! The background task: every rollup interval, build the rollups of closed dirty days
 //! and apply retention.
 //!
+//! Hourly retention works in whole UTC days, like rollups: the day holding
+//! (now − `retention.hourly`) and every later one keep their rows; an earlier day loses
+//! all of its rows at once, and only once it is rolled up (not dirty) and its rows merge
+//! (no conflict). The collector accepts snapshots from the first hour of that same day
+//! ([`accepted_from`]), so no snapshot lands in a day whose hours are gone and no
+//! rebuild reads a day with some of its hours deleted.
+//!
 //! A day is closed once its end plus the lateness window has passed (DESIGN §4): later
 //! snapshots are still stored, mark the day dirty again, and the next pass rebuilds it.
 //! Each pass runs on a blocking thread and takes no lock of its own; the store's
 //! `replace_rollups` detects a push that raced a rebuild, so pushes and queries never
 //! wait for a pass.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +40,15 @@ pub struct PassReport {
     pub hourly_deleted: u64,
     /// Rollups deleted by retention.
     pub rollups_deleted: u64,
+    /// Days whose rows do not merge, recorded as conflicts this pass.
+    pub conflicts: u64,
+    /// Rows that arrived in a day whose hours retention had deleted, not rolled up.
+    pub late_rows_dropped: u64,
+    /// (series, day) pairs past hourly retention whose rows are kept: not yet rolled up,
+    /// or in conflict.
+    pub held_days: u64,
+    /// Days in conflict now (their rollups cannot be built).
+    pub conflicted_days: u64,
     /// Seconds since the oldest closed day still waiting for rollups closed.
     pub lag_seconds: u64,
 }
@@ -41,8 +58,8 @@ pub struct PassReport {
 pub struct PassBounds {
     /// Days before this one are closed: their end plus lateness has passed.
     pub closed_before: Day,
-    /// Hourly rows before this hour are past retention.
-    pub hourly_before: Hour,
+    /// Hourly rows of days before this one are past retention.
+    pub hourly_before: Day,
     /// Rollups before this day are past retention.
     pub rollups_before: Day,
 }
@@ -53,7 +70,7 @@ impl PassBounds {
         let hour = |secs: u64| Hour(u32::try_from(secs / 3600).unwrap_or(u32::MAX));
         // The day that holds (now − lateness) is still open; every earlier one is closed.
         let closed_before = hour(now.saturating_sub(config.rollup.lateness.as_secs())).day();
-        let hourly_before = hour(now.saturating_sub(config.retention.hourly.as_secs()));
+        let hourly_before = hourly_retention_day(now, config.retention.hourly);
         let rollups_before = hour(now.saturating_sub(config.retention.rollups.as_secs())).day();
         PassBounds {
             closed_before,
@@ -61,6 +78,21 @@ impl PassBounds {
             rollups_before,
         }
     }
+}
+
+/// The oldest day whose hourly rows retention keeps at `now` (seconds since the epoch):
+/// the day holding `now − retention`. The collector accepts snapshots from its first hour.
+pub fn hourly_retention_day(now: u64, retention: Duration) -> Day {
+    let hour = u32::try_from(now.saturating_sub(retention.as_secs()) / 3600).unwrap_or(u32::MAX);
+    Hour(hour).day()
+}
+
+/// The first hour the collector accepts snapshots and live hours of at `now`: the first
+/// hour of the oldest day retention will still keep an hour from now. The hour of margin
+/// covers a push validated just before a day leaves retention and stored just after the
+/// pass that deletes it: its day is never one a pass running meanwhile deletes.
+pub fn accepted_from(now: u64, retention: Duration) -> Hour {
+    hourly_retention_day(now.saturating_add(3600), retention).first_hour()
 }
 
 /// Runs one pass: rollups first (so a day is rolled up before its hours age out), then
@@ -81,8 +113,28 @@ pub fn run_pass(
     );
     let _entered = span.enter();
     let built = build_dirty_days(store, bounds.closed_before, days_per_pass)?;
-    let hourly_deleted = store.delete_hourly_before(bounds.hourly_before)?;
+    // Days past hourly retention keep their rows while they wait for rollups (a backlog
+    // bigger than days_per_pass) or cannot have any (a conflict): deleting them would
+    // lose data no rollup holds.
+    let conflicts = store.day_conflicts()?;
+    let mut keep: BTreeSet<_> = store
+        .dirty_days(bounds.hourly_before, usize::MAX)?
+        .into_iter()
+        .map(|d| (d.series, d.day))
+        .collect();
+    keep.extend(
+        conflicts
+            .iter()
+            .filter(|c| c.day < bounds.hourly_before)
+            .map(|c| (c.series, c.day)),
+    );
+    keep.retain(|(_, day)| *day >= bounds.rollups_before);
+    let hourly_deleted = store.delete_hourly_before(bounds.hourly_before, &keep)?;
     let rollups_deleted = store.delete_rollups_before(bounds.rollups_before)?;
+    let conflicted_days = conflicts
+        .iter()
+        .filter(|c| c.day >= bounds.rollups_before)
+        .count() as u64;
     span.record("days", built.days);
     span.record("rollups", built.rollups);
     span.record("hourly_deleted", hourly_deleted);
@@ -101,6 +153,10 @@ pub fn run_pass(
         raced: built.raced,
         hourly_deleted,
         rollups_deleted,
+        conflicts: built.conflicts,
+        late_rows_dropped: built.late_rows_dropped,
+        held_days: keep.len() as u64,
+        conflicted_days,
         lag_seconds,
     })
 }
@@ -149,13 +205,25 @@ pub async fn run(
                     .retention_deleted
                     .get_or_create(&deleted("rollups"))
                     .inc_by(report.rollups_deleted);
+                metrics.rollup_conflicts.inc_by(report.conflicts);
+                metrics
+                    .rollup_late_rows_dropped
+                    .inc_by(report.late_rows_dropped);
+                metrics
+                    .conflicted_days
+                    .set(i64::try_from(report.conflicted_days).unwrap_or(i64::MAX));
+                metrics
+                    .retention_held_days
+                    .set(i64::try_from(report.held_days).unwrap_or(i64::MAX));
                 metrics
                     .rollup_lag_seconds
                     .set(i64::try_from(report.lag_seconds).unwrap_or(i64::MAX));
                 metrics
                     .last_rollup_pass
                     .set(i64::try_from(unix_now()).unwrap_or(i64::MAX));
-                let busy = report.days + report.hourly_deleted + report.rollups_deleted > 0;
+                let busy =
+                    report.days + report.hourly_deleted + report.rollups_deleted + report.conflicts
+                        > 0;
                 if busy {
                     tracing::info!(
                         days = report.days,
@@ -163,6 +231,8 @@ pub async fn run(
                         raced = report.raced,
                         hourly_deleted = report.hourly_deleted,
                         rollups_deleted = report.rollups_deleted,
+                        conflicts = report.conflicts,
+                        held_days = report.held_days,
                         lag_seconds = report.lag_seconds,
                         elapsed = ?started.elapsed(),
                         "rollup pass"
@@ -209,8 +279,77 @@ mod tests {
         assert_eq!(before.closed_before, Day(1000));
         let after = PassBounds::at(1001 * DAY_SECS + 3600, &config);
         assert_eq!(after.closed_before, Day(1001));
-        assert_eq!(after.hourly_before.day(), Day(1001 - 35));
+        assert_eq!(after.hourly_before, Day(1001 - 35));
         assert_eq!(after.rollups_before, Day(1001 - 400));
+    }
+
+    /// One distinct row of precision `p` holding `item`.
+    fn row(store: &MemoryStore, hour: Hour, p: u8, item: &[u8]) {
+        let name = SeriesName::new("visitors", vec![], Kind::Distinct);
+        let series = store.series_id(&name, true).unwrap().unwrap();
+        let server = store.server_id("web-1", &[], true).unwrap().unwrap();
+        let mut hll = Hll::new(p).unwrap();
+        hll.insert(item);
+        let key = HourKey {
+            series,
+            hour,
+            server,
+            epoch: Epoch(1),
+        };
+        store.put_hourly(&[(key, 1, hll.encode().into())]).unwrap();
+    }
+
+    #[test]
+    fn a_day_that_does_not_merge_stops_neither_later_days_nor_retention() {
+        let store = MemoryStore::new();
+        // Day 100: a row that does not decode as its kind says; day 101: a good one.
+        row(&store, Hour(100 * 24 + 1), 12, b"a");
+        let name = SeriesName::new("visitors", vec![], Kind::Distinct);
+        let series = store.series_id(&name, true).unwrap().unwrap();
+        let server = store.server_id("web-1", &[], true).unwrap().unwrap();
+        let mut bloom = hourglass::sketch::bloom::Bloom::new(100, 0.01).unwrap();
+        bloom.insert(b"x");
+        let key = HourKey {
+            series,
+            hour: Hour(100 * 24 + 2),
+            server,
+            epoch: Epoch(1),
+        };
+        store
+            .put_hourly(&[(key, 1, bloom.encode().into())])
+            .unwrap();
+        row(&store, Hour(101 * 24 + 1), 12, b"b");
+        row(&store, Hour(90 * 24), 12, b"old");
+        let now = 102 * DAY_SECS + 7200;
+        let config = Config::default();
+        let mut bounds = PassBounds::at(now, &config);
+        // Hourly retention up to day 101: day 90 goes, day 100 stays (conflict).
+        bounds.hourly_before = Day(101);
+        let report = run_pass(&store, bounds, 100, config.rollup.lateness, now).unwrap();
+        assert_eq!((report.conflicts, report.days), (1, 2), "{report:?}");
+        assert_eq!(report.hourly_deleted, 1, "{report:?}");
+        assert_eq!((report.held_days, report.conflicted_days), (1, 1));
+        assert!(
+            store
+                .get_rollup(crate::keys::DayKey {
+                    series,
+                    day: Day(101),
+                    server: crate::keys::ServerId::ALL
+                })
+                .unwrap()
+                .is_some()
+        );
+        let mut kept = 0;
+        store
+            .scan_hourly(series, Day(100).hours(), &mut |_, _| {
+                kept += 1;
+                true
+            })
+            .unwrap();
+        assert_eq!(kept, 2, "the conflicted day keeps its rows");
+        // It is not retried every pass.
+        let again = run_pass(&store, bounds, 100, config.rollup.lateness, now).unwrap();
+        assert_eq!((again.conflicts, again.days), (0, 0), "{again:?}");
     }
 
     #[test]

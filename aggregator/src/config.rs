@@ -11,6 +11,9 @@
 //! hourly = "35d"       # hourly rows older than this are deleted
 //! rollups = "400d"     # daily rollups older than this are deleted
 //!
+//! [coverage]
+//! retire_after = "7d"  # a server silent this long stops counting as missing
+//!
 //! [storage]
 //! sync_writes = true   # fsync the WAL before acknowledging a push
 //! block_cache_mib = 256
@@ -56,6 +59,8 @@ pub struct Config {
     pub rollup: RollupConfig,
     /// How long data is kept.
     pub retention: RetentionConfig,
+    /// How answers count missing server-hours.
+    pub coverage: CoverageConfig,
     /// RocksDB tuning.
     pub storage: StorageConfig,
     /// Bounds on what one request may ask of the aggregator (DESIGN §8).
@@ -110,6 +115,26 @@ impl Default for RetentionConfig {
         RetentionConfig {
             hourly: 35 * DAY,
             rollups: 400 * DAY,
+        }
+    }
+}
+
+/// `[coverage]`: which server-hours an answer counts as missing.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoverageConfig {
+    /// A server is expected from its first live hour until this long after its last one;
+    /// hours outside that span are not missing. So a server added mid-range is not
+    /// missing before it started, and one that has been silent this long (decommissioned)
+    /// stops counting as missing, while a shorter outage is reported hour by hour.
+    #[serde(deserialize_with = "duration")]
+    pub retire_after: Duration,
+}
+
+impl Default for CoverageConfig {
+    fn default() -> Self {
+        CoverageConfig {
+            retire_after: 7 * DAY,
         }
     }
 }
@@ -242,6 +267,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./hourglass-data"),
             rollup: RollupConfig::default(),
             retention: RetentionConfig::default(),
+            coverage: CoverageConfig::default(),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             auth: crate::auth::AuthConfig::default(),
@@ -370,6 +396,12 @@ impl Config {
             "retention.rollups",
             t.rollups,
             "must be at least retention.hourly",
+        )?;
+        check(
+            self.coverage.retire_after >= HOUR,
+            "coverage.retire_after",
+            self.coverage.retire_after,
+            "must be at least 1h",
         )?;
         let s = &self.storage;
         check(

@@ -160,6 +160,7 @@ impl Aggregator {
             service::ServeOptions {
                 limits: config.limits.clone(),
                 retention_hourly: config.retention.hourly,
+                retire_after: config.coverage.retire_after,
                 auth,
                 tls: listeners.grpc_tls,
             },

@@ -49,6 +49,14 @@ pub struct Metrics {
     pub rollups_written: Counter,
     /// Hourly rows and rollups deleted by retention, by what.
     pub retention_deleted: Family<Labels, Counter>,
+    /// Days found whose rows do not merge (recorded as conflicts, not rolled up).
+    pub rollup_conflicts: Counter,
+    /// Rows that arrived in a day whose hours retention had deleted; not rolled up.
+    pub rollup_late_rows_dropped: Counter,
+    /// Days in conflict now: no rollups, hourly rows kept, queries over them refused.
+    pub conflicted_days: Gauge,
+    /// (series, day) pairs past hourly retention whose rows are kept.
+    pub retention_held_days: Gauge,
     /// Seconds since the oldest closed day that still waits for its rollups was closed;
     /// 0 when every closed day is rolled up.
     pub rollup_lag_seconds: Gauge,
@@ -102,6 +110,10 @@ impl Metrics {
             rollup_days: Counter::default(),
             rollups_written: Counter::default(),
             retention_deleted: Family::default(),
+            rollup_conflicts: Counter::default(),
+            rollup_late_rows_dropped: Counter::default(),
+            conflicted_days: Gauge::default(),
+            retention_held_days: Gauge::default(),
             rollup_lag_seconds: Gauge::default(),
             last_rollup_pass: Gauge::default(),
             series: Gauge::default(),
@@ -180,6 +192,26 @@ impl Metrics {
             "retention_deleted",
             "Rows deleted by retention, by table",
             m.retention_deleted.clone(),
+        );
+        r.register(
+            "rollup_conflicts",
+            "Days found whose hourly rows do not merge (a metric's parameters changed within the day, or a row is unreadable): not rolled up, rows kept, queries over them refused with the cause",
+            m.rollup_conflicts.clone(),
+        );
+        r.register(
+            "rollup_late_rows_dropped",
+            "Rows that arrived in a day whose hours retention had already deleted; not rolled up, deleted with the day",
+            m.rollup_late_rows_dropped.clone(),
+        );
+        r.register(
+            "conflicted_days",
+            "Series-days whose rollups cannot be built (see rollup_conflicts)",
+            m.conflicted_days.clone(),
+        );
+        r.register(
+            "retention_held_days",
+            "Series-days past retention.hourly whose hourly rows are kept: not rolled up yet, or in conflict",
+            m.retention_held_days.clone(),
         );
         r.register(
             "rollup_lag_seconds",

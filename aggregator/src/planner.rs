@@ -161,7 +161,9 @@ pub enum QueryError {
         end: u32,
     },
     /// Two stored sketches cannot merge (an agent changed a metric's parameters).
-    #[error("cannot merge {series} at {key}: {source}")]
+    #[error(
+        "cannot merge {series} at {key}: {source}; its sketch parameters changed there (a metric's settings or an agent's version): ask for the hours before and after the change separately"
+    )]
     Incompatible {
         /// The series.
         series: String,
@@ -236,8 +238,11 @@ pub fn merge_day(
         }
         let where_ = || {
             format!(
-                "hour {} server {} epoch {}",
-                key.hour, key.server, key.epoch.0
+                "{} ({}) {} epoch {}",
+                key.hour,
+                hourglass::time::format_hour(key.hour.0),
+                key.server,
+                key.epoch.0
             )
         };
         let sketch = match Sketch::decode(&stored.sketch) {
@@ -295,6 +300,7 @@ struct DaySketch {
 pub struct Planner<'a> {
     store: &'a dyn Store,
     max_fanout: u64,
+    retire_hours: u32,
 }
 
 /// A resolved piece of work: which series, servers and hours merge into one answer.
@@ -310,7 +316,15 @@ impl<'a> Planner<'a> {
         Planner {
             store,
             max_fanout: u64::MAX,
+            retire_hours: 7 * 24,
         }
+    }
+
+    /// A server is expected from its first live hour until `hours` after its last one;
+    /// coverage counts only expected hours as missing (default 7 days).
+    pub fn retire_after(mut self, hours: u32) -> Planner<'a> {
+        self.retire_hours = hours;
+        self
     }
 
     /// Refuses selections that would merge more than `max` series × servers × groups.
@@ -520,7 +534,7 @@ impl<'a> Planner<'a> {
                 if let Some(s) = merged.sketch {
                     fold(&mut acc, s).map_err(|source| QueryError::Incompatible {
                         series: name.to_string(),
-                        key: format!("day {day}"),
+                        key: format!("{day} ({})", hourglass::time::format_day(day.0)),
                         source,
                     })?;
                 }
@@ -600,7 +614,10 @@ impl<'a> Planner<'a> {
         let decode = |bytes: &[u8], server: ServerId| {
             Sketch::decode(bytes).map_err(|source| QueryError::Corrupt {
                 series: name.to_string(),
-                key: format!("rollup day {day} server {server}"),
+                key: format!(
+                    "the rollup of {day} ({}), {server}",
+                    hourglass::time::format_day(day.0)
+                ),
                 source,
             })
         };
@@ -621,12 +638,22 @@ impl<'a> Planner<'a> {
         Ok(Some((merge_servers(parts.into_iter(), name, day)?, count)))
     }
 
-    /// Missing server-hours of a unit.
+    /// Missing server-hours of a unit: hours a server was expected (from its first live
+    /// hour to `retire_hours` after its last) and not recorded live.
     fn coverage_of(&self, unit: &Unit) -> Result<Coverage, QueryError> {
-        let span = u64::from(unit.hours.end.0 - unit.hours.start.0);
         let mut coverage = Coverage::default();
         for server in &unit.servers {
-            let live = self.store.live_hours(server.id, unit.hours.clone())?;
+            // A server never recorded live was never expected.
+            let Some(live_span) = self.store.live_span(server.id)? else {
+                continue;
+            };
+            let expected_end = Hour(live_span.end.0.saturating_add(self.retire_hours));
+            let expected = unit.hours.start.max(live_span.start)..unit.hours.end.min(expected_end);
+            if expected.start >= expected.end {
+                continue;
+            }
+            let span = u64::from(expected.end.0 - expected.start.0);
+            let live = self.store.live_hours(server.id, expected)?;
             let missing = span.saturating_sub(live);
             if missing > 0 {
                 coverage.server_hours_missing += missing;
@@ -649,7 +676,7 @@ fn merge_servers(
     for part in parts {
         fold(&mut acc, part).map_err(|source| QueryError::Incompatible {
             series: name.to_string(),
-            key: format!("day {day}"),
+            key: format!("{day} ({})", hourglass::time::format_day(day.0)),
             source,
         })?;
     }

@@ -8,6 +8,17 @@
 //! them while clearing the mark only if no snapshot arrived meanwhile. Until then the
 //! planner sees the mark and reads hourly rows, so a late snapshot is never hidden behind
 //! an old rollup.
+//!
+//! Two kinds of day are not rebuilt from their hours:
+//! - **a day whose rows do not merge** (a metric's parameters changed within it, or a row
+//!   does not decode). It is recorded as a conflict ([`Store::mark_day_conflict`]): no
+//!   rollup, its hourly rows kept until rollup retention, queries over it read the rows
+//!   and report the hour and cause. The pass goes on with the other days; one such day
+//!   never stops the rollups of later days or retention.
+//! - **a day whose hours retention deleted** ([`Store::is_day_expired`]): a row that
+//!   arrived after that (only a clock stepped back lets one in) would rebuild the day
+//!   from itself alone and shrink it. The rollup is kept as it is and the late rows are
+//!   counted, logged, and deleted with the day.
 
 use crate::keys::{Day, DayKey, ServerId};
 use crate::planner::{DayParts, QueryError, merge_day};
@@ -24,6 +35,10 @@ pub struct RollupReport {
     /// Days whose mark was renewed by a snapshot during the rebuild; they are rebuilt on
     /// a later pass.
     pub raced: u64,
+    /// Days whose rows do not merge, recorded as conflicts instead of rolled up.
+    pub conflicts: u64,
+    /// Rows that arrived in a day after retention had deleted its hours, not rolled up.
+    pub late_rows_dropped: u64,
 }
 
 /// Rebuilds the rollups of up to `limit` dirty days before `before`.
@@ -49,7 +64,52 @@ pub fn build_dirty_days(
             all: true,
             per_server: true,
         };
-        let day = merge_day(store, name, mark.series, mark.day.hours(), &|_| true, both)?;
+        if store.is_day_expired(mark.series, mark.day)? {
+            // Rebuilt from what is left, the day would hold only the late rows: keep the
+            // rollups as they are (rewritten, to record the mark as built).
+            let mut late = 0u64;
+            store.scan_hourly(mark.series, mark.day.hours(), &mut |_, _| {
+                late += 1;
+                true
+            })?;
+            let mut kept = Vec::new();
+            store.scan_rollups(
+                mark.series,
+                mark.day..mark.day.next(),
+                &mut |key, sketch| {
+                    kept.push((key, sketch.to_vec()));
+                    true
+                },
+            )?;
+            tracing::warn!(
+                series = %name,
+                day = %hourglass::time::format_day(mark.day.0),
+                rows = late,
+                "snapshots arrived for a day whose hours retention had deleted; the day's rollups are kept and these rows are not rolled up"
+            );
+            report.late_rows_dropped += late;
+            if !store.replace_rollups(mark.series, mark.day, kept, mark.mark)? {
+                report.raced += 1;
+            }
+            continue;
+        }
+        let day = match merge_day(store, name, mark.series, mark.day.hours(), &|_| true, both) {
+            Ok(day) => day,
+            Err(e @ (QueryError::Incompatible { .. } | QueryError::Corrupt { .. })) => {
+                tracing::warn!(
+                    series = %name,
+                    day = %hourglass::time::format_day(mark.day.0),
+                    error = %e,
+                    "the rollups of a day cannot be built; its hourly rows are kept until rollup retention and queries over it say why"
+                );
+                report.conflicts += 1;
+                if !store.mark_day_conflict(mark.series, mark.day, mark.mark, &e.to_string())? {
+                    report.raced += 1;
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut rollups: Vec<(DayKey, Vec<u8>)> = day
             .per_server
             .iter()

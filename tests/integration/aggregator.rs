@@ -20,21 +20,21 @@ fn recent_hour() -> u32 {
     u32::try_from(now / 3600).expect("hour fits u32") - 1
 }
 
-fn tag(key: &str, value: &str) -> v1::Tag {
+pub(crate) fn tag(key: &str, value: &str) -> v1::Tag {
     v1::Tag {
         key: key.into(),
         value: value.into(),
     }
 }
 
-fn server(name: &str, labels: &[(&str, &str)]) -> Option<v1::Server> {
+pub(crate) fn server(name: &str, labels: &[(&str, &str)]) -> Option<v1::Server> {
     Some(v1::Server {
         name: name.into(),
         labels: labels.iter().map(|(k, v)| tag(k, v)).collect(),
     })
 }
 
-fn snapshot(
+pub(crate) fn snapshot(
     metric: &str,
     hour: u32,
     version: u64,
@@ -56,7 +56,7 @@ fn snapshot(
     }
 }
 
-fn hll_of(items: std::ops::Range<u32>) -> Vec<u8> {
+pub(crate) fn hll_of(items: std::ops::Range<u32>) -> Vec<u8> {
     let mut hll = Hll::new(14).expect("precision 14");
     for i in items {
         hll.insert(format!("user{i}").as_bytes());
@@ -64,7 +64,7 @@ fn hll_of(items: std::ops::Range<u32>) -> Vec<u8> {
     hll.encode()
 }
 
-fn selector(metric: &str, hours: std::ops::Range<u32>) -> Option<v1::Selector> {
+pub(crate) fn selector(metric: &str, hours: std::ops::Range<u32>) -> Option<v1::Selector> {
     Some(v1::Selector {
         metric: metric.into(),
         range: Some(v1::TimeRange {
@@ -75,7 +75,9 @@ fn selector(metric: &str, hours: std::ops::Range<u32>) -> Option<v1::Selector> {
     })
 }
 
-async fn clients(agg: &AggregatorProcess) -> (CollectorClient<Channel>, QueryClient<Channel>) {
+pub(crate) async fn clients(
+    agg: &AggregatorProcess,
+) -> (CollectorClient<Channel>, QueryClient<Channel>) {
     let channel = Channel::from_shared(agg.grpc.clone())
         .expect("grpc url")
         .connect()
@@ -89,7 +91,7 @@ async fn clients(agg: &AggregatorProcess) -> (CollectorClient<Channel>, QueryCli
     )
 }
 
-async fn push(
+pub(crate) async fn push(
     collector: &mut CollectorClient<Channel>,
     from: Option<v1::Server>,
     snapshots: Vec<v1::Snapshot>,
@@ -107,7 +109,7 @@ async fn push(
         .results
 }
 
-fn outcomes(results: &[v1::SnapshotResult]) -> Vec<v1::PushOutcome> {
+pub(crate) fn outcomes(results: &[v1::SnapshotResult]) -> Vec<v1::PushOutcome> {
     results.iter().map(|r| r.outcome()).collect()
 }
 

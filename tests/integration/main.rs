@@ -2,6 +2,7 @@
 
 mod agent;
 mod aggregator;
+mod background;
 mod demo;
 mod faults;
 mod install_deps;

@@ -88,7 +88,7 @@ fn check_snapshot(
         return Err(reject(
             "hour",
             format!(
-                "snapshots[{i}].hour {} ({}) is outside the hours accepted now, {} to {} (retention.hourly back, one hour ahead)",
+                "snapshots[{i}].hour {} ({}) is outside the hours accepted now, {} to {} (from the start of the day retention.hourly back, to one hour ahead)",
                 snapshot.hour,
                 hourglass::time::format_hour(snapshot.hour.min(u32::MAX / 2)),
                 hourglass::time::format_hour(*hours.start()),
@@ -346,11 +346,14 @@ impl CollectorService {
                 limits.max_live_hours_per_push
             )));
         }
-        let now_hour = std::time::SystemTime::now()
+        let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| (d.as_secs() / 3600) as u32);
-        let retained = u32::try_from(self.retention_hourly.as_secs() / 3600).unwrap_or(u32::MAX);
-        let accepted_hours = now_hour.saturating_sub(retained)..=now_hour.saturating_add(1);
+            .map_or(0, |d| d.as_secs());
+        let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
+        // From the first hour of the oldest day hourly retention keeps (whole days, as
+        // retention deletes them), so no snapshot lands in a day whose hours are gone.
+        let oldest = crate::background::accepted_from(now, self.retention_hourly);
+        let accepted_hours = oldest.0..=now_hour.saturating_add(1);
         // Live hours are bound like snapshot hours: one far ahead would count a server as
         // up for hours that have not happened, one past retention would be deleted at once.
         let (live, refused): (Vec<u32>, Vec<u32>) =

@@ -31,6 +31,8 @@ pub struct ServeOptions {
     pub limits: LimitsConfig,
     /// How far back pushes may reach (`retention.hourly`).
     pub retention_hourly: std::time::Duration,
+    /// A server silent this long stops counting as missing (`coverage.retire_after`).
+    pub retire_after: std::time::Duration,
     /// Bearer tokens; none means no authentication.
     pub auth: crate::auth::Auth,
     /// TLS; plaintext when `None`.
@@ -49,6 +51,7 @@ pub async fn serve(
     let ServeOptions {
         limits,
         retention_hourly,
+        retire_after,
         auth,
         tls,
     } = options;
@@ -65,13 +68,15 @@ pub async fn serve(
     .send_compressed(CompressionEncoding::Gzip)
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
-    let query = QueryServer::new(QueryService::new(store, Arc::clone(&metrics), limits))
-        .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Zstd)
-        .send_compressed(CompressionEncoding::Zstd)
-        .send_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
+    let query = QueryServer::new(
+        QueryService::new(store, Arc::clone(&metrics), limits).retire_after(retire_after),
+    )
+    .accept_compressed(CompressionEncoding::Gzip)
+    .accept_compressed(CompressionEncoding::Zstd)
+    .send_compressed(CompressionEncoding::Zstd)
+    .send_compressed(CompressionEncoding::Gzip)
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health

@@ -28,6 +28,7 @@ pub struct QueryService {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
+    retire_after: std::time::Duration,
 }
 
 impl QueryService {
@@ -37,7 +38,15 @@ impl QueryService {
             store,
             metrics,
             limits,
+            retire_after: crate::config::CoverageConfig::default().retire_after,
         }
+    }
+
+    /// Servers silent for longer than `after` stop counting as missing (see
+    /// [`Planner::retire_after`]).
+    pub fn retire_after(mut self, after: std::time::Duration) -> Self {
+        self.retire_after = after;
+        self
     }
 
     /// Runs `work` as one counted, timed, traced query.
@@ -96,9 +105,11 @@ impl QueryService {
         span.record("kind", kind.to_string());
         let store = Arc::clone(&self.store);
         let fanout = self.limits.max_query_fanout;
+        let retire_hours = u32::try_from(self.retire_after.as_secs() / 3600).unwrap_or(u32::MAX);
         let answer = tokio::task::spawn_blocking(move || {
             Planner::new(store.as_ref())
                 .limit_fanout(fanout)
+                .retire_after(retire_hours)
                 .answer(&selector)
         })
         .await

@@ -7,8 +7,9 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
-    Bytes, DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError, StoredSketch,
-    check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
+    Bytes, DayConflict, DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError,
+    StoredSketch, check_frame, check_hourly_batch, check_rollups, is_empty_range, mask_span,
+    mask_within, sorted_labels, span_union,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -32,6 +33,12 @@ struct Inner {
     /// (day, series) → the mark its rollups were built from.
     built: BTreeMap<(Day, SeriesId), u64>,
     live: BTreeSet<(ServerId, Hour)>,
+    /// (server, day) → bit mask of its live hours, for days past hourly retention.
+    live_days: BTreeMap<(ServerId, Day), u32>,
+    /// (day, series) → why its rollups could not be built.
+    conflicts: BTreeMap<(Day, SeriesId), String>,
+    /// (day, series) whose hourly rows retention deleted.
+    expired: BTreeSet<(Day, SeriesId)>,
     /// (server, day, series) for every stored snapshot: [`Store::server_series`].
     server_series: BTreeSet<(ServerId, Day, SeriesId)>,
     next_mark: u64,
@@ -161,13 +168,38 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError> {
+    fn delete_hourly_before(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<u64, StoreError> {
         let mut inner = self.lock();
+        let cutoff = day.first_hour();
+        let gone: BTreeSet<(Day, SeriesId)> = inner
+            .hourly
+            .keys()
+            .filter(|k| k.hour < cutoff && !keep.contains(&(k.series, k.hour.day())))
+            .map(|k| (k.hour.day(), k.series))
+            .collect();
         let before = inner.hourly.len();
-        inner.hourly.retain(|k, _| k.hour >= hour);
-        inner.live.retain(|(_, h)| *h >= hour);
-        inner.server_series.retain(|(_, d, _)| *d >= hour.day());
-        Ok((before - inner.hourly.len()) as u64)
+        inner
+            .hourly
+            .retain(|k, _| !gone.contains(&(k.hour.day(), k.series)));
+        let deleted = (before - inner.hourly.len()) as u64;
+        inner.expired.extend(gone);
+        let old: Vec<(ServerId, Hour)> = inner
+            .live
+            .range(..)
+            .filter(|(_, h)| *h < cutoff)
+            .copied()
+            .collect();
+        for (server, hour) in old {
+            inner.live.remove(&(server, hour));
+            let bit = 1u32 << (hour.0 - hour.day().first_hour().0);
+            *inner.live_days.entry((server, hour.day())).or_default() |= bit;
+        }
+        inner.server_series.retain(|(_, d, _)| *d >= day);
+        Ok(deleted)
     }
 
     fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
@@ -178,7 +210,45 @@ impl Store for MemoryStore {
         // delete it.
         inner.dirty.retain(|(dirty_day, _), _| *dirty_day >= day);
         inner.built.retain(|(built_day, _), _| *built_day >= day);
+        inner.hourly.retain(|k, _| k.hour >= day.first_hour());
+        inner.live.retain(|(_, h)| *h >= day.first_hour());
+        inner.live_days.retain(|(_, d), _| *d >= day);
+        inner.conflicts.retain(|(d, _), _| *d >= day);
+        inner.expired.retain(|(d, _)| *d >= day);
         Ok((before - inner.rollups.len()) as u64)
+    }
+
+    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        Ok(self.lock().expired.contains(&(day, series)))
+    }
+
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.conflicts.insert((day, series), reason.to_string());
+        inner.built.insert((day, series), mark);
+        Ok(inner.dirty.get(&(day, series)) == Some(&mark))
+    }
+
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
+        Ok(self
+            .lock()
+            .conflicts
+            .iter()
+            .map(|(&(day, series), reason)| DayConflict {
+                series,
+                day,
+                reason: reason.clone(),
+            })
+            .collect())
     }
 
     fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
@@ -285,6 +355,7 @@ impl Store for MemoryStore {
             .rollups
             .retain(|k, _| !(k.series == series && k.day == day));
         inner.rollups.extend(rollups);
+        inner.conflicts.remove(&(day, series));
         inner.built.insert((day, series), mark);
         Ok(inner.dirty.get(&(day, series)) == Some(&mark))
     }
@@ -310,11 +381,37 @@ impl Store for MemoryStore {
         if is_empty_range(&hours) {
             return Ok(0);
         }
-        Ok(self
-            .lock()
-            .live
-            .range((server, hours.start)..(server, hours.end))
-            .count() as u64)
+        let inner = self.lock();
+        // One mask per day, from hourly records and summaries alike, so an hour in both
+        // counts once.
+        let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
+        for (_, hour) in inner.live.range((server, hours.start)..(server, hours.end)) {
+            *masks.entry(hour.day()).or_default() |= 1 << (hour.0 - hour.day().first_hour().0);
+        }
+        let last_day = Hour(hours.end.0 - 1).day();
+        for (&(_, day), &mask) in inner
+            .live_days
+            .range((server, hours.start.day())..=(server, last_day))
+        {
+            *masks.entry(day).or_default() |= mask_within(day, mask, &hours);
+        }
+        Ok(masks.values().map(|m| u64::from(m.count_ones())).sum())
+    }
+
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
+        let inner = self.lock();
+        let all = (server, Hour(0))..=(server, Hour(u32::MAX));
+        let mut hours = inner.live.range(all);
+        let hourly = hours
+            .next()
+            .map(|&(_, first)| first..Hour(hours.next_back().map_or(first, |l| l.1).0 + 1));
+        let days = (server, Day(0))..=(server, Day(u32::MAX));
+        let mut summaries = inner.live_days.range(days);
+        let first = summaries.next().and_then(|(&(_, d), &m)| mask_span(d, m));
+        let last = summaries
+            .next_back()
+            .and_then(|(&(_, d), &m)| mask_span(d, m));
+        Ok(span_union(hourly, span_union(first, last)))
     }
 }
 

@@ -27,6 +27,7 @@
 use hourglass::Kind;
 use hourglass::format::decode_frame;
 pub use hourglass::proto::Bytes;
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::PathBuf;
 use thiserror::Error;
@@ -276,13 +277,47 @@ pub trait Store: Send + Sync + 'static {
         visit: &mut dyn FnMut(DayKey, &[u8]) -> bool,
     ) -> Result<(), StoreError>;
 
-    /// Retention: deletes every hourly snapshot of an hour before `hour`, of every series.
-    /// Returns how many were deleted. Does not block writers. Liveness of those hours goes
-    /// too, and [`Store::server_series`] entries of days that ended before `hour`.
-    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError>;
+    /// Hourly retention, in whole days: deletes every hourly snapshot of a day before
+    /// `day`, of every series, except the (series, day) pairs in `keep` (days not yet
+    /// rolled up, days whose rollups could not be built). Returns how many were deleted.
+    /// Does not block writers.
+    ///
+    /// Each (series, day) whose rows it deletes is recorded as expired
+    /// ([`Store::is_day_expired`]) in the same write, so no later rebuild replaces its
+    /// rollups with what a late row alone holds. Liveness of those days is folded into
+    /// one summary per (server, day), kept until rollup retention, so coverage stays
+    /// right for as long as rollups answer; [`Store::server_series`] entries of those
+    /// days go.
+    fn delete_hourly_before(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<u64, StoreError>;
 
-    /// Retention: deletes every rollup of a day before `day`. Returns how many.
+    /// Rollup retention: deletes every rollup of a day before `day`, and with them
+    /// everything else kept about those days: hourly rows kept past hourly retention,
+    /// liveness summaries, conflict and expiry records, dirty marks. Returns how many
+    /// rollups.
     fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError>;
+
+    /// Whether hourly retention has deleted the rows of `(series, day)`.
+    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError>;
+
+    /// Records that the rollups of `(series, day)` cannot be built, and why, with the
+    /// day built up to `mark` (so the builder does not retry it until a new snapshot
+    /// arrives) and its old rollups deleted (so queries read its hourly rows and report
+    /// the cause), in one atomic, durable write. Returns whether the day is now clean, as
+    /// [`Store::replace_rollups`] does. A later successful rebuild clears the record.
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Every day whose rollups could not be built, in (day, series) order.
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError>;
 
     /// The id of a series. With `create`, a series not yet known gets the next free id;
     /// without, it is `None`. Ids are stable for the life of the store. Tags are compared
@@ -339,6 +374,53 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many hours of `hours` `server` was recorded live.
     fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;
+
+    /// From the first to the last hour `server` was recorded live (`last + 1` as the
+    /// end), or `None` if it never was (or all of it is past retention).
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError>;
+}
+
+/// A day whose rollups could not be built: its rows do not merge (a metric's parameters
+/// changed within the day) or one does not decode. Its hourly rows are kept until rollup
+/// retention, and queries over it read them and report the cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DayConflict {
+    /// The series.
+    pub series: SeriesId,
+    /// The day.
+    pub day: Day,
+    /// Why, as the merge reported it.
+    pub reason: String,
+}
+
+/// The hours of `day` in which a live-hours bit mask (bit `h` for hour `h` of the day)
+/// has bits, within `hours`.
+fn mask_within(day: Day, mask: u32, hours: &Range<Hour>) -> u32 {
+    let first = day.first_hour().0;
+    let lo = hours.start.0.saturating_sub(first).min(24);
+    let hi = hours.end.0.saturating_sub(first).min(24);
+    let range = if hi <= lo {
+        0
+    } else {
+        ((1u64 << hi) - (1u64 << lo)) as u32
+    };
+    mask & range
+}
+
+/// A live-hours mask's first and last hour (`last + 1` as the end), if it has any.
+fn mask_span(day: Day, mask: u32) -> Option<Range<Hour>> {
+    (mask != 0).then(|| {
+        let first = day.first_hour().0;
+        Hour(first + mask.trailing_zeros())..Hour(first + 32 - mask.leading_zeros())
+    })
+}
+
+/// The span covering both `a` and `b`.
+fn span_union(a: Option<Range<Hour>>, b: Option<Range<Hour>>) -> Option<Range<Hour>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.start.min(b.start)..a.end.max(b.end)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Checks that `sketch` is a valid frame before a store writes it.

@@ -29,7 +29,7 @@
 //! different names never encode alike: `kind code (1) | metric | tag count (u32 BE) |
 //! key | value | ...` for a series, `name | label count | key | value | ...` for a server.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,8 +49,9 @@ use rocksdb::{
 
 use super::memory::next_id;
 use super::{
-    Bytes, DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store, StoreError,
-    StoredSketch, check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
+    Bytes, DayConflict, DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store,
+    StoreError, StoredSketch, check_frame, check_hourly_batch, check_rollups, is_empty_range,
+    mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds, hour_range_bounds,
@@ -69,6 +70,13 @@ const META_SERVER_BY_ID: &[u8] = b"server/id/";
 const META_DIRTY: &[u8] = b"dirty/";
 const META_BUILT: &[u8] = b"built/";
 const META_LIVE: &[u8] = b"live/";
+/// `server | day` → a 4-byte bit mask of the day's live hours, for days past hourly
+/// retention: liveness lives as long as the rollups it describes.
+const META_LIVE_DAY: &[u8] = b"liveday/";
+/// `day | series` → why that day's rollups could not be built (UTF-8).
+const META_CONFLICT: &[u8] = b"conflict/";
+/// `day | series` whose hourly rows retention deleted.
+const META_EXPIRED: &[u8] = b"expired/";
 /// `server | day | series` for every stored snapshot: which series a server holds.
 const META_SERVER_SERIES: &[u8] = b"sseries/";
 
@@ -462,17 +470,22 @@ impl RocksStore {
         it.status().map_err(engine_error)
     }
 
+    /// An iterator over all of `cf` for a retention pass: in total order, and without
+    /// filling the block cache (a pass reads cold data once; it must not evict the hot
+    /// blocks queries and writes use).
+    fn retention_iterator(&self, cf: &ColumnFamily) -> DBRawIterator<'_> {
+        let mut read = ReadOptions::default();
+        read.set_total_order_seek(true);
+        read.fill_cache(false);
+        self.db.raw_iterator_cf_opt(cf, read)
+    }
+
     /// Retention for one column family whose keys start `series(4) | time(4)`: one range
     /// tombstone `[series|0, series|cutoff)` for each series that has data before the
     /// cutoff. Returns how many keys the tombstones cover, counted just before.
     fn delete_before(&self, cf_name: &'static str, cutoff: u32) -> Result<u64, StoreError> {
         let cf = self.cf(cf_name);
-        let mut read = ReadOptions::default();
-        read.set_total_order_seek(true);
-        // A retention pass reads cold data once; it must not evict the hot blocks queries
-        // and writes use.
-        read.fill_cache(false);
-        let mut it = self.db.raw_iterator_cf_opt(cf, read);
+        let mut it = self.retention_iterator(cf);
         let mut batch = WriteBatch::default();
         let mut deleted = 0u64;
         it.seek_to_first();
@@ -503,6 +516,74 @@ impl RocksStore {
             self.write(batch)?;
         }
         Ok(deleted)
+    }
+}
+
+impl RocksStore {
+    /// Hourly retention by whole days: range tombstones over the hourly rows of every
+    /// (series, day) before `day` not in `keep`, adjacent days in one range, and an
+    /// expiry record for each, in a batch for the caller to finish and write. Returns it
+    /// with how many rows the tombstones cover, counted just before.
+    fn expire_hourly_days(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<(WriteBatch, u64), StoreError> {
+        let cf = self.cf(CF_HOURLY);
+        let meta = self.cf(CF_META);
+        let mut it = self.retention_iterator(cf);
+        let mut batch = WriteBatch::default();
+        let mut deleted = 0u64;
+        let cutoff = day.first_hour().0;
+        it.seek_to_first();
+        while let Some(key) = it.key() {
+            let (series, _) = series_and_time(CF_HOURLY, key)?;
+            // The open range of deletable days: [start, the day being read).
+            let mut open: Option<u32> = None;
+            while let Some(key) = it.key() {
+                let (key_series, hour) = series_and_time(CF_HOURLY, key)?;
+                if key_series != series || hour >= cutoff {
+                    break;
+                }
+                let row_day = Hour(hour).day();
+                let day_end = row_day.next().first_hour().0;
+                if keep.contains(&(SeriesId(series), row_day)) {
+                    if let Some(start) = open.take() {
+                        let from = series_time_prefix(series, start);
+                        let to = series_time_prefix(series, row_day.first_hour().0);
+                        batch.delete_range_cf(cf, from, to);
+                    }
+                    it.seek(series_time_prefix(series, day_end));
+                    continue;
+                }
+                open.get_or_insert(row_day.first_hour().0);
+                batch.put_cf(
+                    meta,
+                    day_series_key(META_EXPIRED, SeriesId(series), row_day),
+                    [],
+                );
+                // Count the day's rows, then go on from the next day.
+                let end = series_time_prefix(series, day_end);
+                while let Some(key) = it.key() {
+                    if key >= end.as_slice() {
+                        break;
+                    }
+                    deleted += 1;
+                    it.next();
+                }
+            }
+            if let Some(start) = open {
+                let from = series_time_prefix(series, start);
+                batch.delete_range_cf(cf, from, series_time_prefix(series, cutoff));
+            }
+            // Skip the rest of this series: its data at or after the cutoff stays.
+            match series.checked_add(1) {
+                Some(next) => it.seek(series_time_prefix(next, 0)),
+                None => break,
+            }
+        }
+        it.status().map_err(engine_error)?;
+        Ok((batch, deleted))
     }
 }
 
@@ -639,20 +720,46 @@ impl Store for RocksStore {
         it.status().map_err(engine_error)
     }
 
-    fn delete_hourly_before(&self, hour: Hour) -> Result<u64, StoreError> {
-        let deleted = self.delete_before(CF_HOURLY, hour.0)?;
-        // Liveness older than the oldest hour kept says nothing any query can ask about.
-        let mut batch = WriteBatch::default();
-        // Nor does the series index of days that ended before it.
-        for (prefix, cutoff) in [(META_LIVE, hour.0), (META_SERVER_SERIES, hour.day().0)] {
-            for server in self.servers_under(prefix)? {
-                let id = server.to_be_bytes();
-                batch.delete_range_cf(
-                    self.cf(CF_META),
-                    [prefix, &id].concat(),
-                    [prefix, &id, &cutoff.to_be_bytes()].concat(),
-                );
+    fn delete_hourly_before(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<u64, StoreError> {
+        let (mut batch, deleted) = self.expire_hourly_days(day, keep)?;
+        let meta = self.cf(CF_META);
+        // Liveness of those days folds into one mask per (server, day).
+        let cutoff = day.first_hour();
+        for server in self.servers_under(META_LIVE)? {
+            let id = ServerId(server);
+            let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
+            let mut read = ReadOptions::default();
+            read.set_iterate_upper_bound(live_key(id, cutoff));
+            let mut it = self.db.raw_iterator_cf_opt(meta, read);
+            it.seek(live_key(id, Hour(0)));
+            while let Some(key) = it.key() {
+                let hour = Hour(meta_id(key, after(key, META_LIVE.len() + 4))?);
+                *masks.entry(hour.day()).or_default() |= hour_bit(hour);
+                it.next();
             }
+            it.status().map_err(engine_error)?;
+            for (live_day, mask) in masks {
+                let key = live_day_key(id, live_day);
+                let held = match self.db.get_cf(meta, &key).map_err(engine_error)? {
+                    Some(value) => live_mask(&key, &value)?,
+                    None => 0,
+                };
+                batch.put_cf(meta, key, (held | mask).to_be_bytes());
+            }
+            batch.delete_range_cf(meta, live_key(id, Hour(0)), live_key(id, cutoff));
+        }
+        // The series index of those days goes.
+        for server in self.servers_under(META_SERVER_SERIES)? {
+            let id = server.to_be_bytes();
+            batch.delete_range_cf(
+                meta,
+                [META_SERVER_SERIES, &id].concat(),
+                [META_SERVER_SERIES, &id, &day.0.to_be_bytes()].concat(),
+            );
         }
         self.write(batch)?;
         Ok(deleted)
@@ -660,18 +767,81 @@ impl Store for RocksStore {
 
     fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
         let deleted = self.delete_before(CF_ROLLUPS, day.0)?;
-        // A dirty mark for a day past rollup retention would build a rollup only to
-        // delete it.
+        // Hourly rows kept past hourly retention (their day never rolled up) go with it.
+        self.delete_before(CF_HOURLY, day.first_hour().0)?;
+        let meta = self.cf(CF_META);
         let mut batch = WriteBatch::default();
-        for prefix in [META_DIRTY, META_BUILT] {
+        // Day-first keys: one range each. A dirty mark for a day past rollup retention
+        // would build a rollup only to delete it.
+        for prefix in [META_DIRTY, META_BUILT, META_CONFLICT, META_EXPIRED] {
             batch.delete_range_cf(
-                self.cf(CF_META),
+                meta,
                 prefix.to_vec(),
                 [prefix, &day.0.to_be_bytes()].concat(),
             );
         }
+        // Server-first keys: one range per server.
+        for server in self.servers_under(META_LIVE_DAY)? {
+            let id = ServerId(server);
+            batch.delete_range_cf(meta, live_day_key(id, Day(0)), live_day_key(id, day));
+        }
+        for server in self.servers_under(META_LIVE)? {
+            let id = ServerId(server);
+            batch.delete_range_cf(meta, live_key(id, Hour(0)), live_key(id, day.first_hour()));
+        }
         self.write(batch)?;
         Ok(deleted)
+    }
+
+    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        let key = day_series_key(META_EXPIRED, series, day);
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_META), key)
+            .map_err(engine_error)?
+            .is_some())
+    }
+
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let prefix = series_time_prefix(series.0, day.0);
+        let meta = self.cf(CF_META);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.cf(CF_ROLLUPS), prefix.to_vec(), prefix_end(&prefix));
+        batch.put_cf(
+            meta,
+            day_series_key(META_CONFLICT, series, day),
+            reason.as_bytes(),
+        );
+        let built = day_series_key(META_BUILT, series, day);
+        batch.put_cf(meta, built, mark.to_be_bytes());
+        self.write(batch)?;
+        Ok(!self.is_day_dirty(series, day)?)
+    }
+
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_meta(META_CONFLICT, |fields, value| {
+            let key = || [META_CONFLICT, fields].concat();
+            let (series, day) = day_series_fields(&key())?;
+            let reason = String::from_utf8(value.to_vec()).map_err(|_| StoreError::BadValue {
+                column: CF_META,
+                key: key(),
+                reason: "a conflict's reason must be UTF-8".into(),
+            })?;
+            out.push(DayConflict {
+                series,
+                day,
+                reason,
+            });
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
@@ -839,8 +1009,9 @@ impl Store for RocksStore {
         for (key, sketch) in rollups {
             batch.put_cf(cf, key.encode(), sketch);
         }
-        let built = [META_BUILT, &dirty_key(series, day)[META_DIRTY.len()..]].concat();
+        let built = day_series_key(META_BUILT, series, day);
         batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
+        batch.delete_cf(self.cf(CF_META), day_series_key(META_CONFLICT, series, day));
         self.write(batch)?;
         Ok(!self.is_day_dirty(series, day)?)
     }
@@ -875,17 +1046,73 @@ impl Store for RocksStore {
         if is_empty_range(&hours) {
             return Ok(0);
         }
+        let meta = self.cf(CF_META);
+        // One mask per day, from hourly records and summaries alike, so an hour in both
+        // counts once.
+        let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(live_key(server, hours.end));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        let mut it = self.db.raw_iterator_cf_opt(meta, read);
         it.seek(live_key(server, hours.start));
-        let mut count = 0;
-        while it.valid() {
-            count += 1;
+        while let Some(key) = it.key() {
+            let hour = Hour(meta_id(key, after(key, META_LIVE.len() + 4))?);
+            *masks.entry(hour.day()).or_default() |= hour_bit(hour);
             it.next();
         }
         it.status().map_err(engine_error)?;
-        Ok(count)
+        let last_day = Hour(hours.end.0 - 1).day();
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(live_day_key(server, last_day.next()));
+        let mut it = self.db.raw_iterator_cf_opt(meta, read);
+        it.seek(live_day_key(server, hours.start.day()));
+        while let Some((key, value)) = it.item() {
+            let day = Day(meta_id(key, after(key, META_LIVE_DAY.len() + 4))?);
+            *masks.entry(day).or_default() |= mask_within(day, live_mask(key, value)?, &hours);
+            it.next();
+        }
+        it.status().map_err(engine_error)?;
+        Ok(masks.values().map(|m| u64::from(m.count_ones())).sum())
+    }
+
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
+        let meta = self.cf(CF_META);
+        let id = server.0.to_be_bytes();
+        // The first and last entry under `prefix | server`.
+        let ends = |prefix: &[u8]| -> Result<Option<((Vec<u8>, Vec<u8>), (Vec<u8>, Vec<u8>))>, StoreError> {
+            let lo = [prefix, &id].concat();
+            let mut read = ReadOptions::default();
+            read.set_iterate_lower_bound(lo.clone());
+            read.set_iterate_upper_bound(prefix_end(&lo));
+            let mut it = self.db.raw_iterator_cf_opt(meta, read);
+            it.seek_to_first();
+            let Some((k, v)) = it.item() else {
+                it.status().map_err(engine_error)?;
+                return Ok(None);
+            };
+            let first = (k.to_vec(), v.to_vec());
+            it.seek_to_last();
+            let last = it.item().map(|(k, v)| (k.to_vec(), v.to_vec()));
+            it.status().map_err(engine_error)?;
+            Ok(Some((first.clone(), last.unwrap_or(first))))
+        };
+        let hourly = match ends(META_LIVE)? {
+            Some(((first, _), (last, _))) => {
+                let hour = |key: &[u8]| meta_id(key, after(key, META_LIVE.len() + 4));
+                Some(Hour(hour(&first)?)..Hour(hour(&last)? + 1))
+            }
+            None => None,
+        };
+        let summaries = match ends(META_LIVE_DAY)? {
+            Some(((first, first_mask), (last, last_mask))) => {
+                let span = |key: &[u8], mask: &[u8]| -> Result<Option<Range<Hour>>, StoreError> {
+                    let day = Day(meta_id(key, after(key, META_LIVE_DAY.len() + 4))?);
+                    Ok(mask_span(day, live_mask(key, mask)?))
+                };
+                span_union(span(&first, &first_mask)?, span(&last, &last_mask)?)
+            }
+            None => None,
+        };
+        Ok(span_union(hourly, summaries))
     }
 }
 
@@ -1007,6 +1234,41 @@ fn server_series_key(key: &HourKey) -> Vec<u8> {
 
 fn live_key(server: ServerId, hour: Hour) -> Vec<u8> {
     [META_LIVE, &server.0.to_be_bytes(), &hour.0.to_be_bytes()].concat()
+}
+
+fn live_day_key(server: ServerId, day: Day) -> Vec<u8> {
+    [META_LIVE_DAY, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
+}
+
+/// The bytes of `key` from `offset` on; none if it is shorter (a damaged key, which the
+/// length check of [`meta_id`] then reports).
+fn after(key: &[u8], offset: usize) -> &[u8] {
+    key.get(offset..).unwrap_or(&[])
+}
+
+/// The bit of `hour` in its day's live-hours mask.
+fn hour_bit(hour: Hour) -> u32 {
+    1 << (hour.0 - hour.day().first_hour().0)
+}
+
+/// The mask stored under a `liveday/` key.
+fn live_mask(key: &[u8], value: &[u8]) -> Result<u32, StoreError> {
+    let bytes: [u8; 4] = value.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("a live-hours mask must be 4 bytes, found {}", value.len()),
+    })?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+/// `prefix | day | series`: the layout of dirty, built, conflict and expired keys.
+fn day_series_key(prefix: &[u8], series: SeriesId, day: Day) -> Vec<u8> {
+    [prefix, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
+}
+
+/// The (series, day) of a `conflict/` key.
+fn day_series_fields(key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
+    dirty_fields(&[META_DIRTY, &key[META_CONFLICT.len().min(key.len())..]].concat())
 }
 
 /// The (series, day) of a `dirty/` key.

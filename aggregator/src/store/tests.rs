@@ -4,6 +4,7 @@
 use super::*;
 use crate::keys::Epoch;
 use hourglass::sketch::hll::Hll;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// A valid framed sketch whose bytes differ for different `n`.
@@ -285,38 +286,63 @@ fn invalid_sketches_are_refused(store: &dyn Store) {
     assert!(matches!(err, StoreError::InvalidSketch { .. }), "{err}");
 }
 
+/// No (series, day) kept from hourly retention.
+fn none() -> BTreeSet<(SeriesId, Day)> {
+    BTreeSet::new()
+}
+
 fn retention_deletes_exactly_what_is_older(store: &dyn Store) {
     let mut batch = Vec::new();
+    // Hours 20..24 are day 0, 24..30 day 1.
     for series in [1, 2, 3] {
-        for hour in 10..20 {
+        for hour in 20..30 {
             batch.push((key(series, hour, 1, 0), 1, sketch(1).into()));
             batch.push((key(series, hour, 2, 7), 1, sketch(1).into()));
         }
     }
-    // A series with only new data, and one with only old data.
-    batch.push((key(4, 30, 1, 0), 1, sketch(1).into()));
+    // A series with only new data, and ones with only old data.
+    batch.push((key(4, 50, 1, 0), 1, sketch(1).into()));
     batch.push((key(5, 3, 1, 0), 1, sketch(1).into()));
     batch.push((key(u32::MAX, 3, 1, 0), 1, sketch(1).into()));
     store.put_hourly(&batch).unwrap();
 
-    assert_eq!(store.delete_hourly_before(Hour(10)).unwrap(), 2);
-    assert_eq!(store.delete_hourly_before(Hour(15)).unwrap(), 3 * 5 * 2);
+    assert_eq!(store.delete_hourly_before(Day(0), &none()).unwrap(), 0);
+    // Whole days, except the ones kept.
+    let keep = BTreeSet::from([(SeriesId(2), Day(0))]);
+    assert_eq!(
+        store.delete_hourly_before(Day(1), &keep).unwrap(),
+        2 * 4 * 2 + 2
+    );
     // Idempotent: nothing left to delete.
-    assert_eq!(store.delete_hourly_before(Hour(15)).unwrap(), 0);
-    for series in [1, 2, 3] {
-        let hours: Vec<u32> = scan_all(store, series, 0..100)
+    assert_eq!(store.delete_hourly_before(Day(1), &keep).unwrap(), 0);
+    let hours = |series| -> Vec<u32> {
+        scan_all(store, series, 0..100)
             .into_iter()
             .map(|(k, _)| k.hour.0)
-            .collect();
-        assert_eq!(hours, [15, 15, 16, 16, 17, 17, 18, 18, 19, 19]);
+            .collect()
+    };
+    for series in [1, 3] {
+        assert_eq!(
+            hours(series),
+            [24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29]
+        );
     }
-    assert_eq!(scan_all(store, 4, 0..100).len(), 1);
-    assert!(scan_all(store, 5, 0..100).is_empty());
-    // A late snapshot for an expired hour can be written again (retention is not a ban).
+    assert_eq!(hours(2).len(), 20, "the kept day stays whole");
+    assert_eq!(hours(4), [50]);
+    assert!(hours(5).is_empty());
+    assert!(store.is_day_expired(SeriesId(1), Day(0)).unwrap());
+    assert!(store.is_day_expired(SeriesId(5), Day(0)).unwrap());
+    assert!(!store.is_day_expired(SeriesId(2), Day(0)).unwrap());
+    assert!(!store.is_day_expired(SeriesId(1), Day(1)).unwrap());
+    // Once no longer kept, it goes too.
+    assert_eq!(store.delete_hourly_before(Day(1), &none()).unwrap(), 8);
+    assert!(store.is_day_expired(SeriesId(2), Day(0)).unwrap());
+    // A late snapshot for an expired day can be written again (the collector refuses
+    // them; the store does not ban them).
     store
-        .put_hourly(&[(key(1, 12, 1, 0), 1, sketch(1).into())])
+        .put_hourly(&[(key(1, 22, 1, 0), 1, sketch(1).into())])
         .unwrap();
-    assert_eq!(scan_all(store, 1, 0..15).len(), 1);
+    assert_eq!(scan_all(store, 1, 0..24).len(), 1);
 
     for day in 0..5 {
         store
@@ -343,6 +369,100 @@ fn retention_deletes_exactly_what_is_older(store: &dyn Store) {
     let marks = dirty(store, 3, 100);
     assert!(marks.iter().all(|(_, day)| *day >= Day(3)), "{marks:?}");
     assert!(!dirty(store, u32::MAX, 100).contains(&(SeriesId(1), Day(1))));
+    // So did every hourly row and expiry record of those days.
+    assert!(hours(1).is_empty() && hours(2).is_empty());
+    assert!(!store.is_day_expired(SeriesId(1), Day(0)).unwrap());
+}
+
+fn a_day_that_cannot_be_built_is_recorded_until_rebuilt(store: &dyn Store) {
+    store
+        .put_hourly(&[(key(1, 30, 1, 0), 1, sketch(1).into())])
+        .unwrap();
+    store
+        .put_rollup(day_key(1, 1, ServerId::ALL), sketch(1))
+        .unwrap();
+    let mark = store.dirty_days(Day(5), 10).unwrap()[0];
+    assert!(
+        store
+            .mark_day_conflict(mark.series, mark.day, mark.mark, "precision differs")
+            .unwrap()
+    );
+    assert!(
+        !store.is_day_dirty(SeriesId(1), Day(1)).unwrap(),
+        "not retried"
+    );
+    assert!(
+        rollups(store, 1, 0..5).is_empty(),
+        "its old rollups are gone"
+    );
+    assert_eq!(
+        store.day_conflicts().unwrap(),
+        vec![DayConflict {
+            series: SeriesId(1),
+            day: Day(1),
+            reason: "precision differs".into()
+        }]
+    );
+    // A new snapshot makes it dirty again; a rebuild that succeeds clears the record.
+    store
+        .put_hourly(&[(key(1, 31, 1, 0), 1, sketch(1).into())])
+        .unwrap();
+    let mark = store.dirty_days(Day(5), 10).unwrap()[0];
+    let built = vec![(day_key(1, 1, ServerId::ALL), sketch(2))];
+    assert!(
+        store
+            .replace_rollups(mark.series, mark.day, built, mark.mark)
+            .unwrap()
+    );
+    assert!(store.day_conflicts().unwrap().is_empty());
+    // Rollup retention removes conflict records of the days it deletes.
+    let mark = {
+        store.mark_day_dirty(SeriesId(2), Day(2)).unwrap();
+        store.dirty_days(Day(5), 10).unwrap()[0]
+    };
+    store
+        .mark_day_conflict(mark.series, mark.day, mark.mark, "x")
+        .unwrap();
+    assert_eq!(store.day_conflicts().unwrap().len(), 1);
+    store.delete_rollups_before(Day(3)).unwrap();
+    assert!(store.day_conflicts().unwrap().is_empty());
+}
+
+fn liveness_outlives_hourly_retention(store: &dyn Store) {
+    let hours: Vec<Hour> = [3, 4, 5, 9, 30].into_iter().map(Hour).collect();
+    store.mark_live(ServerId(1), &hours).unwrap();
+    store.mark_live(ServerId(2), &[Hour(50)]).unwrap();
+    assert_eq!(
+        store.live_span(ServerId(1)).unwrap(),
+        Some(Hour(3)..Hour(31))
+    );
+    store.delete_hourly_before(Day(1), &none()).unwrap();
+    // Day 0 is summarised: the same counts, the same span.
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(24)).unwrap(), 4);
+    assert_eq!(store.live_hours(ServerId(1), Hour(4)..Hour(10)).unwrap(), 3);
+    assert_eq!(store.live_hours(ServerId(1), Hour(9)..Hour(31)).unwrap(), 2);
+    assert_eq!(
+        store.live_span(ServerId(1)).unwrap(),
+        Some(Hour(3)..Hour(31))
+    );
+    // A second summary of the same day merges; an hour both recorded and summarised
+    // counts once.
+    store.mark_live(ServerId(1), &[Hour(4), Hour(6)]).unwrap();
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(24)).unwrap(), 5);
+    store.delete_hourly_before(Day(1), &none()).unwrap();
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(24)).unwrap(), 5);
+    assert_eq!(
+        store.live_span(ServerId(2)).unwrap(),
+        Some(Hour(50)..Hour(51))
+    );
+    assert_eq!(store.live_span(ServerId(3)).unwrap(), None);
+    // Rollup retention ends it.
+    store.delete_rollups_before(Day(1)).unwrap();
+    assert_eq!(store.live_hours(ServerId(1), Hour(0)..Hour(24)).unwrap(), 0);
+    assert_eq!(
+        store.live_span(ServerId(1)).unwrap(),
+        Some(Hour(30)..Hour(31))
+    );
 }
 
 /// The dirty (series, day) pairs before `before`, without building them.
@@ -468,12 +588,12 @@ fn the_server_series_index_follows_writes_and_retention(store: &dyn Store) {
     assert_eq!(index(2, 0), vec![(SeriesId(3), Day(2))]);
     assert_eq!(index(3, 0), vec![]);
     // Retention from hour 40 (day 1) drops day 0's entries and keeps day 1's.
-    store.delete_hourly_before(Hour(40)).unwrap();
+    store.delete_hourly_before(Day(1), &none()).unwrap();
     assert_eq!(
         index(1, 0),
         vec![(SeriesId(1), Day(2)), (SeriesId(2), Day(1))]
     );
-    store.delete_hourly_before(Hour(48)).unwrap();
+    store.delete_hourly_before(Day(2), &none()).unwrap();
     assert_eq!(index(1, 0), vec![(SeriesId(1), Day(2))]);
 }
 
@@ -659,6 +779,16 @@ macro_rules! store_suite {
             super::retention_deletes_exactly_what_is_older(&*store);
         }
         #[test]
+        fn a_day_that_cannot_be_built_is_recorded_until_rebuilt() {
+            let (_dir, store) = $make;
+            super::a_day_that_cannot_be_built_is_recorded_until_rebuilt(&*store);
+        }
+        #[test]
+        fn liveness_outlives_hourly_retention() {
+            let (_dir, store) = $make;
+            super::liveness_outlives_hourly_retention(&*store);
+        }
+        #[test]
         fn dirty_days_follow_writes() {
             let (_dir, store) = $make;
             super::dirty_days_follow_writes(&*store);
@@ -768,10 +898,10 @@ mod rocks {
             store.flush().unwrap();
             assert_eq!(scan_all(&store, 1, 10..11).len(), 3);
             assert_eq!(scan_all(&store, 1, 10..20).len(), 30);
-            assert_eq!(store.delete_hourly_before(Hour(24)).unwrap(), 72);
+            assert_eq!(store.delete_hourly_before(Day(1), &none()).unwrap(), 72);
             store.flush().unwrap();
             assert_eq!(scan_all(&store, 1, 0..48).len(), 72);
-            assert_eq!(store.delete_hourly_before(Hour(24)).unwrap(), 0);
+            assert_eq!(store.delete_hourly_before(Day(1), &none()).unwrap(), 0);
             store.compact().unwrap();
             assert_eq!(scan_all(&store, 1, 0..48).len(), 72);
             let stats = store.stats().unwrap();
@@ -927,7 +1057,7 @@ mod rocks {
         put_raw(&store, "hourly", &[0, 0, 0, 2, 0, 0, 0, 1, 9], &[0; 30]);
         let err = store.scan_hourly(SeriesId(2), Hour(0)..Hour(5), &mut |_, _| true);
         assert!(matches!(err, Err(StoreError::BadKey { .. })), "{err:?}");
-        let err = store.delete_hourly_before(Hour(100));
+        let err = store.delete_hourly_before(Day(5), &none());
         assert!(matches!(err, Err(StoreError::BadKey { .. })), "{err:?}");
         // Damaged dictionary entries.
         put_raw(&store, "meta", b"series/id/\0\0\0\x07", &[1, 0, 0, 0, 200]);
