@@ -38,6 +38,26 @@ pub fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
 }
 
+/// The prefix of the temporary files a checkpoint is written to before the rename.
+const TMP_PREFIX: &str = "checkpoint.tmp-";
+
+/// Removes the temporary files a checkpoint writer left when the agent was killed
+/// mid-write; returns how many. Only for a data dir this process holds the lock of: no
+/// writer of another agent can be using them.
+pub fn remove_leftovers(data_dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(data_dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|n| n.starts_with(TMP_PREFIX)) && entry.file_type()?.is_file()
+        {
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A checkpoint that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -93,7 +113,7 @@ pub fn write(table: &Mutex<Table>, data_dir: &Path, server: &str) -> Result<u64,
     // never write into this one's file.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = data_dir.join(format!("checkpoint.tmp-{}-{n}", std::process::id()));
+    let tmp = data_dir.join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
     let result = write_to(table, data_dir, server, &tmp);
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -391,6 +411,32 @@ mod tests {
         flipped[good.len() / 3] ^= 0x40;
         let e = decode(&flipped).unwrap_err().to_string();
         assert!(e.contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn leftover_temporary_files_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        write(&Mutex::new(filled()), dir.path(), "web-1").unwrap();
+        for name in [
+            "checkpoint.tmp-123-0",
+            "checkpoint.tmp-9-4",
+            "lock",
+            "notes",
+        ] {
+            std::fs::write(dir.path().join(name), b"partial").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("checkpoint.tmp-dir")).unwrap();
+        assert_eq!(remove_leftovers(dir.path()).unwrap(), 2);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["checkpoint", "checkpoint.tmp-dir", "lock", "notes"]);
+        assert!(
+            read(dir.path()).unwrap().is_some(),
+            "the checkpoint is kept"
+        );
     }
 
     proptest! {

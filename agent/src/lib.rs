@@ -115,6 +115,21 @@ impl Agent {
                 dir.display()
             );
         }
+        // A writer killed mid-checkpoint leaves its temporary file; with the lock held, no
+        // writer can be using one, and each can be as large as the whole table.
+        match checkpoint::remove_leftovers(dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                dir = %dir.display(),
+                "removed temporary checkpoint files left by an interrupted write"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                dir = %dir.display(),
+                "could not remove temporary checkpoint files left by an interrupted write"
+            ),
+        }
         let config = Arc::new(options.config.clone());
         let metrics = Arc::new(Metrics::new());
         let table = restore(&config, &options, &metrics)?;
@@ -385,5 +400,36 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
             );
             Ok(Table::new(Arc::clone(config), epoch))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dir: &std::path::Path) -> Options {
+        Options {
+            server_name: "web-1".into(),
+            labels: Vec::new(),
+            aggregator: "http://127.0.0.1:1".into(),
+            aggregator_tls: hourglass::tls::ClientTls::default(),
+            aggregator_token: None,
+            data_dir: dir.to_path_buf(),
+            config: Config::default(),
+        }
+    }
+
+    #[test]
+    fn opening_removes_temporary_files_of_an_interrupted_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("checkpoint.tmp-4242-0"), vec![7u8; 4096]).unwrap();
+        std::fs::write(dir.path().join("checkpoint.tmp-4242-1"), b"").unwrap();
+        let agent = Agent::open(options(dir.path())).unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["lock"], "only the lock is left");
+        drop(agent);
     }
 }
