@@ -134,6 +134,9 @@ impl Agent {
         let metrics = Arc::new(Metrics::new());
         let table = restore(&config, &options, &metrics)?;
         metrics.epoch.set(table.epoch());
+        metrics
+            .backlog_max_bytes
+            .set(i64::try_from(config.max_backlog_bytes()).unwrap_or(i64::MAX));
         Ok(Agent {
             options,
             config,

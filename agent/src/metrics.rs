@@ -47,6 +47,9 @@ pub struct Metrics {
     /// Live hours dropped because the aggregator refused a push of them alone for good
     /// (the reason is logged).
     pub live_hours_dropped: Counter,
+    /// Snapshots the agent dropped without the aggregator having them, by reason
+    /// (`backlog_full`: beyond `shipping.max_backlog_mib`).
+    pub snapshots_dropped: Family<Labels, Counter>,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
     pub pushes: Family<Labels, Counter>,
     /// Push latency, seconds.
@@ -67,6 +70,11 @@ pub struct Metrics {
     pub pending_snapshots: Gauge,
     /// Bytes of sketches not yet acknowledged.
     pub pending_bytes: Gauge,
+    /// Bytes of unacknowledged sketches of closed hours (what `shipping.max_backlog_mib`
+    /// bounds).
+    pub backlog_bytes: Gauge,
+    /// `shipping.max_backlog_mib` in bytes.
+    pub backlog_max_bytes: Gauge,
     /// Start (Unix time) of the oldest hour with something unacknowledged; 0 if none.
     pub oldest_unacked_hour: Gauge,
     /// Series held.
@@ -102,6 +110,7 @@ impl Metrics {
             snapshots_retried: Counter::default(),
             version_divergence: Counter::default(),
             live_hours_dropped: Counter::default(),
+            snapshots_dropped: Family::default(),
             pushes: Family::default(),
             // 0.5 ms to about 16 s.
             push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -113,6 +122,8 @@ impl Metrics {
             last_push: Gauge::default(),
             pending_snapshots: Gauge::default(),
             pending_bytes: Gauge::default(),
+            backlog_bytes: Gauge::default(),
+            backlog_max_bytes: Gauge::default(),
             oldest_unacked_hour: Gauge::default(),
             active_series: Gauge::default(),
             open_entries: Gauge::default(),
@@ -177,6 +188,11 @@ impl Metrics {
             "Live hours dropped because the aggregator refused them for good (reasons are logged)",
             m.live_hours_dropped.clone(),
         );
+        r.register(
+            "snapshots_dropped",
+            "Snapshots dropped by the agent without the aggregator having them, by reason",
+            m.snapshots_dropped.clone(),
+        );
         r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
         r.register(
             "push_duration_seconds",
@@ -214,6 +230,16 @@ impl Metrics {
             "pending_bytes",
             "Bytes of sketches not yet acknowledged",
             m.pending_bytes.clone(),
+        );
+        r.register(
+            "backlog_bytes",
+            "Bytes of unacknowledged sketches of closed hours (bounded by shipping.max_backlog_mib)",
+            m.backlog_bytes.clone(),
+        );
+        r.register(
+            "backlog_max_bytes",
+            "shipping.max_backlog_mib in bytes",
+            m.backlog_max_bytes.clone(),
         );
         r.register(
             "oldest_unacked_hour_timestamp_seconds",
@@ -269,6 +295,7 @@ impl Metrics {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.pending_snapshots.set(clamp(backlog.snapshots));
         self.pending_bytes.set(clamp(backlog.bytes));
+        self.backlog_bytes.set(clamp(backlog.closed_bytes));
         self.oldest_unacked_hour
             .set(backlog.oldest_hour.map_or(0, |h| i64::from(h) * 3600));
         self.active_series.set(clamp(backlog.series));
@@ -313,6 +340,7 @@ mod tests {
         m.set_table(
             &Backlog {
                 snapshots: 4,
+                closed_bytes: 1234,
                 oldest_hour: Some(10),
                 ..Backlog::default()
             },
@@ -324,6 +352,7 @@ mod tests {
             r#"hourglass_agent_rejected_total{source="statsd",reason="too_late"} 2"#,
             "hourglass_agent_dropped_tags_total 2",
             "hourglass_agent_pending_snapshots 4",
+            "hourglass_agent_backlog_bytes 1234",
             "hourglass_agent_oldest_unacked_hour_timestamp_seconds 36000",
             r#"hourglass_agent_bloom_fill_ratio{series="pages",hour="1970-01-01T10:00Z"} 0.75"#,
         ] {

@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::metrics::{Labels, Metrics};
-use crate::table::Table;
+use crate::table::{Dropped, Table};
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> i64 {
@@ -65,6 +65,9 @@ pub struct Shipper {
     /// aggregator refuses that many.
     live_chunk: usize,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// What the backlog bound has dropped since the backlog last went over it; `None`
+    /// while it is under it. One warning starts an episode and one line ends it.
+    backlog_episode: Option<Dropped>,
 }
 
 impl Shipper {
@@ -102,6 +105,7 @@ impl Shipper {
             live_chunk,
             // Checked when the agent starts (main.rs), so a bad token never gets here.
             authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
+            backlog_episode: None,
         }
     }
 
@@ -193,7 +197,13 @@ impl Shipper {
         } else {
             false
         };
-        let freed = crate::table::lock(&self.table).free_closed(now);
+        let (freed, dropped, backlog) = {
+            let mut t = crate::table::lock(&self.table);
+            let freed = t.free_closed(now);
+            let dropped = t.enforce_backlog(self.config.max_backlog_bytes());
+            (freed, dropped, t.backlog().closed_bytes)
+        };
+        self.backlog_dropped(dropped, backlog);
         span.record("freed", freed as u64);
         span.record("pushed", push);
         if freed > 0 {
@@ -209,6 +219,57 @@ impl Shipper {
             .flushes
             .get_or_create(&vec![("outcome", outcome.to_string())])
             .inc();
+    }
+
+    /// Counts what the backlog bound dropped, and logs an episode of drops once when it
+    /// starts and once when it ends: when the backlog is back under half the bound (the
+    /// aggregator is taking it again), not at every flush between the drops of two hours.
+    fn backlog_dropped(&mut self, dropped: Dropped, backlog: u64) {
+        self.metrics
+            .backlog_bytes
+            .set(i64::try_from(backlog).unwrap_or(i64::MAX));
+        let max = self.config.max_backlog_bytes();
+        if dropped.entries > 0 {
+            self.metrics
+                .snapshots_dropped
+                .get_or_create(&vec![("reason", "backlog_full".to_string())])
+                .inc_by(dropped.snapshots);
+            match &mut self.backlog_episode {
+                Some(episode) => {
+                    episode.entries += dropped.entries;
+                    episode.snapshots += dropped.snapshots;
+                    episode.bytes += dropped.bytes;
+                    episode.last_hour = episode.last_hour.max(dropped.last_hour);
+                    episode.undeclared_hours += dropped.undeclared_hours;
+                    tracing::debug!(?dropped, "backlog still full; dropped more");
+                }
+                None => {
+                    tracing::warn!(
+                        snapshots = dropped.snapshots,
+                        bytes = dropped.bytes,
+                        from_hour = %hourglass::time::format_hour(dropped.first_hour),
+                        to_hour = %hourglass::time::format_hour(dropped.last_hour),
+                        hours_no_longer_declared_live = dropped.undeclared_hours,
+                        max_backlog_mib = self.config.shipping.max_backlog_mib,
+                        "BACKLOG FULL: the aggregator has not acknowledged closed hours beyond shipping.max_backlog_mib; \
+                         dropping the oldest (counted in snapshots_dropped_total{{reason=\"backlog_full\"}}; \
+                         logged again when the backlog drains)"
+                    );
+                    self.backlog_episode = Some(dropped);
+                }
+            }
+        } else if backlog <= max / 2
+            && let Some(episode) = self.backlog_episode.take()
+        {
+            tracing::warn!(
+                snapshots = episode.snapshots,
+                bytes = episode.bytes,
+                from_hour = %hourglass::time::format_hour(episode.first_hour),
+                to_hour = %hourglass::time::format_hour(episode.last_hour),
+                hours_no_longer_declared_live = episode.undeclared_hours,
+                "backlog under shipping.max_backlog_mib again; while it was full these were dropped"
+            );
+        }
     }
 
     /// The delay before the next push after `failures` failures in a row: doubling from
@@ -529,12 +590,24 @@ mod tests {
 
     /// A shipper of `table` whose channel is never used (it connects lazily).
     fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>) -> Shipper {
-        let channel = Channel::from_static("http://127.0.0.1:1").connect_lazy();
+        shipper_in(table, config, PathBuf::from("unused"), "http://127.0.0.1:1")
+    }
+
+    /// A shipper of `table` checkpointing into `dir` and pushing to `url`.
+    fn shipper_in(
+        table: &Arc<Mutex<Table>>,
+        config: Arc<Config>,
+        dir: PathBuf,
+        url: &str,
+    ) -> Shipper {
+        let channel = Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect_lazy();
         Shipper::new(
             Arc::clone(table),
             Arc::new(Metrics::new()),
             config,
-            PathBuf::from("unused"),
+            dir,
             v1::Server {
                 name: "web-1".into(),
                 labels: Vec::new(),
@@ -608,5 +681,74 @@ mod tests {
         assert_eq!(t.assign_versions(), 1);
         assert_eq!(entry(&t, diverged).version, 6);
         assert_eq!(t.unacked(), vec![keys[diverged]]);
+    }
+
+    #[tokio::test]
+    async fn an_outage_longer_than_the_backlog_bound_drops_the_oldest_hours_counted() {
+        let mut config = Config::default();
+        config.shipping.max_backlog_mib = 1;
+        let config = Arc::new(config);
+        let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));
+        let now_hour = (unix_now() / 3600) as u32;
+        // Four closed hours of four series, never acknowledged: the aggregator is away.
+        // A default entry (distinct + frequency) is about 100 KiB, so 16 are above 1 MiB.
+        {
+            let mut t = lock(&table);
+            for back in (3..7).rev() {
+                for m in ["a", "b", "c", "d"] {
+                    let id = t
+                        .resolve_statsd(m, "", &mut IngestStats::default())
+                        .unwrap();
+                    t.insert_at(id, now_hour - back, b"u1", 1);
+                }
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper_in(
+            &table,
+            Arc::clone(&config),
+            dir.path().into(),
+            "http://127.0.0.1:1",
+        );
+        s.flush(true).await;
+        let held = lock(&table).backlog();
+        assert!(held.closed_bytes <= 1 << 20, "{held:?}");
+        assert!(
+            held.closed_bytes > (1 << 20) - 200 * 1024,
+            "only what is over goes: {held:?}"
+        );
+        let dropped = s
+            .metrics
+            .snapshots_dropped
+            .get_or_create(&vec![("reason", "backlog_full".to_string())])
+            .get();
+        assert_eq!(
+            dropped,
+            32 - held.snapshots,
+            "every dropped snapshot is counted"
+        );
+        assert!(dropped > 0);
+        {
+            let t = lock(&table);
+            assert!(
+                t.entry("a", now_hour - 6).is_none(),
+                "the oldest hour goes first"
+            );
+            assert!(t.entry("d", now_hour - 3).is_some(), "the newest stays");
+        }
+        assert!(s.backlog_episode.is_some(), "an episode of drops began");
+        let text = s.metrics.encode();
+        for want in [
+            format!(
+                r#"hourglass_agent_snapshots_dropped_total{{reason="backlog_full"}} {dropped}"#
+            ),
+            format!("hourglass_agent_backlog_bytes {}", held.closed_bytes),
+        ] {
+            assert!(text.contains(&want), "{want} missing from\n{text}");
+        }
+        // Still away, nothing new: nothing more is dropped and the episode goes on.
+        s.flush(true).await;
+        assert_eq!(lock(&table).backlog(), held);
+        assert!(s.backlog_episode.is_some());
     }
 }

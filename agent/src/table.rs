@@ -214,6 +214,27 @@ pub struct Backlog {
     pub series: u64,
     /// Bytes of all sketches held.
     pub sketch_bytes: u64,
+    /// Bytes of the unacknowledged sketches of closed hours: what `shipping.max_backlog_mib`
+    /// bounds.
+    pub closed_bytes: u64,
+}
+
+/// What keeping the backlog under `shipping.max_backlog_mib` dropped in one flush.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// (series, hour) entries dropped.
+    pub entries: u64,
+    /// Their snapshots (one per kind).
+    pub snapshots: u64,
+    /// Bytes of their sketches.
+    pub bytes: u64,
+    /// The oldest hour dropped from.
+    pub first_hour: u32,
+    /// The newest hour dropped from.
+    pub last_hour: u32,
+    /// Hours dropped from that were still to be declared live: they no longer are, so the
+    /// aggregator counts them as missing instead of complete.
+    pub undeclared_hours: u64,
 }
 
 /// The sketches of one agent.
@@ -662,15 +683,7 @@ impl Table {
             .collect();
         let mut emptied = false;
         for key in &freed {
-            self.entries.remove(key);
-            if let Some(slot) = self.series.get_mut(&key.0) {
-                slot.hours -= 1;
-                if slot.hours == 0 {
-                    let slot = self.series.remove(&key.0).expect("just seen");
-                    self.by_series.remove(&slot.series);
-                    emptied = true;
-                }
-            }
+            emptied |= self.remove_entry(*key);
         }
         // Series whose every event was refused hold no hour: let them go too.
         let idle: Vec<u64> = self
@@ -691,6 +704,79 @@ impl Table {
         freed.len()
     }
 
+    /// Removes an entry, and its series when it was the series' last hour; true if a
+    /// series went.
+    fn remove_entry(&mut self, key: Key) -> bool {
+        if self.entries.remove(&key).is_none() {
+            return false;
+        }
+        let Some(slot) = self.series.get_mut(&key.0) else {
+            return false;
+        };
+        slot.hours -= 1;
+        if slot.hours > 0 {
+            return false;
+        }
+        let slot = self.series.remove(&key.0).expect("just seen");
+        self.by_series.remove(&slot.series);
+        true
+    }
+
+    /// Whether `hour` is closed for good (as of the last [`Table::free_closed`]).
+    fn is_closed(&self, hour: u32) -> bool {
+        self.closed_through.is_some_and(|c| hour <= c)
+    }
+
+    /// Keeps the unacknowledged sketches of closed hours within `max_bytes` by dropping
+    /// entries, oldest hour first (and within an hour, oldest series first), until they fit.
+    /// Open hours are never dropped: `limits.max_series` and the lateness bound them, and a
+    /// dropped open entry would come back with the next event and replace at the
+    /// aggregator what it had of the hour.
+    ///
+    /// An hour dropped from is taken out of the live hours still to be declared, so the
+    /// aggregator counts it missing rather than complete; the caller counts the drop.
+    pub fn enforce_backlog(&mut self, max_bytes: u64) -> Dropped {
+        let mut closed: Vec<(Key, u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| self.is_closed(k.1) && e.pending())
+            .map(|(k, e)| {
+                let bytes = e.sketches.iter().map(|s| s.size_bytes() as u64).sum();
+                (*k, bytes, e.sketches.len() as u64)
+            })
+            .collect();
+        let mut total: u64 = closed.iter().map(|c| c.1).sum();
+        let mut dropped = Dropped::default();
+        if total <= max_bytes {
+            return dropped;
+        }
+        closed.sort_unstable_by_key(|&((id, hour), _, _)| (hour, id));
+        let mut emptied = false;
+        let mut hours = BTreeSet::new();
+        for (key, bytes, snapshots) in closed {
+            if total <= max_bytes {
+                break;
+            }
+            emptied |= self.remove_entry(key);
+            total -= bytes;
+            hours.insert(key.1);
+            dropped.entries += 1;
+            dropped.snapshots += snapshots;
+            dropped.bytes += bytes;
+        }
+        if emptied {
+            self.aliases.clear();
+        }
+        dropped.first_hour = hours.first().copied().unwrap_or(0);
+        dropped.last_hour = hours.last().copied().unwrap_or(0);
+        for hour in hours {
+            if self.live_hours.remove(&hour) {
+                dropped.undeclared_hours += 1;
+            }
+        }
+        dropped
+    }
+
     /// What the aggregator is missing, and what the table holds.
     pub fn backlog(&self) -> Backlog {
         let mut b = Backlog {
@@ -704,6 +790,9 @@ impl Table {
             if entry.pending() {
                 b.snapshots += entry.sketches.len() as u64;
                 b.bytes += bytes;
+                if self.is_closed(key.1) {
+                    b.closed_bytes += bytes;
+                }
                 b.oldest_hour = Some(b.oldest_hour.map_or(key.1, |h| h.min(key.1)));
             }
         }
@@ -990,6 +1079,67 @@ mod tests {
             Reject::TooManyTags(65),
             "checked before the allowed keys filter"
         );
+    }
+
+    #[test]
+    fn the_backlog_bound_drops_oldest_closed_hours_first_and_never_open_ones() {
+        let mut t = table();
+        let start = NOW - NOW % 3600;
+        // Three hours of "a" and "b", each given a version the aggregator never acknowledged
+        // (it is away); the hour of NOW is open.
+        for back in [2, 1, 0] {
+            let time = start - back * 3600 + 10;
+            for m in ["a", "b"] {
+                let id = t
+                    .resolve_statsd(m, "", &mut IngestStats::default())
+                    .unwrap();
+                let hour = hour(time);
+                t.insert_at(id, hour, b"x", 1);
+            }
+        }
+        t.assign_versions();
+        let entry_bytes = t.backlog().bytes / 6;
+        // Three hours after NOW's hour ended, its lateness too: all three hours are closed.
+        let later = start + 3 * 3600 + 10;
+        t.free_closed(later);
+        assert_eq!(t.backlog().closed_bytes, 6 * entry_bytes);
+        t.mark_live(hour(start) - 2);
+        t.live_hours_acked(&[hour(start) - 1]);
+        // Room for three entries and a half: the oldest hour and one series of the next go.
+        let dropped = t.enforce_backlog(3 * entry_bytes + entry_bytes / 2);
+        assert_eq!(
+            dropped,
+            Dropped {
+                entries: 3,
+                snapshots: 6,
+                bytes: 3 * entry_bytes,
+                first_hour: hour(start) - 2,
+                last_hour: hour(start) - 1,
+                undeclared_hours: 1,
+            }
+        );
+        assert!(t.entry("a", hour(start) - 2).is_none());
+        assert!(t.entry("b", hour(start) - 2).is_none());
+        assert_eq!(
+            t.entry("a", hour(start) - 1).is_some() as u8
+                + t.entry("b", hour(start) - 1).is_some() as u8,
+            1
+        );
+        assert!(t.entry("a", hour(start)).is_some() && t.entry("b", hour(start)).is_some());
+        assert_eq!(t.backlog().closed_bytes, 3 * entry_bytes);
+        assert!(
+            !t.live_hours().contains(&(hour(start) - 2)),
+            "a dropped hour is not declared live"
+        );
+        assert_eq!(t.enforce_backlog(3 * entry_bytes), Dropped::default());
+
+        // Open hours are never dropped, however small the bound.
+        let mut t = table();
+        add(&mut t, "a", "", "x", NOW).unwrap();
+        t.assign_versions();
+        t.free_closed(NOW);
+        assert_eq!(t.enforce_backlog(0), Dropped::default());
+        assert!(t.entry("a", hour(NOW)).is_some());
     }
 
     #[test]
