@@ -363,6 +363,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 table.close_through(hour);
             }
             let entries = loaded.entries.len();
+            let (transactions, torn_bytes) = (loaded.transactions, loaded.torn_bytes);
             for (series, hour, entry) in loaded.entries {
                 table.restore(series, hour, entry);
             }
@@ -372,8 +373,17 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
             tracing::info!(
                 epoch = table.epoch(),
                 entries,
+                log_transactions = transactions,
                 "restored the checkpoint; continuing its epoch"
             );
+            if torn_bytes > 0 {
+                // An append the agent was killed in: its fsync never returned, so no push
+                // carried what it held.
+                tracing::warn!(
+                    torn_bytes,
+                    "ignored the unfinished last transaction of the checkpoint log"
+                );
+            }
             Ok(table)
         }
         Ok(None) => {

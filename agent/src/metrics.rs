@@ -58,8 +58,18 @@ pub struct Metrics {
     pub flushes: Family<Labels, Counter>,
     /// Checkpoints written, by outcome.
     pub checkpoints: Family<Labels, Counter>,
-    /// Bytes of the last checkpoint.
+    /// Bytes of the checkpoint on disk (base and log) after the last successful write.
     pub checkpoint_bytes: Gauge,
+    /// Bytes written by successful checkpoints, by kind (`base`: a whole new base;
+    /// `log`: a transaction of what changed).
+    pub checkpoint_written: Family<Labels, Counter>,
+    /// Unix time of the last successful checkpoint, 0 before the first.
+    pub last_checkpoint: Gauge,
+    /// Snapshots pushed while the checkpoint was failing, at the versions an earlier
+    /// checkpoint holds (new versions wait for a checkpoint).
+    pub snapshots_sent_checkpoint_failing: Counter,
+    /// Entries whose latest version no successful checkpoint holds yet.
+    pub awaiting_checkpoint: Gauge,
     /// Starts without a usable checkpoint, by reason (`missing`, `corrupt`).
     pub checkpoint_lost: Family<Labels, Counter>,
     /// The current epoch.
@@ -117,6 +127,10 @@ impl Metrics {
             flushes: Family::default(),
             checkpoints: Family::default(),
             checkpoint_bytes: Gauge::default(),
+            checkpoint_written: Family::default(),
+            last_checkpoint: Gauge::default(),
+            snapshots_sent_checkpoint_failing: Counter::default(),
+            awaiting_checkpoint: Gauge::default(),
             checkpoint_lost: Family::default(),
             epoch: Gauge::default(),
             last_push: Gauge::default(),
@@ -207,8 +221,28 @@ impl Metrics {
         );
         r.register(
             "checkpoint_bytes",
-            "Size of the last checkpoint",
+            "Size of the checkpoint on disk, base and log",
             m.checkpoint_bytes.clone(),
+        );
+        r.register(
+            "checkpoint_written_bytes",
+            "Bytes written by successful checkpoints, by kind (base, log)",
+            m.checkpoint_written.clone(),
+        );
+        r.register(
+            "last_checkpoint_timestamp_seconds",
+            "Unix time of the last successful checkpoint",
+            m.last_checkpoint.clone(),
+        );
+        r.register(
+            "snapshots_sent_checkpoint_failing",
+            "Snapshots pushed while the checkpoint was failing, at versions an earlier checkpoint holds",
+            m.snapshots_sent_checkpoint_failing.clone(),
+        );
+        r.register(
+            "awaiting_checkpoint_entries",
+            "Entries whose latest version no successful checkpoint holds yet (not pushed until one does)",
+            m.awaiting_checkpoint.clone(),
         );
         r.register(
             "checkpoint_lost",
@@ -296,6 +330,8 @@ impl Metrics {
         self.pending_snapshots.set(clamp(backlog.snapshots));
         self.pending_bytes.set(clamp(backlog.bytes));
         self.backlog_bytes.set(clamp(backlog.closed_bytes));
+        self.awaiting_checkpoint
+            .set(clamp(backlog.awaiting_checkpoint));
         self.oldest_unacked_hour
             .set(backlog.oldest_hour.map_or(0, |h| i64::from(h) * 3600));
         self.active_series.set(clamp(backlog.series));

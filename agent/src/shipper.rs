@@ -12,7 +12,7 @@
 //! many: a bound on live hours is one the agent can keep, so it never costs a snapshot.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hourglass::proto::v1;
@@ -68,6 +68,10 @@ pub struct Shipper {
     /// What the backlog bound has dropped since the backlog last went over it; `None`
     /// while it is under it. One warning starts an episode and one line ends it.
     backlog_episode: Option<Dropped>,
+    /// Writes the checkpoints; shared with the blocking task that runs each write.
+    writer: Arc<Mutex<checkpoint::Writer>>,
+    /// The last checkpoint failed: pushes carry only the versions an earlier one holds.
+    checkpoint_failing: bool,
 }
 
 impl Shipper {
@@ -92,6 +96,7 @@ impl Shipper {
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
         let live_chunk = config.shipping.max_live_hours_per_push.max(1);
+        let writer = Arc::new(Mutex::new(checkpoint::Writer::new(&data_dir, &server.name)));
         Shipper {
             table,
             metrics,
@@ -106,6 +111,8 @@ impl Shipper {
             // Checked when the agent starts (main.rs), so a bad token never gets here.
             authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
             backlog_episode: None,
+            writer,
+            checkpoint_failing: false,
         }
     }
 
@@ -166,9 +173,10 @@ impl Shipper {
             span.record("changed", t.assign_versions() as u64);
         }
         let checkpointed = self.checkpoint().await;
-        // Pushing versions the checkpoint does not hold would let a restarted agent reuse
-        // them for other content: no checkpoint, no push.
-        let push = push && checkpointed;
+        // Pushing versions no checkpoint holds would let a restarted agent reuse them for
+        // other content. When this checkpoint failed (a full disk, say), the push still
+        // goes, with only the versions the last successful one holds (`Table::unacked`):
+        // retries of what the aggregator lacks go on, new versions wait.
         let pushed = if push {
             let result = match push_limit {
                 Some(limit) => tokio::time::timeout(limit, self.push_all())
@@ -290,33 +298,51 @@ impl Shipper {
     }
 
     /// Writes the checkpoint; false (logged and counted) if it failed.
-    pub async fn checkpoint(&self) -> bool {
+    pub async fn checkpoint(&mut self) -> bool {
         let table = Arc::clone(&self.table);
-        let dir = self.data_dir.clone();
-        let server = self.server.name.clone();
-        let span = tracing::info_span!("checkpoint", bytes = tracing::field::Empty);
+        let writer = Arc::clone(&self.writer);
+        let span = tracing::info_span!(
+            "checkpoint",
+            bytes = tracing::field::Empty,
+            full = tracing::field::Empty
+        );
         let inner = span.clone();
         let result = tokio::task::spawn_blocking(move || {
             let _entered = inner.enter();
-            checkpoint::write(&table, &dir, &server)
+            // One writer at a time: a write still running from a flush that was given up
+            // on finishes before the next begins.
+            let mut writer = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            writer.write(&table)
         })
         .await;
-        if let Ok(Ok(bytes)) = &result {
-            span.record("bytes", *bytes);
-        }
         let outcome: Labels = match result {
-            Ok(Ok(bytes)) => {
-                self.metrics
-                    .checkpoint_bytes
-                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            Ok(Ok(written)) => {
+                span.record("bytes", written.bytes);
+                span.record("full", written.full);
+                let m = &self.metrics;
+                m.checkpoint_bytes
+                    .set(i64::try_from(written.on_disk).unwrap_or(i64::MAX));
+                m.checkpoint_written
+                    .get_or_create(&vec![(
+                        "kind",
+                        if written.full { "base" } else { "log" }.to_string(),
+                    )])
+                    .inc_by(written.bytes);
+                m.last_checkpoint.set(unix_now());
+                if self.checkpoint_failing {
+                    tracing::info!("the checkpoint is written again; new versions are pushed");
+                }
+                self.checkpoint_failing = false;
                 vec![("outcome", "ok".into())]
             }
             Ok(Err(e)) => {
-                tracing::error!(error = %e, dir = %self.data_dir.display(), "writing the checkpoint failed");
+                tracing::error!(error = %e, dir = %self.data_dir.display(), "writing the checkpoint failed; only versions an earlier checkpoint holds are pushed until one succeeds");
+                self.checkpoint_failing = true;
                 vec![("outcome", "error".into())]
             }
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint task failed");
+                self.checkpoint_failing = true;
                 vec![("outcome", "error".into())]
             }
         };
@@ -500,6 +526,11 @@ impl Shipper {
             )])
             .inc();
         self.metrics.snapshots_sent.inc_by(count as u64);
+        if self.checkpoint_failing {
+            self.metrics
+                .snapshots_sent_checkpoint_failing
+                .inc_by(count as u64);
+        }
         let results = reply?.into_inner().results;
         self.metrics.last_push.set(unix_now());
         Ok(results)
@@ -639,6 +670,7 @@ mod tests {
                 t.insert(id, now, now, b"u1", 1).unwrap();
             }
             assert_eq!(t.assign_versions(), 2, "both at version 1");
+            t.checkpointed();
         }
         let s = shipper(&table, config);
         let (keys, sent) = {
@@ -679,6 +711,7 @@ mod tests {
         );
         // The next flush gives it a version above the one held, and sends it.
         assert_eq!(t.assign_versions(), 1);
+        t.checkpointed();
         assert_eq!(entry(&t, diverged).version, 6);
         assert_eq!(t.unacked(), vec![keys[diverged]]);
     }
@@ -750,5 +783,205 @@ mod tests {
         s.flush(true).await;
         assert_eq!(lock(&table).backlog(), held);
         assert!(s.backlog_episode.is_some());
+    }
+}
+
+/// A full disk, for real: the test runs again in a child process whose file size limit
+/// (RLIMIT_FSIZE) makes every write past it fail, as ENOSPC would.
+#[cfg(test)]
+mod full_disk {
+    use super::*;
+    use crate::table::{IngestStats, lock};
+    use hourglass::proto::v1::collector_server::{Collector, CollectorServer};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const CHILD: &str = "HOURGLASS_TEST_FULL_DISK_CHILD";
+    /// The file size limit in the child: room for a checkpoint of a few sparse sketches,
+    /// not for twenty dense ones.
+    const LIMIT: u64 = 128 << 10;
+
+    /// An aggregator that stores everything, or is away.
+    #[derive(Default, Clone)]
+    struct Recorder {
+        away: Arc<AtomicBool>,
+        stored: Arc<Mutex<Vec<(String, u32, u64)>>>,
+    }
+
+    #[tonic::async_trait]
+    impl Collector for Recorder {
+        async fn push(
+            &self,
+            request: tonic::Request<v1::PushRequest>,
+        ) -> Result<tonic::Response<v1::PushResponse>, tonic::Status> {
+            if self.away.load(Ordering::SeqCst) {
+                return Err(tonic::Status::unavailable("away"));
+            }
+            let mut stored = self.stored.lock().unwrap();
+            let results = request
+                .into_inner()
+                .snapshots
+                .into_iter()
+                .map(|s| {
+                    let series = s.series.map(|s| s.metric).unwrap_or_default();
+                    stored.push((series, s.hour, s.version));
+                    v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stored as i32,
+                        held_version: s.version,
+                        reason: String::new(),
+                    }
+                })
+                .collect();
+            Ok(tonic::Response::new(v1::PushResponse { results }))
+        }
+    }
+
+    fn set_file_size_limit(soft: u64) {
+        let limit = libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+    }
+
+    #[test]
+    fn a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones() {
+        if std::env::var_os(CHILD).is_some() {
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(in_child());
+        }
+        let name = "shipper::full_disk::a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones";
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1");
+        // SAFETY: between fork and exec only async-signal-safe calls: setrlimit, signal.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Writes past the limit then fail with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the child failed:\n{stdout}\n{stderr}"
+        );
+    }
+
+    async fn in_child() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let aggregator = Recorder::default();
+        let service = CollectorServer::new(aggregator.clone())
+            .accept_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Zstd);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+
+        let config = Arc::new(Config {
+            default_kinds: vec![hourglass::format::Kind::Distinct],
+            ..Config::default()
+        });
+        let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));
+        let now = unix_now();
+        let add = |metric: &str, items: std::ops::Range<u32>| {
+            let mut t = lock(&table);
+            let id = t
+                .resolve_statsd(metric, "", &mut IngestStats::default())
+                .unwrap();
+            for i in items {
+                t.insert(id, now, now, format!("u{i}").as_bytes(), 1)
+                    .unwrap();
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(&table, config, dir.path(), &url);
+
+        // 1. The aggregator is away; the checkpoint holds "a" and "b" at version 1.
+        add("a", 0..10);
+        add("b", 0..10);
+        aggregator.away.store(true, Ordering::SeqCst);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "ok"), 1);
+        assert!(aggregator.stored.lock().unwrap().is_empty());
+
+        // 2. Twenty dense sketches later, the checkpoint no longer fits; "a" changed too.
+        // The aggregator is back: what the checkpoint holds at version 1 goes, nothing else.
+        add("a", 10..20);
+        for m in 0..20 {
+            add(&format!("big{m}"), 0..5000);
+        }
+        aggregator.away.store(false, Ordering::SeqCst);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "error"), 1, "the disk is full");
+        let mut stored = aggregator.stored.lock().unwrap().clone();
+        stored.sort();
+        let hour = (now / 3600) as u32;
+        assert_eq!(
+            stored,
+            [("a".to_string(), hour, 1), ("b".to_string(), hour, 1)],
+            "only versions a checkpoint holds are pushed"
+        );
+        assert_eq!(s.metrics.snapshots_sent_checkpoint_failing.get(), 2);
+        assert_eq!(lock(&table).backlog().awaiting_checkpoint, 21);
+        // The failed append was cut back off: the files hold the first checkpoint whole.
+        let loaded = checkpoint::read(dir.path()).unwrap().unwrap();
+        assert_eq!((loaded.entries.len(), loaded.last_version), (2, 1));
+        assert_eq!(loaded.torn_bytes, 0);
+
+        // 3. Room again: the new versions are checkpointed, then pushed.
+        set_file_size_limit(libc::RLIM_INFINITY);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "ok"), 2);
+        let stored = aggregator.stored.lock().unwrap().clone();
+        assert_eq!(stored.len(), 2 + 21);
+        assert!(stored[2..].iter().all(|(_, _, v)| *v == 2), "{stored:?}");
+        assert_eq!(lock(&table).backlog().awaiting_checkpoint, 0);
+        assert_eq!(s.metrics.snapshots_sent_checkpoint_failing.get(), 2);
+        let loaded = checkpoint::read(dir.path()).unwrap().unwrap();
+        assert_eq!((loaded.entries.len(), loaded.last_version), (22, 2));
+    }
+
+    fn checkpoints(s: &Shipper, outcome: &str) -> u64 {
+        s.metrics
+            .checkpoints
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get()
+    }
+
+    fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>, dir: &Path, url: &str) -> Shipper {
+        let channel = Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect_lazy();
+        Shipper::new(
+            Arc::clone(table),
+            Arc::new(Metrics::new()),
+            config,
+            dir.to_path_buf(),
+            v1::Server {
+                name: "web-1".into(),
+                labels: Vec::new(),
+            },
+            channel,
+            None,
+        )
     }
 }

@@ -109,7 +109,7 @@ impl std::fmt::Display for Reject {
 }
 
 /// One open (series, hour).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Entry {
     /// One sketch per kind the series keeps.
     pub sketches: Vec<Sketch>,
@@ -119,12 +119,43 @@ pub struct Entry {
     pub acked: u64,
     /// Changed since it was last given a version.
     pub dirty: bool,
+    /// What the checkpoint holds of this entry.
+    pub saved: Saved,
+}
+
+/// What the checkpoint holds of an entry, so that a checkpoint writes only the entries
+/// that changed since the last one, and a push sends only versions a checkpoint holds.
+///
+/// Changes are stamped with the table's checkpoint generation; a checkpoint taken at
+/// generation `g` holds every change stamped `g` or earlier of the entries it wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The version the last successful checkpoint holds (0: none does).
+    pub durable: u64,
+    /// The generation of the last change of the sketches.
+    pub content: u64,
+    /// The generation of the last change of the version, acknowledgement or dirty flag.
+    pub meta: u64,
+    /// The generation through which a successful checkpoint holds this entry.
+    pub through: u64,
 }
 
 impl Entry {
     /// Whether the aggregator lacks something this entry holds.
     pub fn pending(&self) -> bool {
         self.dirty || self.acked < self.version
+    }
+
+    /// Whether a checkpoint must write this entry again: its sketches (`Some(true)`), or
+    /// only its version, acknowledgement and flag (`Some(false)`).
+    pub fn unsaved(&self) -> Option<bool> {
+        if self.saved.content > self.saved.through {
+            Some(true)
+        } else if self.saved.meta > self.saved.through {
+            Some(false)
+        } else {
+            None
+        }
     }
 }
 
@@ -217,6 +248,9 @@ pub struct Backlog {
     /// Bytes of the unacknowledged sketches of closed hours: what `shipping.max_backlog_mib`
     /// bounds.
     pub closed_bytes: u64,
+    /// Entries whose latest version no successful checkpoint holds yet: they are not
+    /// pushed until one does.
+    pub awaiting_checkpoint: u64,
 }
 
 /// What keeping the backlog under `shipping.max_backlog_mib` dropped in one flush.
@@ -252,6 +286,11 @@ pub struct Table {
     last_version: u64,
     closed_through: Option<u32>,
     scratch: Vec<u8>,
+    /// The checkpoint generation changes are stamped with; a checkpoint takes the current
+    /// one and starts the next.
+    generation: u64,
+    /// Entries removed since a checkpoint last recorded removals.
+    removed: Vec<(Series, u32)>,
 }
 
 /// Raw spellings longer than this are resolved every time instead of remembered, so a
@@ -295,6 +334,8 @@ impl Table {
             last_version: 0,
             closed_through: None,
             scratch: Vec::new(),
+            generation: 1,
+            removed: Vec::new(),
         }
     }
 
@@ -505,9 +546,8 @@ impl Table {
                 slot.hours += 1;
                 self.entries.entry((id, hour)).or_insert(Entry {
                     sketches: slot.spec.empty.clone(),
-                    version: 0,
-                    acked: 0,
                     dirty: true,
+                    ..Entry::default()
                 })
             }
         };
@@ -522,6 +562,7 @@ impl Table {
             }
         }
         entry.dirty = true;
+        entry.saved.content = self.generation;
     }
 
     /// Records that the agent is up during `hour`.
@@ -575,6 +616,7 @@ impl Table {
             if entry.dirty {
                 entry.version = version;
                 entry.dirty = false;
+                entry.saved.meta = self.generation;
                 changed += 1;
             }
         }
@@ -584,12 +626,14 @@ impl Table {
         changed
     }
 
-    /// Entries the aggregator has not acknowledged at their version, oldest hour first.
+    /// Entries the aggregator has not acknowledged at the version the last successful
+    /// checkpoint holds, oldest hour first: what a push may send. A version no checkpoint
+    /// holds waits, since a restarted agent could give it to other content.
     pub fn unacked(&self) -> Vec<Key> {
         let mut keys: Vec<Key> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.acked < e.version)
+            .filter(|(_, e)| e.acked < e.saved.durable)
             .map(|(k, _)| *k)
             .collect();
         keys.sort_by_key(|&(id, hour)| (hour, id));
@@ -602,8 +646,15 @@ impl Table {
     }
 
     /// Encodes the snapshots of `keys` from `start` on, stopping before `max_bytes` of
-    /// sketches or `max_snapshots` snapshots (at least one entry per call). Returns the snapshots, the (key, version,
-    /// snapshot count) of each entry sent, and the index to continue from.
+    /// sketches or `max_snapshots` snapshots (at least one entry per call). Returns the
+    /// snapshots, the (key, version, snapshot count) of each entry sent, and the index to
+    /// continue from.
+    ///
+    /// The version sent is the one the last successful checkpoint holds. It is the
+    /// entry's own unless checkpoints are failing; then the current sketch goes out under
+    /// the older version, as an event taken between a checkpoint and the push after it
+    /// always has (docs/FORMAT.md), and it is replaced at the aggregator once a checkpoint
+    /// holds the entry's newer version.
     pub fn encode_batch(
         &self,
         keys: &[Key],
@@ -635,14 +686,14 @@ impl Table {
                     series: Some(slot.wire.clone()),
                     hour: key.1,
                     epoch: self.epoch,
-                    version: entry.version,
+                    version: entry.saved.durable,
                     sketch: Some(v1::EncodedSketch {
                         kind: v1::SketchKind::from(sketch.kind()) as i32,
                         data: sketch.encode().into(),
                     }),
                 });
             }
-            sent.push((key, entry.version, entry.sketches.len()));
+            sent.push((key, entry.saved.durable, entry.sketches.len()));
             next += 1;
         }
         (snapshots, sent, next)
@@ -654,13 +705,17 @@ impl Table {
     pub fn mark_dirty(&mut self, key: Key) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.dirty = true;
+            entry.saved.meta = self.generation;
         }
     }
 
     /// Records that the aggregator holds `version` of `key` (or a newer one).
     pub fn ack(&mut self, key: Key, version: u64) {
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.acked = entry.acked.max(version);
+        if let Some(entry) = self.entries.get_mut(&key)
+            && version > entry.acked
+        {
+            entry.acked = version;
+            entry.saved.meta = self.generation;
         }
     }
 
@@ -713,6 +768,8 @@ impl Table {
         let Some(slot) = self.series.get_mut(&key.0) else {
             return false;
         };
+        // A checkpoint may hold it: the next one says it is gone.
+        self.removed.push((slot.series.clone(), key.1));
         slot.hours -= 1;
         if slot.hours > 0 {
             return false;
@@ -787,6 +844,9 @@ impl Table {
         for (key, entry) in &self.entries {
             let bytes: u64 = entry.sketches.iter().map(|s| s.size_bytes() as u64).sum();
             b.sketch_bytes += bytes;
+            if entry.saved.durable < entry.version {
+                b.awaiting_checkpoint += 1;
+            }
             if entry.pending() {
                 b.snapshots += entry.sketches.len() as u64;
                 b.bytes += bytes;
@@ -816,6 +876,40 @@ impl Table {
         out
     }
 
+    /// Starts a checkpoint: returns the generation it holds the changes of (every change
+    /// from now on is stamped with the next), and how many removals it records.
+    pub fn begin_checkpoint(&mut self) -> (u64, usize) {
+        let generation = self.generation;
+        self.generation += 1;
+        (generation, self.removed.len())
+    }
+
+    /// The removals a checkpoint records: every one since the last recorded, first `n`.
+    pub fn removed(&self, n: usize) -> &[(Series, u32)] {
+        &self.removed[..n.min(self.removed.len())]
+    }
+
+    /// Entries the next checkpoint must write again, in no order.
+    pub fn unsaved_keys(&self) -> Vec<Key> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.unsaved().is_some())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// A checkpoint begun at `generation` is durable: it holds the `written` entries at
+    /// the given versions, and the first `removals` removals.
+    pub fn checkpoint_done(&mut self, generation: u64, written: &[(Key, u64)], removals: usize) {
+        for &(key, version) in written {
+            if let Some(entry) = self.entries.get_mut(&key) {
+                entry.saved.durable = entry.saved.durable.max(version);
+                entry.saved.through = entry.saved.through.max(generation);
+            }
+        }
+        self.removed.drain(..removals.min(self.removed.len()));
+    }
+
     /// The series and entry of `key`, for the checkpoint writer.
     pub fn get(&self, key: Key) -> Option<(&Series, &Entry)> {
         Some((&self.series.get(&key.0)?.series, self.entries.get(&key)?))
@@ -823,8 +917,15 @@ impl Table {
 
     /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
     /// the checkpoint shows the aggregator had their current state.
-    pub fn restore(&mut self, series: Series, hour: u32, entry: Entry) {
+    pub fn restore(&mut self, series: Series, hour: u32, mut entry: Entry) {
         self.raise_last_version(entry.version);
+        // The checkpoint it came from holds it as it is.
+        entry.saved = Saved {
+            durable: entry.version,
+            content: 0,
+            meta: 0,
+            through: 0,
+        };
         let id = match self.by_series.get(&series) {
             Some(&id) => id,
             None => {
@@ -836,6 +937,14 @@ impl Table {
         if self.entries.insert((id, hour), entry).is_none() {
             slot.hours += 1;
         }
+    }
+
+    /// Marks every entry as a successful checkpoint would, for tests of what follows one.
+    #[cfg(test)]
+    pub fn checkpointed(&mut self) {
+        let (generation, removals) = self.begin_checkpoint();
+        let written: Vec<(Key, u64)> = self.entries.iter().map(|(k, e)| (*k, e.version)).collect();
+        self.checkpoint_done(generation, &written, removals);
     }
 
     /// Sum over held entries of a closure, for tests.
@@ -969,6 +1078,7 @@ mod tests {
         add(&mut t, "v", "", "a", NOW).unwrap();
         assert_eq!(t.assign_versions(), 1);
         assert_eq!(t.assign_versions(), 0, "nothing changed since");
+        t.checkpointed();
         let keys = t.unacked();
         assert_eq!(keys.len(), 1);
         let (snaps, sent, next) = t.encode_batch(&keys, 0, 1 << 20, 1000);
@@ -977,6 +1087,7 @@ mod tests {
         // Not acknowledged: still owed, and a change makes the next version.
         add(&mut t, "v", "", "b", NOW).unwrap();
         assert_eq!(t.assign_versions(), 1);
+        t.checkpointed();
         assert_eq!(t.backlog().snapshots, 2);
         t.ack(sent[0].0, sent[0].1);
         assert_eq!(
@@ -1006,6 +1117,7 @@ mod tests {
         add(&mut t, "v", "", "a", NOW).unwrap();
         add(&mut t, "w", "", "a", NOW).unwrap();
         assert_eq!(t.assign_versions(), 2);
+        t.checkpointed();
         let keys = t.unacked();
         for &k in &keys {
             t.ack(k, 1);
@@ -1019,6 +1131,7 @@ mod tests {
         assert!(t.entry(&v, hour(NOW)).unwrap().pending());
         assert_eq!(t.backlog().snapshots, 2, "one entry, two kinds");
         assert_eq!(t.assign_versions(), 1, "only the marked entry");
+        t.checkpointed();
         assert_eq!(t.entry(&v, hour(NOW)).unwrap().version, 6);
         assert_eq!(t.unacked(), vec![keys[0]]);
     }
@@ -1042,6 +1155,7 @@ mod tests {
         t.assign_versions();
         add(&mut t, "w", "", "b", NOW).unwrap();
         t.assign_versions();
+        t.checkpointed();
         let versions = (
             t.entry("v", hour(NOW)).unwrap().version,
             t.entry("w", hour(NOW)).unwrap().version,
@@ -1149,6 +1263,7 @@ mod tests {
             add(&mut t, m, "", "x", NOW).unwrap();
         }
         t.assign_versions();
+        t.checkpointed();
         let keys = t.unacked();
         let one: usize = t
             .get(keys[0])
