@@ -1143,6 +1143,36 @@ mod tests {
     }
 
     proptest! {
+        /// A log of arbitrary frames after a valid header, for the base it names, never
+        /// panics: it applies, is a torn tail, or is an error.
+        #[test]
+        fn hostile_logs_never_panic(frames in prop::collection::vec((prop::collection::vec(any::<u8>(), 0..200), any::<u8>(), any::<bool>()), 0..6)) {
+            let mut log = LOG_MAGIC.to_vec();
+            log.push(LOG_VERSION);
+            log.extend_from_slice(&7u64.to_le_bytes());
+            for (payload, flags, honest) in frames {
+                let mut header = (payload.len() as u32).to_le_bytes().to_vec();
+                header.push(flags & 1);
+                let sum = if honest { xxhash_rust::xxh3::xxh3_64(&payload) } else { 0 };
+                header.extend_from_slice(&sum.to_le_bytes());
+                let check = xxhash_rust::xxh3::xxh3_64(&header) as u32;
+                header.extend_from_slice(&check.to_le_bytes());
+                log.extend_from_slice(&header);
+                log.extend_from_slice(&payload);
+            }
+            let mut loaded = Loaded {
+                server: "web-1".into(),
+                epoch: 1,
+                closed_through: None,
+                last_version: 0,
+                live_hours: Vec::new(),
+                entries: Vec::new(),
+                transactions: 0,
+                torn_bytes: 0,
+            };
+            let _ = apply_log(&mut loaded, 7, &log);
+        }
+
         /// Bytes with a valid checksum but arbitrary content reach the field checks, which
         /// never panic.
         #[test]

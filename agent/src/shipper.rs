@@ -1,9 +1,11 @@
 //! Flushing: every flush interval, give changed sketches their next version, checkpoint,
 //! push what the aggregator lacks, and free closed hours it has (DESIGN §3).
 //!
-//! The checkpoint is written before the push, so every version the aggregator can hold is
-//! also in the checkpoint: a restarted agent continues above it and its next snapshot
-//! replaces, never trails, what it had sent. After a failed push the next attempt waits an
+//! The checkpoint is written before the push, and a push sends only versions a successful
+//! checkpoint holds, so every version the aggregator can hold is also in the checkpoint: a
+//! restarted agent continues above it and its next snapshot replaces, never trails, what it
+//! had sent. A failed checkpoint (a full disk) therefore holds back only the new versions:
+//! the entries the aggregator lacks still go, at the version the last good one holds. After a failed push the next attempt waits an
 //! exponentially growing, jittered delay (checkpoints continue on every tick meanwhile);
 //! what waits is at most one snapshot per (series, hour).
 //!
@@ -942,6 +944,15 @@ mod full_disk {
         );
         assert_eq!(s.metrics.snapshots_sent_checkpoint_failing.get(), 2);
         assert_eq!(lock(&table).backlog().awaiting_checkpoint, 21);
+        s.metrics.set_table(&lock(&table).backlog(), &[]);
+        let text = s.metrics.encode();
+        for want in [
+            "hourglass_agent_snapshots_sent_checkpoint_failing_total 2",
+            "hourglass_agent_awaiting_checkpoint_entries 21",
+            r#"hourglass_agent_checkpoints_total{outcome="error"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
         // The failed append was cut back off: the files hold the first checkpoint whole.
         let loaded = checkpoint::read(dir.path()).unwrap().unwrap();
         assert_eq!((loaded.entries.len(), loaded.last_version), (2, 1));

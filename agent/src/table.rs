@@ -4,8 +4,9 @@
 //! Every (series, hour) entry has a `version`, the highest it has been given, and `acked`,
 //! the highest the aggregator acknowledged; `dirty` says it changed since it was last
 //! given a version. A flush gives every dirty entry the next version, checkpoints, then
-//! sends every entry whose `acked` is behind its `version` — the whole current sketch,
-//! never a delta. A failed send leaves the entry behind, so the next flush sends it again;
+//! sends every entry whose `acked` is behind the version the last successful checkpoint
+//! holds of it ([`Saved::durable`], its `version` unless checkpoints fail) — the whole
+//! current sketch, never a delta. A failed send leaves the entry behind, so the next flush sends it again;
 //! the backlog is therefore at most one snapshot per (series, hour), however long the
 //! aggregator is away.
 //!
