@@ -72,8 +72,9 @@ pub struct Shipper {
     backlog_episode: Option<Dropped>,
     /// Writes the checkpoints; shared with the blocking task that runs each write.
     writer: Arc<Mutex<checkpoint::Writer>>,
-    /// The last checkpoint failed: pushes carry only the versions an earlier one holds.
-    checkpoint_failing: bool,
+    /// Checkpoints failed in a row (0: the last one succeeded). While above 0, pushes
+    /// carry only the versions an earlier checkpoint holds.
+    failed_checkpoints: u32,
 }
 
 impl Shipper {
@@ -114,7 +115,7 @@ impl Shipper {
             authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
             backlog_episode: None,
             writer,
-            checkpoint_failing: false,
+            failed_checkpoints: 0,
         }
     }
 
@@ -331,26 +332,42 @@ impl Shipper {
                     )])
                     .inc_by(written.bytes);
                 m.last_checkpoint.set(unix_now());
-                if self.checkpoint_failing {
-                    tracing::info!("the checkpoint is written again; new versions are pushed");
+                if self.failed_checkpoints > 0 {
+                    tracing::warn!(
+                        failed = self.failed_checkpoints,
+                        "the checkpoint is written again after failing; new versions are pushed"
+                    );
                 }
-                self.checkpoint_failing = false;
+                self.failed_checkpoints = 0;
                 vec![("outcome", "ok".into())]
             }
             Ok(Err(e)) => {
-                tracing::error!(error = %e, dir = %self.data_dir.display(), "writing the checkpoint failed; only versions an earlier checkpoint holds are pushed until one succeeds");
-                self.checkpoint_failing = true;
+                self.checkpoint_failed(&e);
                 vec![("outcome", "error".into())]
             }
             Err(e) => {
-                tracing::error!(error = %e, "checkpoint task failed");
-                self.checkpoint_failing = true;
+                self.checkpoint_failed(&e);
                 vec![("outcome", "error".into())]
             }
         };
         let ok = outcome[0].1 == "ok";
         self.metrics.checkpoints.get_or_create(&outcome).inc();
         ok
+    }
+
+    /// Logs a failed checkpoint: loudly the first of a run of failures, quietly the rest
+    /// (each is counted in `checkpoints_total{outcome="error"}`), and the end of the run.
+    fn checkpoint_failed(&mut self, error: &dyn std::fmt::Display) {
+        if self.failed_checkpoints == 0 {
+            tracing::error!(
+                error = %error,
+                dir = %self.data_dir.display(),
+                "WRITING THE CHECKPOINT FAILED: until one succeeds, only versions an earlier checkpoint holds are pushed, and new ones wait (logged again when it succeeds)"
+            );
+        } else {
+            tracing::debug!(error = %error, failed = self.failed_checkpoints + 1, "the checkpoint is still failing");
+        }
+        self.failed_checkpoints = self.failed_checkpoints.saturating_add(1);
     }
 
     /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
@@ -528,7 +545,7 @@ impl Shipper {
             )])
             .inc();
         self.metrics.snapshots_sent.inc_by(count as u64);
-        if self.checkpoint_failing {
+        if self.failed_checkpoints > 0 {
             self.metrics
                 .snapshots_sent_checkpoint_failing
                 .inc_by(count as u64);
