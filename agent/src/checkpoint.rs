@@ -26,7 +26,8 @@
 //!               and 0x02 (series, hour, version, acked, dirty) records…
 //! ```
 //!
-//! Steady-state I/O is therefore what changed, not the whole table. When the log grows
+//! Steady-state I/O is therefore what changed, not the whole table, and a restart
+//! appends after the last whole transaction it read instead of writing a base. When the log grows
 //! larger than the base (and past 4 MiB), the next checkpoint compacts: a new base, and a
 //! new empty log. A checkpoint that cannot write its log transaction truncates the log back
 //! to where the transaction began, so a later one is never appended after garbage.
@@ -139,6 +140,20 @@ pub struct Loaded {
     /// Bytes at the end of the log that an unfinished transaction left (a crash during an
     /// append), ignored.
     pub torn_bytes: usize,
+    /// Where a writer can go on appending to the log, when it follows this base.
+    pub resume: Option<LogPosition>,
+}
+
+/// The end of the last whole transaction of a log that follows its base: a restarted
+/// agent appends there instead of writing a whole new base first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The checksum of the base the log follows.
+    pub base_sum: u64,
+    /// The base's length.
+    pub base_len: u64,
+    /// Where the last whole transaction ends.
+    pub log_len: u64,
 }
 
 /// Hashes and counts what passes through to the file.
@@ -186,8 +201,9 @@ struct Log {
 }
 
 /// Writes the checkpoints of one data dir: a log transaction of what changed, or a whole
-/// new base when there is no log to append to yet (the first checkpoint of a start) or
-/// the log has grown larger than the base.
+/// new base when there is no log to append to (a new data dir, or a start that could
+/// not [resume](Writer::resume) the log it read) or the log has grown larger than the
+/// base.
 pub struct Writer {
     dir: PathBuf,
     server: String,
@@ -198,7 +214,8 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// A writer of `data_dir`'s checkpoint for `server`; its first checkpoint is a base.
+    /// A writer of `data_dir`'s checkpoint for `server`; its first checkpoint is a base
+    /// unless it [resumes](Writer::resume) a log.
     pub fn new(data_dir: &Path, server: &str) -> Writer {
         Writer {
             dir: data_dir.to_path_buf(),
@@ -228,6 +245,34 @@ impl Writer {
                 None => Err(e),
             },
         }
+    }
+
+    /// Goes on appending to the log a restarted agent read its state from (`position`,
+    /// from [`read`]), instead of writing a whole base first: the table must hold exactly
+    /// what was read. The unfinished transaction of a crash, if any, is cut off first, so
+    /// nothing is appended after it.
+    pub fn resume(&mut self, position: LogPosition) -> Result<(), CheckpointError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(log_path(&self.dir))?;
+        let mut header = [0u8; LOG_HEADER];
+        file.read_exact_at(&mut header, 0)?;
+        let names_base = u64::from_le_bytes(header[5..13].try_into().expect("8 bytes"));
+        if names_base != position.base_sum || file.metadata()?.len() < position.log_len {
+            return Err(CheckpointError::Corrupt(
+                "the checkpoint log changed since it was read".into(),
+            ));
+        }
+        file.set_len(position.log_len)?;
+        file.sync_data()?;
+        self.base_len = position.base_len;
+        self.compact_at = position.base_len.max(MIN_COMPACT_BYTES);
+        self.log = Some(Log {
+            file,
+            len: position.log_len,
+        });
+        Ok(())
     }
 
     fn on_disk(&self) -> u64 {
@@ -521,18 +566,27 @@ pub fn read(data_dir: &Path) -> Result<Option<Loaded>, CheckpointError> {
     };
     let mut loaded = decode(&bytes)?;
     let base_sum = u64::from_le_bytes(bytes[bytes.len() - 8..].try_into().expect("8 bytes"));
+    let base_len = bytes.len() as u64;
     drop(bytes);
     match std::fs::read(log_path(data_dir)) {
-        Ok(log) => apply_log(&mut loaded, base_sum, &log)?,
+        Ok(log) => {
+            if apply_log(&mut loaded, base_sum, &log)? {
+                loaded.resume = Some(LogPosition {
+                    base_sum,
+                    base_len,
+                    log_len: (log.len() - loaded.torn_bytes) as u64,
+                });
+            }
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
     Ok(Some(loaded))
 }
 
-/// Applies the log `log` to `loaded`, the base of checksum `base_sum`. A log naming
-/// another base (one left from before the last compaction) changes nothing.
-pub fn apply_log(loaded: &mut Loaded, base_sum: u64, log: &[u8]) -> Result<(), CheckpointError> {
+/// Applies the log `log` to `loaded`, the base of checksum `base_sum`; false if the log
+/// names another base (one left from before the last compaction), and changes nothing.
+pub fn apply_log(loaded: &mut Loaded, base_sum: u64, log: &[u8]) -> Result<bool, CheckpointError> {
     let corrupt = |what: String| CheckpointError::Corrupt(format!("checkpoint log: {what}"));
     if log.len() < LOG_HEADER || &log[..4] != LOG_MAGIC {
         return Err(corrupt(
@@ -546,7 +600,7 @@ pub fn apply_log(loaded: &mut Loaded, base_sum: u64, log: &[u8]) -> Result<(), C
         )));
     }
     if u64::from_le_bytes(log[5..13].try_into().expect("8 bytes")) != base_sum {
-        return Ok(());
+        return Ok(false);
     }
     let mut entries: BTreeMap<(String, u32), (Series, Entry)> = std::mem::take(&mut loaded.entries)
         .into_iter()
@@ -589,7 +643,7 @@ pub fn apply_log(loaded: &mut Loaded, base_sum: u64, log: &[u8]) -> Result<(), C
         .into_iter()
         .map(|((_, hour), (series, entry))| (series, hour, entry))
         .collect();
-    Ok(())
+    Ok(true)
 }
 
 /// Applies one transaction's records.
@@ -740,6 +794,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         entries,
         transactions: 0,
         torn_bytes: 0,
+        resume: None,
     })
 }
 
@@ -975,6 +1030,67 @@ mod tests {
         }
     }
 
+    /// A table holding what `loaded` holds, as the agent restores one at start.
+    fn restore(loaded: Loaded) -> Table {
+        let mut t = Table::new(Arc::new(Config::default()), loaded.epoch);
+        t.raise_last_version(loaded.last_version);
+        if let Some(hour) = loaded.closed_through {
+            t.close_through(hour);
+        }
+        for (series, hour, entry) in loaded.entries {
+            t.restore(series, hour, entry);
+        }
+        for hour in loaded.live_hours {
+            t.mark_live(hour);
+        }
+        t
+    }
+
+    #[test]
+    fn a_restarted_agent_appends_after_the_last_whole_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Mutex::new(filled());
+        let mut writer = Writer::new(dir.path(), "web-1");
+        writer.write(&table).unwrap();
+        add(&table, "visitors", "x", NOW);
+        crate::table::lock(&table).assign_versions();
+        writer.write(&table).unwrap();
+        let whole = std::fs::metadata(log_path(dir.path())).unwrap().len();
+        // Killed during the next append: the file ends halfway into it.
+        add(&table, "visitors", "lost", NOW);
+        crate::table::lock(&table).assign_versions();
+        let lost = writer.write(&table).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(log_path(dir.path()))
+            .unwrap();
+        log.set_len(whole + lost.bytes / 2).unwrap();
+        drop(log);
+
+        let loaded = read(dir.path()).unwrap().unwrap();
+        let position = loaded.resume.unwrap();
+        assert_eq!(
+            (position.log_len, loaded.torn_bytes as u64),
+            (whole, lost.bytes / 2)
+        );
+        let table = Mutex::new(restore(loaded));
+        let mut writer = Writer::new(dir.path(), "web-1");
+        writer.resume(position).unwrap();
+        assert_eq!(
+            std::fs::metadata(log_path(dir.path())).unwrap().len(),
+            whole,
+            "the torn transaction is cut off before anything is appended"
+        );
+        add(&table, "visitors", "y", NOW);
+        add(&table, "new", "y", NOW);
+        crate::table::lock(&table).assign_versions();
+        let w = writer.write(&table).unwrap();
+        assert!(!w.full, "no whole base after a restart");
+        let loaded = read(dir.path()).unwrap().unwrap();
+        assert_eq!((loaded.transactions, loaded.torn_bytes), (2, 0));
+        assert_eq!(restored(dir.path()), held(&table));
+    }
+
     #[test]
     fn the_log_is_compacted_once_larger_than_the_base() {
         let dir = tempfile::tempdir().unwrap();
@@ -1169,6 +1285,7 @@ mod tests {
                 entries: Vec::new(),
                 transactions: 0,
                 torn_bytes: 0,
+                resume: None,
             };
             let _ = apply_log(&mut loaded, 7, &log);
         }

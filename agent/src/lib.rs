@@ -92,6 +92,8 @@ pub struct Agent {
     config: Arc<Config>,
     table: Arc<Mutex<Table>>,
     metrics: Arc<Metrics>,
+    /// Where the checkpoint log read at start can be appended to.
+    resume: Option<checkpoint::LogPosition>,
     // Held for the agent's life: the lock on the data dir.
     _lock: File,
 }
@@ -132,7 +134,7 @@ impl Agent {
         }
         let config = Arc::new(options.config.clone());
         let metrics = Arc::new(Metrics::new());
-        let table = restore(&config, &options, &metrics)?;
+        let (table, resume) = restore(&config, &options, &metrics)?;
         metrics.epoch.set(table.epoch());
         metrics
             .backlog_max_bytes
@@ -142,6 +144,7 @@ impl Agent {
             config,
             table: Arc::new(Mutex::new(table)),
             metrics,
+            resume,
             _lock: lock,
         })
     }
@@ -163,6 +166,7 @@ impl Agent {
             config,
             table,
             metrics,
+            resume,
             _lock,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -243,6 +247,9 @@ impl Agent {
             channel,
             options.aggregator_token.clone(),
         );
+        if let Some(position) = resume {
+            shipper.resume_checkpoint(position);
+        }
         // The shipper runs until told to stop; if it ends on its own (a bug, a panic), the
         // agent would take events it can never ship: stop everything instead.
         let (ship_died_tx, ship_died_rx) = tokio::sync::oneshot::channel::<()>();
@@ -334,7 +341,11 @@ impl Agent {
 /// A checkpoint of another server is an error: continuing its epoch under this name would
 /// ship its cumulative sketches a second time. So is a checkpoint that cannot be read for
 /// a reason other than its content (permissions, I/O): the state may be intact.
-fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow::Result<Table> {
+fn restore(
+    config: &Arc<Config>,
+    options: &Options,
+    metrics: &Metrics,
+) -> anyhow::Result<(Table, Option<checkpoint::LogPosition>)> {
     let dir = &options.data_dir;
     let new_epoch = || {
         // Microseconds since the Unix epoch: unique per start of this server, and growing.
@@ -363,7 +374,8 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 table.close_through(hour);
             }
             let entries = loaded.entries.len();
-            let (transactions, torn_bytes) = (loaded.transactions, loaded.torn_bytes);
+            let (transactions, torn_bytes, resume) =
+                (loaded.transactions, loaded.torn_bytes, loaded.resume);
             for (series, hour, entry) in loaded.entries {
                 table.restore(series, hour, entry);
             }
@@ -384,7 +396,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                     "ignored the unfinished last transaction of the checkpoint log"
                 );
             }
-            Ok(table)
+            Ok((table, resume))
         }
         Ok(None) => {
             let epoch = new_epoch();
@@ -394,7 +406,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 dir = %dir.display(),
                 "NO CHECKPOINT in the data dir: starting a new epoch (expected on a first start; otherwise the agent's earlier state is gone, and what it had not shipped is lost)"
             );
-            Ok(Table::new(Arc::clone(config), epoch))
+            Ok((Table::new(Arc::clone(config), epoch), None))
         }
         Err(checkpoint::CheckpointError::Io(e)) => Err(anyhow::anyhow!(
             "cannot read the checkpoint in {}: {e} (fix the cause and start again; the checkpoint is left as it is)",
@@ -411,7 +423,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 kept_as = %if kept { aside.display().to_string() } else { "(could not move it aside)".into() },
                 "CHECKPOINT UNUSABLE: starting a new epoch; what it held and had not been shipped is lost"
             );
-            Ok(Table::new(Arc::clone(config), epoch))
+            Ok((Table::new(Arc::clone(config), epoch), None))
         }
     }
 }
