@@ -34,6 +34,7 @@
 //! backoff_initial = "1s"  # first retry delay after a failed push ...
 //! backoff_max = "60s"     # ... doubling up to this, with jitter
 //! shutdown_timeout = "10s" # the final flush on SIGTERM, at most
+//! max_backlog_mib = 256   # unacknowledged sketches of closed hours held, at most; beyond it the oldest are dropped (and counted)
 //! ```
 //!
 //! Durations are a whole number and a unit: `ms`, `s`, `m`, `h` or `d`.
@@ -181,6 +182,11 @@ pub struct Shipping {
     /// Longest final flush at shutdown.
     #[serde(deserialize_with = "duration")]
     pub shutdown_timeout: Duration,
+    /// MiB of sketches of closed hours the aggregator has not acknowledged that the agent
+    /// holds (and checkpoints) while the aggregator is away. Beyond it, entries are
+    /// dropped oldest hour first, counted in `snapshots_dropped_total{reason="backlog_full"}`
+    /// and logged once per episode. Open hours are bounded by `limits.max_series` instead.
+    pub max_backlog_mib: u64,
 }
 
 impl Default for Shipping {
@@ -193,6 +199,7 @@ impl Default for Shipping {
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(10),
+            max_backlog_mib: 256,
         }
     }
 }
@@ -337,6 +344,15 @@ impl Config {
                 ),
             ));
         }
+        if !(1..=1 << 20).contains(&s.max_backlog_mib) {
+            return Err(invalid(
+                "shipping.max_backlog_mib",
+                format!(
+                    "is {}; it must be between 1 and 1048576 (1 TiB)",
+                    s.max_backlog_mib
+                ),
+            ));
+        }
         let durations = [
             ("shipping.push_timeout", s.push_timeout, HOUR),
             (
@@ -388,6 +404,11 @@ impl Config {
     /// The batch byte bound in bytes.
     pub fn max_batch_bytes(&self) -> usize {
         self.shipping.max_batch_mib << 20
+    }
+
+    /// The backlog bound in bytes.
+    pub fn max_backlog_bytes(&self) -> u64 {
+        self.shipping.max_backlog_mib << 20
     }
 
     /// What series of `metric` keep; an error names the parameter that cannot be used.
@@ -556,6 +577,9 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains("shipping.max_live_hours_per_push"), "{e}");
         }
+        let c: Config = toml::from_str("[shipping]\nmax_backlog_mib = 0").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("shipping.max_backlog_mib"), "{e}");
         let c: Config = toml::from_str("[shipping]\nmax_live_hours_per_push = 3").unwrap();
         c.validate().unwrap();
         let c: Config = toml::from_str("flush_interval = \"10ms\"").unwrap();

@@ -92,6 +92,8 @@ pub struct Agent {
     config: Arc<Config>,
     table: Arc<Mutex<Table>>,
     metrics: Arc<Metrics>,
+    /// Where the checkpoint log read at start can be appended to.
+    resume: Option<checkpoint::LogPosition>,
     // Held for the agent's life: the lock on the data dir.
     _lock: File,
 }
@@ -115,15 +117,34 @@ impl Agent {
                 dir.display()
             );
         }
+        // A writer killed mid-checkpoint leaves its temporary file; with the lock held, no
+        // writer can be using one, and each can be as large as the whole table.
+        match checkpoint::remove_leftovers(dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                dir = %dir.display(),
+                "removed temporary checkpoint files left by an interrupted write"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                dir = %dir.display(),
+                "could not remove temporary checkpoint files left by an interrupted write"
+            ),
+        }
         let config = Arc::new(options.config.clone());
         let metrics = Arc::new(Metrics::new());
-        let table = restore(&config, &options, &metrics)?;
+        let (table, resume) = restore(&config, &options, &metrics)?;
         metrics.epoch.set(table.epoch());
+        metrics
+            .backlog_max_bytes
+            .set(i64::try_from(config.max_backlog_bytes()).unwrap_or(i64::MAX));
         Ok(Agent {
             options,
             config,
             table: Arc::new(Mutex::new(table)),
             metrics,
+            resume,
             _lock: lock,
         })
     }
@@ -145,6 +166,7 @@ impl Agent {
             config,
             table,
             metrics,
+            resume,
             _lock,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -225,6 +247,9 @@ impl Agent {
             channel,
             options.aggregator_token.clone(),
         );
+        if let Some(position) = resume {
+            shipper.resume_checkpoint(position);
+        }
         // The shipper runs until told to stop; if it ends on its own (a bug, a panic), the
         // agent would take events it can never ship: stop everything instead.
         let (ship_died_tx, ship_died_rx) = tokio::sync::oneshot::channel::<()>();
@@ -316,7 +341,11 @@ impl Agent {
 /// A checkpoint of another server is an error: continuing its epoch under this name would
 /// ship its cumulative sketches a second time. So is a checkpoint that cannot be read for
 /// a reason other than its content (permissions, I/O): the state may be intact.
-fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow::Result<Table> {
+fn restore(
+    config: &Arc<Config>,
+    options: &Options,
+    metrics: &Metrics,
+) -> anyhow::Result<(Table, Option<checkpoint::LogPosition>)> {
     let dir = &options.data_dir;
     let new_epoch = || {
         // Microseconds since the Unix epoch: unique per start of this server, and growing.
@@ -345,6 +374,8 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 table.close_through(hour);
             }
             let entries = loaded.entries.len();
+            let (transactions, torn_bytes, resume) =
+                (loaded.transactions, loaded.torn_bytes, loaded.resume);
             for (series, hour, entry) in loaded.entries {
                 table.restore(series, hour, entry);
             }
@@ -354,9 +385,18 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
             tracing::info!(
                 epoch = table.epoch(),
                 entries,
+                log_transactions = transactions,
                 "restored the checkpoint; continuing its epoch"
             );
-            Ok(table)
+            if torn_bytes > 0 {
+                // An append the agent was killed in: its fsync never returned, so no push
+                // carried what it held.
+                tracing::warn!(
+                    torn_bytes,
+                    "ignored the unfinished last transaction of the checkpoint log"
+                );
+            }
+            Ok((table, resume))
         }
         Ok(None) => {
             let epoch = new_epoch();
@@ -366,7 +406,7 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 dir = %dir.display(),
                 "NO CHECKPOINT in the data dir: starting a new epoch (expected on a first start; otherwise the agent's earlier state is gone, and what it had not shipped is lost)"
             );
-            Ok(Table::new(Arc::clone(config), epoch))
+            Ok((Table::new(Arc::clone(config), epoch), None))
         }
         Err(checkpoint::CheckpointError::Io(e)) => Err(anyhow::anyhow!(
             "cannot read the checkpoint in {}: {e} (fix the cause and start again; the checkpoint is left as it is)",
@@ -383,7 +423,38 @@ fn restore(config: &Arc<Config>, options: &Options, metrics: &Metrics) -> anyhow
                 kept_as = %if kept { aside.display().to_string() } else { "(could not move it aside)".into() },
                 "CHECKPOINT UNUSABLE: starting a new epoch; what it held and had not been shipped is lost"
             );
-            Ok(Table::new(Arc::clone(config), epoch))
+            Ok((Table::new(Arc::clone(config), epoch), None))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dir: &std::path::Path) -> Options {
+        Options {
+            server_name: "web-1".into(),
+            labels: Vec::new(),
+            aggregator: "http://127.0.0.1:1".into(),
+            aggregator_tls: hourglass::tls::ClientTls::default(),
+            aggregator_token: None,
+            data_dir: dir.to_path_buf(),
+            config: Config::default(),
+        }
+    }
+
+    #[test]
+    fn opening_removes_temporary_files_of_an_interrupted_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("checkpoint.tmp-4242-0"), vec![7u8; 4096]).unwrap();
+        std::fs::write(dir.path().join("checkpoint.tmp-4242-1"), b"").unwrap();
+        let agent = Agent::open(options(dir.path())).unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["lock"], "only the lock is left");
+        drop(agent);
     }
 }

@@ -47,6 +47,9 @@ pub struct Metrics {
     /// Live hours dropped because the aggregator refused a push of them alone for good
     /// (the reason is logged).
     pub live_hours_dropped: Counter,
+    /// Snapshots the agent dropped without the aggregator having them, by reason
+    /// (`backlog_full`: beyond `shipping.max_backlog_mib`).
+    pub snapshots_dropped: Family<Labels, Counter>,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
     pub pushes: Family<Labels, Counter>,
     /// Push latency, seconds.
@@ -55,8 +58,18 @@ pub struct Metrics {
     pub flushes: Family<Labels, Counter>,
     /// Checkpoints written, by outcome.
     pub checkpoints: Family<Labels, Counter>,
-    /// Bytes of the last checkpoint.
+    /// Bytes of the checkpoint on disk (base and log) after the last successful write.
     pub checkpoint_bytes: Gauge,
+    /// Bytes written by successful checkpoints, by kind (`base`: a whole new base;
+    /// `log`: a transaction of what changed).
+    pub checkpoint_written: Family<Labels, Counter>,
+    /// Unix time of the last successful checkpoint, 0 before the first.
+    pub last_checkpoint: Gauge,
+    /// Snapshots pushed while the checkpoint was failing, at the versions an earlier
+    /// checkpoint holds (new versions wait for a checkpoint).
+    pub snapshots_sent_checkpoint_failing: Counter,
+    /// Entries whose latest version no successful checkpoint holds yet.
+    pub awaiting_checkpoint: Gauge,
     /// Starts without a usable checkpoint, by reason (`missing`, `corrupt`).
     pub checkpoint_lost: Family<Labels, Counter>,
     /// The current epoch.
@@ -67,6 +80,11 @@ pub struct Metrics {
     pub pending_snapshots: Gauge,
     /// Bytes of sketches not yet acknowledged.
     pub pending_bytes: Gauge,
+    /// Bytes of unacknowledged sketches of closed hours (what `shipping.max_backlog_mib`
+    /// bounds).
+    pub backlog_bytes: Gauge,
+    /// `shipping.max_backlog_mib` in bytes.
+    pub backlog_max_bytes: Gauge,
     /// Start (Unix time) of the oldest hour with something unacknowledged; 0 if none.
     pub oldest_unacked_hour: Gauge,
     /// Series held.
@@ -102,17 +120,24 @@ impl Metrics {
             snapshots_retried: Counter::default(),
             version_divergence: Counter::default(),
             live_hours_dropped: Counter::default(),
+            snapshots_dropped: Family::default(),
             pushes: Family::default(),
             // 0.5 ms to about 16 s.
             push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             flushes: Family::default(),
             checkpoints: Family::default(),
             checkpoint_bytes: Gauge::default(),
+            checkpoint_written: Family::default(),
+            last_checkpoint: Gauge::default(),
+            snapshots_sent_checkpoint_failing: Counter::default(),
+            awaiting_checkpoint: Gauge::default(),
             checkpoint_lost: Family::default(),
             epoch: Gauge::default(),
             last_push: Gauge::default(),
             pending_snapshots: Gauge::default(),
             pending_bytes: Gauge::default(),
+            backlog_bytes: Gauge::default(),
+            backlog_max_bytes: Gauge::default(),
             oldest_unacked_hour: Gauge::default(),
             active_series: Gauge::default(),
             open_entries: Gauge::default(),
@@ -177,6 +202,11 @@ impl Metrics {
             "Live hours dropped because the aggregator refused them for good (reasons are logged)",
             m.live_hours_dropped.clone(),
         );
+        r.register(
+            "snapshots_dropped",
+            "Snapshots dropped by the agent without the aggregator having them, by reason",
+            m.snapshots_dropped.clone(),
+        );
         r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
         r.register(
             "push_duration_seconds",
@@ -191,8 +221,28 @@ impl Metrics {
         );
         r.register(
             "checkpoint_bytes",
-            "Size of the last checkpoint",
+            "Size of the checkpoint on disk, base and log",
             m.checkpoint_bytes.clone(),
+        );
+        r.register(
+            "checkpoint_written_bytes",
+            "Bytes written by successful checkpoints, by kind (base, log)",
+            m.checkpoint_written.clone(),
+        );
+        r.register(
+            "last_checkpoint_timestamp_seconds",
+            "Unix time of the last successful checkpoint",
+            m.last_checkpoint.clone(),
+        );
+        r.register(
+            "snapshots_sent_checkpoint_failing",
+            "Snapshots pushed while the checkpoint was failing, at versions an earlier checkpoint holds",
+            m.snapshots_sent_checkpoint_failing.clone(),
+        );
+        r.register(
+            "awaiting_checkpoint_entries",
+            "Entries whose latest version no successful checkpoint holds yet (not pushed until one does)",
+            m.awaiting_checkpoint.clone(),
         );
         r.register(
             "checkpoint_lost",
@@ -214,6 +264,16 @@ impl Metrics {
             "pending_bytes",
             "Bytes of sketches not yet acknowledged",
             m.pending_bytes.clone(),
+        );
+        r.register(
+            "backlog_bytes",
+            "Bytes of unacknowledged sketches of closed hours (bounded by shipping.max_backlog_mib)",
+            m.backlog_bytes.clone(),
+        );
+        r.register(
+            "backlog_max_bytes",
+            "shipping.max_backlog_mib in bytes",
+            m.backlog_max_bytes.clone(),
         );
         r.register(
             "oldest_unacked_hour_timestamp_seconds",
@@ -269,6 +329,9 @@ impl Metrics {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.pending_snapshots.set(clamp(backlog.snapshots));
         self.pending_bytes.set(clamp(backlog.bytes));
+        self.backlog_bytes.set(clamp(backlog.closed_bytes));
+        self.awaiting_checkpoint
+            .set(clamp(backlog.awaiting_checkpoint));
         self.oldest_unacked_hour
             .set(backlog.oldest_hour.map_or(0, |h| i64::from(h) * 3600));
         self.active_series.set(clamp(backlog.series));
@@ -313,6 +376,7 @@ mod tests {
         m.set_table(
             &Backlog {
                 snapshots: 4,
+                closed_bytes: 1234,
                 oldest_hour: Some(10),
                 ..Backlog::default()
             },
@@ -324,6 +388,7 @@ mod tests {
             r#"hourglass_agent_rejected_total{source="statsd",reason="too_late"} 2"#,
             "hourglass_agent_dropped_tags_total 2",
             "hourglass_agent_pending_snapshots 4",
+            "hourglass_agent_backlog_bytes 1234",
             "hourglass_agent_oldest_unacked_hour_timestamp_seconds 36000",
             r#"hourglass_agent_bloom_fill_ratio{series="pages",hour="1970-01-01T10:00Z"} 0.75"#,
         ] {

@@ -1,9 +1,11 @@
 //! Flushing: every flush interval, give changed sketches their next version, checkpoint,
 //! push what the aggregator lacks, and free closed hours it has (DESIGN §3).
 //!
-//! The checkpoint is written before the push, so every version the aggregator can hold is
-//! also in the checkpoint: a restarted agent continues above it and its next snapshot
-//! replaces, never trails, what it had sent. After a failed push the next attempt waits an
+//! The checkpoint is written before the push, and a push sends only versions a successful
+//! checkpoint holds, so every version the aggregator can hold is also in the checkpoint: a
+//! restarted agent continues above it and its next snapshot replaces, never trails, what it
+//! had sent. A failed checkpoint (a full disk) therefore holds back only the new versions:
+//! the entries the aggregator lacks still go, at the version the last good one holds. After a failed push the next attempt waits an
 //! exponentially growing, jittered delay (checkpoints continue on every tick meanwhile);
 //! what waits is at most one snapshot per (series, hour).
 //!
@@ -12,7 +14,7 @@
 //! many: a bound on live hours is one the agent can keep, so it never costs a snapshot.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hourglass::proto::v1;
@@ -25,7 +27,7 @@ use tracing::Instrument;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::metrics::{Labels, Metrics};
-use crate::table::Table;
+use crate::table::{Dropped, Table};
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> i64 {
@@ -65,6 +67,14 @@ pub struct Shipper {
     /// aggregator refuses that many.
     live_chunk: usize,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// What the backlog bound has dropped since the backlog last went over it; `None`
+    /// while it is under it. One warning starts an episode and one line ends it.
+    backlog_episode: Option<Dropped>,
+    /// Writes the checkpoints; shared with the blocking task that runs each write.
+    writer: Arc<Mutex<checkpoint::Writer>>,
+    /// Checkpoints failed in a row (0: the last one succeeded). While above 0, pushes
+    /// carry only the versions an earlier checkpoint holds.
+    failed_checkpoints: u32,
 }
 
 impl Shipper {
@@ -89,6 +99,7 @@ impl Shipper {
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
         let live_chunk = config.shipping.max_live_hours_per_push.max(1);
+        let writer = Arc::new(Mutex::new(checkpoint::Writer::new(&data_dir, &server.name)));
         Shipper {
             table,
             metrics,
@@ -102,6 +113,19 @@ impl Shipper {
             live_chunk,
             // Checked when the agent starts (main.rs), so a bad token never gets here.
             authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
+            backlog_episode: None,
+            writer,
+            failed_checkpoints: 0,
+        }
+    }
+
+    /// Appends the next checkpoints to the log the agent's state was read from, at
+    /// `position`, instead of writing a whole base first. If that cannot be done, the
+    /// first checkpoint writes a base, as for a new data dir.
+    pub fn resume_checkpoint(&self, position: checkpoint::LogPosition) {
+        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = writer.resume(position) {
+            tracing::warn!(error = %e, "cannot append to the checkpoint log read at start; the first checkpoint writes a new base");
         }
     }
 
@@ -162,9 +186,10 @@ impl Shipper {
             span.record("changed", t.assign_versions() as u64);
         }
         let checkpointed = self.checkpoint().await;
-        // Pushing versions the checkpoint does not hold would let a restarted agent reuse
-        // them for other content: no checkpoint, no push.
-        let push = push && checkpointed;
+        // Pushing versions no checkpoint holds would let a restarted agent reuse them for
+        // other content. When this checkpoint failed (a full disk, say), the push still
+        // goes, with only the versions the last successful one holds (`Table::unacked`):
+        // retries of what the aggregator lacks go on, new versions wait.
         let pushed = if push {
             let result = match push_limit {
                 Some(limit) => tokio::time::timeout(limit, self.push_all())
@@ -193,7 +218,13 @@ impl Shipper {
         } else {
             false
         };
-        let freed = crate::table::lock(&self.table).free_closed(now);
+        let (freed, dropped, backlog) = {
+            let mut t = crate::table::lock(&self.table);
+            let freed = t.free_closed(now);
+            let dropped = t.enforce_backlog(self.config.max_backlog_bytes());
+            (freed, dropped, t.backlog().closed_bytes)
+        };
+        self.backlog_dropped(dropped, backlog);
         span.record("freed", freed as u64);
         span.record("pushed", push);
         if freed > 0 {
@@ -209,6 +240,57 @@ impl Shipper {
             .flushes
             .get_or_create(&vec![("outcome", outcome.to_string())])
             .inc();
+    }
+
+    /// Counts what the backlog bound dropped, and logs an episode of drops once when it
+    /// starts and once when it ends: when the backlog is back under half the bound (the
+    /// aggregator is taking it again), not at every flush between the drops of two hours.
+    fn backlog_dropped(&mut self, dropped: Dropped, backlog: u64) {
+        self.metrics
+            .backlog_bytes
+            .set(i64::try_from(backlog).unwrap_or(i64::MAX));
+        let max = self.config.max_backlog_bytes();
+        if dropped.entries > 0 {
+            self.metrics
+                .snapshots_dropped
+                .get_or_create(&vec![("reason", "backlog_full".to_string())])
+                .inc_by(dropped.snapshots);
+            match &mut self.backlog_episode {
+                Some(episode) => {
+                    episode.entries += dropped.entries;
+                    episode.snapshots += dropped.snapshots;
+                    episode.bytes += dropped.bytes;
+                    episode.last_hour = episode.last_hour.max(dropped.last_hour);
+                    episode.undeclared_hours += dropped.undeclared_hours;
+                    tracing::debug!(?dropped, "backlog still full; dropped more");
+                }
+                None => {
+                    tracing::warn!(
+                        snapshots = dropped.snapshots,
+                        bytes = dropped.bytes,
+                        from_hour = %hourglass::time::format_hour(dropped.first_hour),
+                        to_hour = %hourglass::time::format_hour(dropped.last_hour),
+                        hours_no_longer_declared_live = dropped.undeclared_hours,
+                        max_backlog_mib = self.config.shipping.max_backlog_mib,
+                        "BACKLOG FULL: the aggregator has not acknowledged closed hours beyond shipping.max_backlog_mib; \
+                         dropping the oldest (counted in snapshots_dropped_total{{reason=\"backlog_full\"}}; \
+                         logged again when the backlog drains)"
+                    );
+                    self.backlog_episode = Some(dropped);
+                }
+            }
+        } else if backlog <= max / 2
+            && let Some(episode) = self.backlog_episode.take()
+        {
+            tracing::warn!(
+                snapshots = episode.snapshots,
+                bytes = episode.bytes,
+                from_hour = %hourglass::time::format_hour(episode.first_hour),
+                to_hour = %hourglass::time::format_hour(episode.last_hour),
+                hours_no_longer_declared_live = episode.undeclared_hours,
+                "backlog under shipping.max_backlog_mib again; while it was full these were dropped"
+            );
+        }
     }
 
     /// The delay before the next push after `failures` failures in a row: doubling from
@@ -229,39 +311,73 @@ impl Shipper {
     }
 
     /// Writes the checkpoint; false (logged and counted) if it failed.
-    pub async fn checkpoint(&self) -> bool {
+    pub async fn checkpoint(&mut self) -> bool {
         let table = Arc::clone(&self.table);
-        let dir = self.data_dir.clone();
-        let server = self.server.name.clone();
-        let span = tracing::info_span!("checkpoint", bytes = tracing::field::Empty);
+        let writer = Arc::clone(&self.writer);
+        let span = tracing::info_span!(
+            "checkpoint",
+            bytes = tracing::field::Empty,
+            full = tracing::field::Empty
+        );
         let inner = span.clone();
         let result = tokio::task::spawn_blocking(move || {
             let _entered = inner.enter();
-            checkpoint::write(&table, &dir, &server)
+            // One writer at a time: a write still running from a flush that was given up
+            // on finishes before the next begins.
+            let mut writer = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            writer.write(&table)
         })
         .await;
-        if let Ok(Ok(bytes)) = &result {
-            span.record("bytes", *bytes);
-        }
         let outcome: Labels = match result {
-            Ok(Ok(bytes)) => {
-                self.metrics
-                    .checkpoint_bytes
-                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            Ok(Ok(written)) => {
+                span.record("bytes", written.bytes);
+                span.record("full", written.full);
+                let m = &self.metrics;
+                m.checkpoint_bytes
+                    .set(i64::try_from(written.on_disk).unwrap_or(i64::MAX));
+                m.checkpoint_written
+                    .get_or_create(&vec![(
+                        "kind",
+                        if written.full { "base" } else { "log" }.to_string(),
+                    )])
+                    .inc_by(written.bytes);
+                m.last_checkpoint.set(unix_now());
+                if self.failed_checkpoints > 0 {
+                    tracing::warn!(
+                        failed = self.failed_checkpoints,
+                        "the checkpoint is written again after failing; new versions are pushed"
+                    );
+                }
+                self.failed_checkpoints = 0;
                 vec![("outcome", "ok".into())]
             }
             Ok(Err(e)) => {
-                tracing::error!(error = %e, dir = %self.data_dir.display(), "writing the checkpoint failed");
+                self.checkpoint_failed(&e);
                 vec![("outcome", "error".into())]
             }
             Err(e) => {
-                tracing::error!(error = %e, "checkpoint task failed");
+                self.checkpoint_failed(&e);
                 vec![("outcome", "error".into())]
             }
         };
         let ok = outcome[0].1 == "ok";
         self.metrics.checkpoints.get_or_create(&outcome).inc();
         ok
+    }
+
+    /// Logs a failed checkpoint: loudly the first of a run of failures, quietly the rest
+    /// (each is counted in `checkpoints_total{outcome="error"}`), and the end of the run.
+    fn checkpoint_failed(&mut self, error: &dyn std::fmt::Display) {
+        if self.failed_checkpoints == 0 {
+            tracing::error!(
+                error = %error,
+                dir = %self.data_dir.display(),
+                "WRITING THE CHECKPOINT FAILED: until one succeeds, only versions an earlier checkpoint holds are pushed, and new ones wait (logged again when it succeeds)"
+            );
+        } else {
+            tracing::debug!(error = %error, failed = self.failed_checkpoints + 1, "the checkpoint is still failing");
+        }
+        self.failed_checkpoints = self.failed_checkpoints.saturating_add(1);
     }
 
     /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
@@ -439,6 +555,11 @@ impl Shipper {
             )])
             .inc();
         self.metrics.snapshots_sent.inc_by(count as u64);
+        if self.failed_checkpoints > 0 {
+            self.metrics
+                .snapshots_sent_checkpoint_failing
+                .inc_by(count as u64);
+        }
         let results = reply?.into_inner().results;
         self.metrics.last_push.set(unix_now());
         Ok(results)
@@ -529,12 +650,24 @@ mod tests {
 
     /// A shipper of `table` whose channel is never used (it connects lazily).
     fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>) -> Shipper {
-        let channel = Channel::from_static("http://127.0.0.1:1").connect_lazy();
+        shipper_in(table, config, PathBuf::from("unused"), "http://127.0.0.1:1")
+    }
+
+    /// A shipper of `table` checkpointing into `dir` and pushing to `url`.
+    fn shipper_in(
+        table: &Arc<Mutex<Table>>,
+        config: Arc<Config>,
+        dir: PathBuf,
+        url: &str,
+    ) -> Shipper {
+        let channel = Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect_lazy();
         Shipper::new(
             Arc::clone(table),
             Arc::new(Metrics::new()),
             config,
-            PathBuf::from("unused"),
+            dir,
             v1::Server {
                 name: "web-1".into(),
                 labels: Vec::new(),
@@ -566,6 +699,7 @@ mod tests {
                 t.insert(id, now, now, b"u1", 1).unwrap();
             }
             assert_eq!(t.assign_versions(), 2, "both at version 1");
+            t.checkpointed();
         }
         let s = shipper(&table, config);
         let (keys, sent) = {
@@ -606,7 +740,286 @@ mod tests {
         );
         // The next flush gives it a version above the one held, and sends it.
         assert_eq!(t.assign_versions(), 1);
+        t.checkpointed();
         assert_eq!(entry(&t, diverged).version, 6);
         assert_eq!(t.unacked(), vec![keys[diverged]]);
+    }
+
+    #[tokio::test]
+    async fn an_outage_longer_than_the_backlog_bound_drops_the_oldest_hours_counted() {
+        let mut config = Config::default();
+        config.shipping.max_backlog_mib = 1;
+        let config = Arc::new(config);
+        let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));
+        let now_hour = (unix_now() / 3600) as u32;
+        // Four closed hours of four series, never acknowledged: the aggregator is away.
+        // A default entry (distinct + frequency) is about 100 KiB, so 16 are above 1 MiB.
+        {
+            let mut t = lock(&table);
+            for back in (3..7).rev() {
+                for m in ["a", "b", "c", "d"] {
+                    let id = t
+                        .resolve_statsd(m, "", &mut IngestStats::default())
+                        .unwrap();
+                    t.insert_at(id, now_hour - back, b"u1", 1);
+                }
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper_in(
+            &table,
+            Arc::clone(&config),
+            dir.path().into(),
+            "http://127.0.0.1:1",
+        );
+        s.flush(true).await;
+        let held = lock(&table).backlog();
+        assert!(held.closed_bytes <= 1 << 20, "{held:?}");
+        assert!(
+            held.closed_bytes > (1 << 20) - 200 * 1024,
+            "only what is over goes: {held:?}"
+        );
+        let dropped = s
+            .metrics
+            .snapshots_dropped
+            .get_or_create(&vec![("reason", "backlog_full".to_string())])
+            .get();
+        assert_eq!(
+            dropped,
+            32 - held.snapshots,
+            "every dropped snapshot is counted"
+        );
+        assert!(dropped > 0);
+        {
+            let t = lock(&table);
+            assert!(
+                t.entry("a", now_hour - 6).is_none(),
+                "the oldest hour goes first"
+            );
+            assert!(t.entry("d", now_hour - 3).is_some(), "the newest stays");
+        }
+        assert!(s.backlog_episode.is_some(), "an episode of drops began");
+        let text = s.metrics.encode();
+        for want in [
+            format!(
+                r#"hourglass_agent_snapshots_dropped_total{{reason="backlog_full"}} {dropped}"#
+            ),
+            format!("hourglass_agent_backlog_bytes {}", held.closed_bytes),
+        ] {
+            assert!(text.contains(&want), "{want} missing from\n{text}");
+        }
+        // Still away, nothing new: nothing more is dropped and the episode goes on.
+        s.flush(true).await;
+        assert_eq!(lock(&table).backlog(), held);
+        assert!(s.backlog_episode.is_some());
+    }
+}
+
+/// A full disk, for real: the test runs again in a child process whose file size limit
+/// (RLIMIT_FSIZE) makes every write past it fail, as ENOSPC would.
+#[cfg(test)]
+mod full_disk {
+    use super::*;
+    use crate::table::{IngestStats, lock};
+    use hourglass::proto::v1::collector_server::{Collector, CollectorServer};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const CHILD: &str = "HOURGLASS_TEST_FULL_DISK_CHILD";
+    /// The file size limit in the child: room for a checkpoint of a few sparse sketches,
+    /// not for twenty dense ones.
+    const LIMIT: u64 = 128 << 10;
+
+    /// An aggregator that stores everything, or is away.
+    #[derive(Default, Clone)]
+    struct Recorder {
+        away: Arc<AtomicBool>,
+        stored: Arc<Mutex<Vec<(String, u32, u64)>>>,
+    }
+
+    #[tonic::async_trait]
+    impl Collector for Recorder {
+        async fn push(
+            &self,
+            request: tonic::Request<v1::PushRequest>,
+        ) -> Result<tonic::Response<v1::PushResponse>, tonic::Status> {
+            if self.away.load(Ordering::SeqCst) {
+                return Err(tonic::Status::unavailable("away"));
+            }
+            let mut stored = self.stored.lock().unwrap();
+            let results = request
+                .into_inner()
+                .snapshots
+                .into_iter()
+                .map(|s| {
+                    let series = s.series.map(|s| s.metric).unwrap_or_default();
+                    stored.push((series, s.hour, s.version));
+                    v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stored as i32,
+                        held_version: s.version,
+                        reason: String::new(),
+                    }
+                })
+                .collect();
+            Ok(tonic::Response::new(v1::PushResponse { results }))
+        }
+    }
+
+    fn set_file_size_limit(soft: u64) {
+        let limit = libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+    }
+
+    #[test]
+    fn a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones() {
+        if std::env::var_os(CHILD).is_some() {
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(in_child());
+        }
+        let name = "shipper::full_disk::a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones";
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1");
+        // SAFETY: between fork and exec only async-signal-safe calls: setrlimit, signal.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Writes past the limit then fail with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the child failed:\n{stdout}\n{stderr}"
+        );
+    }
+
+    async fn in_child() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let aggregator = Recorder::default();
+        let service = CollectorServer::new(aggregator.clone())
+            .accept_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Zstd);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+
+        let config = Arc::new(Config {
+            default_kinds: vec![hourglass::format::Kind::Distinct],
+            ..Config::default()
+        });
+        let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));
+        let now = unix_now();
+        let add = |metric: &str, items: std::ops::Range<u32>| {
+            let mut t = lock(&table);
+            let id = t
+                .resolve_statsd(metric, "", &mut IngestStats::default())
+                .unwrap();
+            for i in items {
+                t.insert(id, now, now, format!("u{i}").as_bytes(), 1)
+                    .unwrap();
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(&table, config, dir.path(), &url);
+
+        // 1. The aggregator is away; the checkpoint holds "a" and "b" at version 1.
+        add("a", 0..10);
+        add("b", 0..10);
+        aggregator.away.store(true, Ordering::SeqCst);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "ok"), 1);
+        assert!(aggregator.stored.lock().unwrap().is_empty());
+
+        // 2. Twenty dense sketches later, the checkpoint no longer fits; "a" changed too.
+        // The aggregator is back: what the checkpoint holds at version 1 goes, nothing else.
+        add("a", 10..20);
+        for m in 0..20 {
+            add(&format!("big{m}"), 0..5000);
+        }
+        aggregator.away.store(false, Ordering::SeqCst);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "error"), 1, "the disk is full");
+        let mut stored = aggregator.stored.lock().unwrap().clone();
+        stored.sort();
+        let hour = (now / 3600) as u32;
+        assert_eq!(
+            stored,
+            [("a".to_string(), hour, 1), ("b".to_string(), hour, 1)],
+            "only versions a checkpoint holds are pushed"
+        );
+        assert_eq!(s.metrics.snapshots_sent_checkpoint_failing.get(), 2);
+        assert_eq!(lock(&table).backlog().awaiting_checkpoint, 21);
+        s.metrics.set_table(&lock(&table).backlog(), &[]);
+        let text = s.metrics.encode();
+        for want in [
+            "hourglass_agent_snapshots_sent_checkpoint_failing_total 2",
+            "hourglass_agent_awaiting_checkpoint_entries 21",
+            r#"hourglass_agent_checkpoints_total{outcome="error"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+        // The failed append was cut back off: the files hold the first checkpoint whole.
+        let loaded = checkpoint::read(dir.path()).unwrap().unwrap();
+        assert_eq!((loaded.entries.len(), loaded.last_version), (2, 1));
+        assert_eq!(loaded.torn_bytes, 0);
+
+        // 3. Room again: the new versions are checkpointed, then pushed.
+        set_file_size_limit(libc::RLIM_INFINITY);
+        s.flush(true).await;
+        assert_eq!(checkpoints(&s, "ok"), 2);
+        let stored = aggregator.stored.lock().unwrap().clone();
+        assert_eq!(stored.len(), 2 + 21);
+        assert!(stored[2..].iter().all(|(_, _, v)| *v == 2), "{stored:?}");
+        assert_eq!(lock(&table).backlog().awaiting_checkpoint, 0);
+        assert_eq!(s.metrics.snapshots_sent_checkpoint_failing.get(), 2);
+        let loaded = checkpoint::read(dir.path()).unwrap().unwrap();
+        assert_eq!((loaded.entries.len(), loaded.last_version), (22, 2));
+    }
+
+    fn checkpoints(s: &Shipper, outcome: &str) -> u64 {
+        s.metrics
+            .checkpoints
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get()
+    }
+
+    fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>, dir: &Path, url: &str) -> Shipper {
+        let channel = Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect_lazy();
+        Shipper::new(
+            Arc::clone(table),
+            Arc::new(Metrics::new()),
+            config,
+            dir.to_path_buf(),
+            v1::Server {
+                name: "web-1".into(),
+                labels: Vec::new(),
+            },
+            channel,
+            None,
+        )
     }
 }

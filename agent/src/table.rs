@@ -4,8 +4,9 @@
 //! Every (series, hour) entry has a `version`, the highest it has been given, and `acked`,
 //! the highest the aggregator acknowledged; `dirty` says it changed since it was last
 //! given a version. A flush gives every dirty entry the next version, checkpoints, then
-//! sends every entry whose `acked` is behind its `version` — the whole current sketch,
-//! never a delta. A failed send leaves the entry behind, so the next flush sends it again;
+//! sends every entry whose `acked` is behind the version the last successful checkpoint
+//! holds of it ([`Saved::durable`], its `version` unless checkpoints fail) — the whole
+//! current sketch, never a delta. A failed send leaves the entry behind, so the next flush sends it again;
 //! the backlog is therefore at most one snapshot per (series, hour), however long the
 //! aggregator is away.
 //!
@@ -109,7 +110,7 @@ impl std::fmt::Display for Reject {
 }
 
 /// One open (series, hour).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Entry {
     /// One sketch per kind the series keeps.
     pub sketches: Vec<Sketch>,
@@ -119,12 +120,43 @@ pub struct Entry {
     pub acked: u64,
     /// Changed since it was last given a version.
     pub dirty: bool,
+    /// What the checkpoint holds of this entry.
+    pub saved: Saved,
+}
+
+/// What the checkpoint holds of an entry, so that a checkpoint writes only the entries
+/// that changed since the last one, and a push sends only versions a checkpoint holds.
+///
+/// Changes are stamped with the table's checkpoint generation; a checkpoint taken at
+/// generation `g` holds every change stamped `g` or earlier of the entries it wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The version the last successful checkpoint holds (0: none does).
+    pub durable: u64,
+    /// The generation of the last change of the sketches.
+    pub content: u64,
+    /// The generation of the last change of the version, acknowledgement or dirty flag.
+    pub meta: u64,
+    /// The generation through which a successful checkpoint holds this entry.
+    pub through: u64,
 }
 
 impl Entry {
     /// Whether the aggregator lacks something this entry holds.
     pub fn pending(&self) -> bool {
         self.dirty || self.acked < self.version
+    }
+
+    /// Whether a checkpoint must write this entry again: its sketches (`Some(true)`), or
+    /// only its version, acknowledgement and flag (`Some(false)`).
+    pub fn unsaved(&self) -> Option<bool> {
+        if self.saved.content > self.saved.through {
+            Some(true)
+        } else if self.saved.meta > self.saved.through {
+            Some(false)
+        } else {
+            None
+        }
     }
 }
 
@@ -214,6 +246,30 @@ pub struct Backlog {
     pub series: u64,
     /// Bytes of all sketches held.
     pub sketch_bytes: u64,
+    /// Bytes of the unacknowledged sketches of closed hours: what `shipping.max_backlog_mib`
+    /// bounds.
+    pub closed_bytes: u64,
+    /// Entries whose latest version no successful checkpoint holds yet: they are not
+    /// pushed until one does.
+    pub awaiting_checkpoint: u64,
+}
+
+/// What keeping the backlog under `shipping.max_backlog_mib` dropped in one flush.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// (series, hour) entries dropped.
+    pub entries: u64,
+    /// Their snapshots (one per kind).
+    pub snapshots: u64,
+    /// Bytes of their sketches.
+    pub bytes: u64,
+    /// The oldest hour dropped from.
+    pub first_hour: u32,
+    /// The newest hour dropped from.
+    pub last_hour: u32,
+    /// Hours dropped from that were still to be declared live: they no longer are, so the
+    /// aggregator counts them as missing instead of complete.
+    pub undeclared_hours: u64,
 }
 
 /// The sketches of one agent.
@@ -231,6 +287,11 @@ pub struct Table {
     last_version: u64,
     closed_through: Option<u32>,
     scratch: Vec<u8>,
+    /// The checkpoint generation changes are stamped with; a checkpoint takes the current
+    /// one and starts the next.
+    generation: u64,
+    /// Entries removed since a checkpoint last recorded removals.
+    removed: Vec<(Series, u32)>,
 }
 
 /// Raw spellings longer than this are resolved every time instead of remembered, so a
@@ -274,6 +335,8 @@ impl Table {
             last_version: 0,
             closed_through: None,
             scratch: Vec::new(),
+            generation: 1,
+            removed: Vec::new(),
         }
     }
 
@@ -484,9 +547,8 @@ impl Table {
                 slot.hours += 1;
                 self.entries.entry((id, hour)).or_insert(Entry {
                     sketches: slot.spec.empty.clone(),
-                    version: 0,
-                    acked: 0,
                     dirty: true,
+                    ..Entry::default()
                 })
             }
         };
@@ -501,6 +563,7 @@ impl Table {
             }
         }
         entry.dirty = true;
+        entry.saved.content = self.generation;
     }
 
     /// Records that the agent is up during `hour`.
@@ -554,6 +617,7 @@ impl Table {
             if entry.dirty {
                 entry.version = version;
                 entry.dirty = false;
+                entry.saved.meta = self.generation;
                 changed += 1;
             }
         }
@@ -563,12 +627,14 @@ impl Table {
         changed
     }
 
-    /// Entries the aggregator has not acknowledged at their version, oldest hour first.
+    /// Entries the aggregator has not acknowledged at the version the last successful
+    /// checkpoint holds, oldest hour first: what a push may send. A version no checkpoint
+    /// holds waits, since a restarted agent could give it to other content.
     pub fn unacked(&self) -> Vec<Key> {
         let mut keys: Vec<Key> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.acked < e.version)
+            .filter(|(_, e)| e.acked < e.saved.durable)
             .map(|(k, _)| *k)
             .collect();
         keys.sort_by_key(|&(id, hour)| (hour, id));
@@ -581,8 +647,15 @@ impl Table {
     }
 
     /// Encodes the snapshots of `keys` from `start` on, stopping before `max_bytes` of
-    /// sketches or `max_snapshots` snapshots (at least one entry per call). Returns the snapshots, the (key, version,
-    /// snapshot count) of each entry sent, and the index to continue from.
+    /// sketches or `max_snapshots` snapshots (at least one entry per call). Returns the
+    /// snapshots, the (key, version, snapshot count) of each entry sent, and the index to
+    /// continue from.
+    ///
+    /// The version sent is the one the last successful checkpoint holds. It is the
+    /// entry's own unless checkpoints are failing; then the current sketch goes out under
+    /// the older version, as an event taken between a checkpoint and the push after it
+    /// always has (docs/FORMAT.md), and it is replaced at the aggregator once a checkpoint
+    /// holds the entry's newer version.
     pub fn encode_batch(
         &self,
         keys: &[Key],
@@ -614,14 +687,14 @@ impl Table {
                     series: Some(slot.wire.clone()),
                     hour: key.1,
                     epoch: self.epoch,
-                    version: entry.version,
+                    version: entry.saved.durable,
                     sketch: Some(v1::EncodedSketch {
                         kind: v1::SketchKind::from(sketch.kind()) as i32,
                         data: sketch.encode().into(),
                     }),
                 });
             }
-            sent.push((key, entry.version, entry.sketches.len()));
+            sent.push((key, entry.saved.durable, entry.sketches.len()));
             next += 1;
         }
         (snapshots, sent, next)
@@ -633,13 +706,17 @@ impl Table {
     pub fn mark_dirty(&mut self, key: Key) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.dirty = true;
+            entry.saved.meta = self.generation;
         }
     }
 
     /// Records that the aggregator holds `version` of `key` (or a newer one).
     pub fn ack(&mut self, key: Key, version: u64) {
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.acked = entry.acked.max(version);
+        if let Some(entry) = self.entries.get_mut(&key)
+            && version > entry.acked
+        {
+            entry.acked = version;
+            entry.saved.meta = self.generation;
         }
     }
 
@@ -662,15 +739,7 @@ impl Table {
             .collect();
         let mut emptied = false;
         for key in &freed {
-            self.entries.remove(key);
-            if let Some(slot) = self.series.get_mut(&key.0) {
-                slot.hours -= 1;
-                if slot.hours == 0 {
-                    let slot = self.series.remove(&key.0).expect("just seen");
-                    self.by_series.remove(&slot.series);
-                    emptied = true;
-                }
-            }
+            emptied |= self.remove_entry(*key);
         }
         // Series whose every event was refused hold no hour: let them go too.
         let idle: Vec<u64> = self
@@ -691,6 +760,81 @@ impl Table {
         freed.len()
     }
 
+    /// Removes an entry, and its series when it was the series' last hour; true if a
+    /// series went.
+    fn remove_entry(&mut self, key: Key) -> bool {
+        if self.entries.remove(&key).is_none() {
+            return false;
+        }
+        let Some(slot) = self.series.get_mut(&key.0) else {
+            return false;
+        };
+        // A checkpoint may hold it: the next one says it is gone.
+        self.removed.push((slot.series.clone(), key.1));
+        slot.hours -= 1;
+        if slot.hours > 0 {
+            return false;
+        }
+        let slot = self.series.remove(&key.0).expect("just seen");
+        self.by_series.remove(&slot.series);
+        true
+    }
+
+    /// Whether `hour` is closed for good (as of the last [`Table::free_closed`]).
+    fn is_closed(&self, hour: u32) -> bool {
+        self.closed_through.is_some_and(|c| hour <= c)
+    }
+
+    /// Keeps the unacknowledged sketches of closed hours within `max_bytes` by dropping
+    /// entries, oldest hour first (and within an hour, oldest series first), until they fit.
+    /// Open hours are never dropped: `limits.max_series` and the lateness bound them, and a
+    /// dropped open entry would come back with the next event and replace at the
+    /// aggregator what it had of the hour.
+    ///
+    /// An hour dropped from is taken out of the live hours still to be declared, so the
+    /// aggregator counts it missing rather than complete; the caller counts the drop.
+    pub fn enforce_backlog(&mut self, max_bytes: u64) -> Dropped {
+        let mut closed: Vec<(Key, u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| self.is_closed(k.1) && e.pending())
+            .map(|(k, e)| {
+                let bytes = e.sketches.iter().map(|s| s.size_bytes() as u64).sum();
+                (*k, bytes, e.sketches.len() as u64)
+            })
+            .collect();
+        let mut total: u64 = closed.iter().map(|c| c.1).sum();
+        let mut dropped = Dropped::default();
+        if total <= max_bytes {
+            return dropped;
+        }
+        closed.sort_unstable_by_key(|&((id, hour), _, _)| (hour, id));
+        let mut emptied = false;
+        let mut hours = BTreeSet::new();
+        for (key, bytes, snapshots) in closed {
+            if total <= max_bytes {
+                break;
+            }
+            emptied |= self.remove_entry(key);
+            total -= bytes;
+            hours.insert(key.1);
+            dropped.entries += 1;
+            dropped.snapshots += snapshots;
+            dropped.bytes += bytes;
+        }
+        if emptied {
+            self.aliases.clear();
+        }
+        dropped.first_hour = hours.first().copied().unwrap_or(0);
+        dropped.last_hour = hours.last().copied().unwrap_or(0);
+        for hour in hours {
+            if self.live_hours.remove(&hour) {
+                dropped.undeclared_hours += 1;
+            }
+        }
+        dropped
+    }
+
     /// What the aggregator is missing, and what the table holds.
     pub fn backlog(&self) -> Backlog {
         let mut b = Backlog {
@@ -701,9 +845,15 @@ impl Table {
         for (key, entry) in &self.entries {
             let bytes: u64 = entry.sketches.iter().map(|s| s.size_bytes() as u64).sum();
             b.sketch_bytes += bytes;
+            if entry.saved.durable < entry.version {
+                b.awaiting_checkpoint += 1;
+            }
             if entry.pending() {
                 b.snapshots += entry.sketches.len() as u64;
                 b.bytes += bytes;
+                if self.is_closed(key.1) {
+                    b.closed_bytes += bytes;
+                }
                 b.oldest_hour = Some(b.oldest_hour.map_or(key.1, |h| h.min(key.1)));
             }
         }
@@ -727,6 +877,40 @@ impl Table {
         out
     }
 
+    /// Starts a checkpoint: returns the generation it holds the changes of (every change
+    /// from now on is stamped with the next), and how many removals it records.
+    pub fn begin_checkpoint(&mut self) -> (u64, usize) {
+        let generation = self.generation;
+        self.generation += 1;
+        (generation, self.removed.len())
+    }
+
+    /// The removals a checkpoint records: every one since the last recorded, first `n`.
+    pub fn removed(&self, n: usize) -> &[(Series, u32)] {
+        &self.removed[..n.min(self.removed.len())]
+    }
+
+    /// Entries the next checkpoint must write again, in no order.
+    pub fn unsaved_keys(&self) -> Vec<Key> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.unsaved().is_some())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// A checkpoint begun at `generation` is durable: it holds the `written` entries at
+    /// the given versions, and the first `removals` removals.
+    pub fn checkpoint_done(&mut self, generation: u64, written: &[(Key, u64)], removals: usize) {
+        for &(key, version) in written {
+            if let Some(entry) = self.entries.get_mut(&key) {
+                entry.saved.durable = entry.saved.durable.max(version);
+                entry.saved.through = entry.saved.through.max(generation);
+            }
+        }
+        self.removed.drain(..removals.min(self.removed.len()));
+    }
+
     /// The series and entry of `key`, for the checkpoint writer.
     pub fn get(&self, key: Key) -> Option<(&Series, &Entry)> {
         Some((&self.series.get(&key.0)?.series, self.entries.get(&key)?))
@@ -734,8 +918,15 @@ impl Table {
 
     /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
     /// the checkpoint shows the aggregator had their current state.
-    pub fn restore(&mut self, series: Series, hour: u32, entry: Entry) {
+    pub fn restore(&mut self, series: Series, hour: u32, mut entry: Entry) {
         self.raise_last_version(entry.version);
+        // The checkpoint it came from holds it as it is.
+        entry.saved = Saved {
+            durable: entry.version,
+            content: 0,
+            meta: 0,
+            through: 0,
+        };
         let id = match self.by_series.get(&series) {
             Some(&id) => id,
             None => {
@@ -747,6 +938,14 @@ impl Table {
         if self.entries.insert((id, hour), entry).is_none() {
             slot.hours += 1;
         }
+    }
+
+    /// Marks every entry as a successful checkpoint would, for tests of what follows one.
+    #[cfg(test)]
+    pub fn checkpointed(&mut self) {
+        let (generation, removals) = self.begin_checkpoint();
+        let written: Vec<(Key, u64)> = self.entries.iter().map(|(k, e)| (*k, e.version)).collect();
+        self.checkpoint_done(generation, &written, removals);
     }
 
     /// Sum over held entries of a closure, for tests.
@@ -880,6 +1079,7 @@ mod tests {
         add(&mut t, "v", "", "a", NOW).unwrap();
         assert_eq!(t.assign_versions(), 1);
         assert_eq!(t.assign_versions(), 0, "nothing changed since");
+        t.checkpointed();
         let keys = t.unacked();
         assert_eq!(keys.len(), 1);
         let (snaps, sent, next) = t.encode_batch(&keys, 0, 1 << 20, 1000);
@@ -888,6 +1088,7 @@ mod tests {
         // Not acknowledged: still owed, and a change makes the next version.
         add(&mut t, "v", "", "b", NOW).unwrap();
         assert_eq!(t.assign_versions(), 1);
+        t.checkpointed();
         assert_eq!(t.backlog().snapshots, 2);
         t.ack(sent[0].0, sent[0].1);
         assert_eq!(
@@ -917,6 +1118,7 @@ mod tests {
         add(&mut t, "v", "", "a", NOW).unwrap();
         add(&mut t, "w", "", "a", NOW).unwrap();
         assert_eq!(t.assign_versions(), 2);
+        t.checkpointed();
         let keys = t.unacked();
         for &k in &keys {
             t.ack(k, 1);
@@ -930,6 +1132,7 @@ mod tests {
         assert!(t.entry(&v, hour(NOW)).unwrap().pending());
         assert_eq!(t.backlog().snapshots, 2, "one entry, two kinds");
         assert_eq!(t.assign_versions(), 1, "only the marked entry");
+        t.checkpointed();
         assert_eq!(t.entry(&v, hour(NOW)).unwrap().version, 6);
         assert_eq!(t.unacked(), vec![keys[0]]);
     }
@@ -953,6 +1156,7 @@ mod tests {
         t.assign_versions();
         add(&mut t, "w", "", "b", NOW).unwrap();
         t.assign_versions();
+        t.checkpointed();
         let versions = (
             t.entry("v", hour(NOW)).unwrap().version,
             t.entry("w", hour(NOW)).unwrap().version,
@@ -993,12 +1197,74 @@ mod tests {
     }
 
     #[test]
+    fn the_backlog_bound_drops_oldest_closed_hours_first_and_never_open_ones() {
+        let mut t = table();
+        let start = NOW - NOW % 3600;
+        // Three hours of "a" and "b", each given a version the aggregator never acknowledged
+        // (it is away); the hour of NOW is open.
+        for back in [2, 1, 0] {
+            let time = start - back * 3600 + 10;
+            for m in ["a", "b"] {
+                let id = t
+                    .resolve_statsd(m, "", &mut IngestStats::default())
+                    .unwrap();
+                let hour = hour(time);
+                t.insert_at(id, hour, b"x", 1);
+            }
+        }
+        t.assign_versions();
+        let entry_bytes = t.backlog().bytes / 6;
+        // Three hours after NOW's hour ended, its lateness too: all three hours are closed.
+        let later = start + 3 * 3600 + 10;
+        t.free_closed(later);
+        assert_eq!(t.backlog().closed_bytes, 6 * entry_bytes);
+        t.mark_live(hour(start) - 2);
+        t.live_hours_acked(&[hour(start) - 1]);
+        // Room for three entries and a half: the oldest hour and one series of the next go.
+        let dropped = t.enforce_backlog(3 * entry_bytes + entry_bytes / 2);
+        assert_eq!(
+            dropped,
+            Dropped {
+                entries: 3,
+                snapshots: 6,
+                bytes: 3 * entry_bytes,
+                first_hour: hour(start) - 2,
+                last_hour: hour(start) - 1,
+                undeclared_hours: 1,
+            }
+        );
+        assert!(t.entry("a", hour(start) - 2).is_none());
+        assert!(t.entry("b", hour(start) - 2).is_none());
+        assert_eq!(
+            t.entry("a", hour(start) - 1).is_some() as u8
+                + t.entry("b", hour(start) - 1).is_some() as u8,
+            1
+        );
+        assert!(t.entry("a", hour(start)).is_some() && t.entry("b", hour(start)).is_some());
+        assert_eq!(t.backlog().closed_bytes, 3 * entry_bytes);
+        assert!(
+            !t.live_hours().contains(&(hour(start) - 2)),
+            "a dropped hour is not declared live"
+        );
+        assert_eq!(t.enforce_backlog(3 * entry_bytes), Dropped::default());
+
+        // Open hours are never dropped, however small the bound.
+        let mut t = table();
+        add(&mut t, "a", "", "x", NOW).unwrap();
+        t.assign_versions();
+        t.free_closed(NOW);
+        assert_eq!(t.enforce_backlog(0), Dropped::default());
+        assert!(t.entry("a", hour(NOW)).is_some());
+    }
+
+    #[test]
     fn batches_respect_the_byte_bound() {
         let mut t = table();
         for m in ["a", "b", "c"] {
             add(&mut t, m, "", "x", NOW).unwrap();
         }
         t.assign_versions();
+        t.checkpointed();
         let keys = t.unacked();
         let one: usize = t
             .get(keys[0])
