@@ -1122,6 +1122,39 @@ mod tests {
         );
     }
 
+    /// DEFECT: hourly retention now keeps liveness (folded into `liveday/` masks) for as
+    /// long as rollups, but only whole-day queries are answered from rollups. A query for
+    /// part of a day past hourly retention (hours 5..24 of day 0, or any `group by hour`)
+    /// reads the deleted hourly rows, finds nothing, and its coverage — counted from the
+    /// kept liveness — says every server-hour is there: an empty answer presented as
+    /// complete. Before the change, liveness went with the rows and such an answer said
+    /// the hours were missing.
+    #[test]
+    fn a_partial_day_past_hourly_retention_is_not_answered_as_complete() {
+        let fleet = Fleet::new();
+        let sel = Selector {
+            hours: Hour(5)..Hour(24),
+            ..select(Kind::Distinct)
+        };
+        let before = fleet.answer(&sel);
+        assert!(distinct(&before.total) > 100.0);
+        assert_eq!(before.total.coverage.server_hours_missing, 0);
+        // Day 0 is rolled up, then hourly retention deletes its rows (whole days).
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let keep = std::collections::BTreeSet::new();
+        assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
+        let after = fleet.answer(&sel);
+        let same = after.total.sketch.as_ref().map(Sketch::encode)
+            == before.total.sketch.as_ref().map(Sketch::encode);
+        assert!(
+            same || after.total.coverage.server_hours_missing > 0,
+            "hours 5..24 of an expired day: answer {:?} with coverage {:?} (before: {} distinct)",
+            after.total.sketch.as_ref().map(|_| distinct(&after.total)),
+            after.total.coverage,
+            distinct(&before.total),
+        );
+    }
+
     #[test]
     fn days_split_ranges_at_midnight() {
         let days: Vec<(u32, u32, u32)> = days_of(&(Hour(22)..Hour(50)))
