@@ -182,6 +182,19 @@ pub enum QueryError {
         /// Why.
         source: hourglass::DecodeError,
     },
+    /// Part of a day was asked for whose hourly rows retention deleted: only its
+    /// rollups, of the whole day, are left.
+    #[error(
+        "hours {start}..{end} of {day} are past hourly retention: only whole days are kept for it; ask for whole days"
+    )]
+    PastHourlyRetention {
+        /// The day, formatted.
+        day: String,
+        /// First hour asked for.
+        start: u32,
+        /// End hour asked for.
+        end: u32,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -569,6 +582,15 @@ impl<'a> Planner<'a> {
                 sketch,
                 rollups: count,
                 rows: 0,
+            });
+        }
+        // Part of a day whose hours retention deleted: its rows are gone, and its
+        // liveness (kept with the rollups) would call an empty answer complete.
+        if hours != day.hours() && self.store.is_day_expired(series_id, day)? {
+            return Err(QueryError::PastHourlyRetention {
+                day: hourglass::time::format_day(day.0),
+                start: hours.start.0,
+                end: hours.end.0,
             });
         }
         let parts = DayParts {
@@ -1143,7 +1165,14 @@ mod tests {
         build_dirty_days(&fleet.store, Day(2), 100).unwrap();
         let keep = std::collections::BTreeSet::new();
         assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
-        let after = fleet.answer(&sel);
+        let after = match Planner::new(&fleet.store).answer(&sel) {
+            Ok(after) => after,
+            Err(e) => {
+                // Refused, saying why: not a wrong answer.
+                assert!(e.to_string().contains("past hourly retention"), "{e}");
+                return;
+            }
+        };
         let same = after.total.sketch.as_ref().map(Sketch::encode)
             == before.total.sketch.as_ref().map(Sketch::encode);
         assert!(
