@@ -1184,6 +1184,51 @@ mod tests {
         );
     }
 
+    /// DEFECT: a snapshot stored into a day whose hourly rows retention deleted (the
+    /// store accepts it; the collector lets one in when the clock steps back or a push
+    /// validated before the pass is stored after it) makes the day dirty, and the planner
+    /// then answers the whole day from its hourly rows: the late row alone. The builder
+    /// keeps that day's rollups as they are (rollup.rs), so until the next pass the day's
+    /// answer shrinks to one snapshot, reported complete.
+    #[test]
+    fn a_late_row_in_an_expired_day_does_not_shrink_its_answer() {
+        let fleet = Fleet::new();
+        let sel = Selector {
+            hours: Hour(0)..Hour(24),
+            ..select(Kind::Distinct)
+        };
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let keep = std::collections::BTreeSet::new();
+        assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
+        let before = fleet.answer(&sel);
+        let name = SeriesName::new(
+            "visitors",
+            vec![("device".into(), "mobile".into())],
+            Kind::Distinct,
+        );
+        let series = fleet.store.series_id(&name, false).unwrap().unwrap();
+        let server = fleet.store.server_id("eu-1", &[], false).unwrap().unwrap();
+        let key = HourKey {
+            series,
+            hour: Hour(3),
+            server,
+            epoch: Epoch(9),
+        };
+        let late = sketch_of(Kind::Distinct, &[b"late".to_vec()]);
+        fleet
+            .store
+            .put_hourly(&[(key, 1, late.encode().into())])
+            .unwrap();
+        let after = fleet.answer(&sel);
+        assert!(
+            distinct(&after.total) >= distinct(&before.total),
+            "the day's answer went from {} to {} (coverage {:?})",
+            distinct(&before.total),
+            distinct(&after.total),
+            after.total.coverage,
+        );
+    }
+
     #[test]
     fn days_split_ranges_at_midnight() {
         let days: Vec<(u32, u32, u32)> = days_of(&(Hour(22)..Hour(50)))
