@@ -620,7 +620,10 @@ impl<'a> Planner<'a> {
         every_server: bool,
         servers: &[&ServerEntry],
     ) -> Result<Option<(Option<Sketch>, u64)>, QueryError> {
-        if self.store.is_day_dirty(series, day)? {
+        // A dirty day is read from its hours, except one whose hours retention deleted:
+        // its rows are only late ones, which the builder will not roll up (rollup.rs),
+        // and its rollups are the day.
+        if self.store.is_day_dirty(series, day)? && !self.store.is_day_expired(series, day)? {
             return Ok(None);
         }
         // The all-servers rollup is written last and always, so it marks a built day; a
