@@ -296,8 +296,21 @@ impl Writer {
                 return Err(e);
             }
         };
-        // The base is durable: the old log, if any, names the old base and is ignored
-        // from now on, and every entry written is held at the version written.
+        // The new base is in place: the old log, if any, names the old base and a reader
+        // ignores it from now on, so nothing may be appended to it, even if the
+        // directory's fsync fails (the next checkpoint then writes a base again).
+        self.log = None;
+        let synced = (|| {
+            #[cfg(test)]
+            if tests::FAIL_DIR_SYNC.with(|f| f.take()) {
+                return Err(std::io::Error::other(
+                    "injected: fsync of the data dir failed",
+                ));
+            }
+            File::open(&self.dir)?.sync_all()
+        })();
+        synced?;
+        // The base is durable: every entry written is held at the version written.
         crate::table::lock(table).checkpoint_done(generation, &written, removals);
         self.base_len = bytes;
         self.compact_at = bytes.max(MIN_COMPACT_BYTES);
@@ -412,12 +425,8 @@ fn write_base(
     file.sync_all()?;
     drop(file);
     std::fs::rename(tmp, path(data_dir))?;
-    // The rename is durable only once the directory is.
-    #[cfg(test)]
-    if tests::FAIL_DIR_SYNC.with(|f| f.take()) {
-        return Err(std::io::Error::other("injected: fsync of the data dir failed").into());
-    }
-    File::open(data_dir)?.sync_all()?;
+    // The caller fsyncs the directory: once the rename is done, the old log is dead
+    // whether or not that succeeds.
     Ok((bytes, sum, written))
 }
 
