@@ -296,8 +296,21 @@ impl Writer {
                 return Err(e);
             }
         };
-        // The base is durable: the old log, if any, names the old base and is ignored
-        // from now on, and every entry written is held at the version written.
+        // The new base is in place: the old log, if any, names the old base and a reader
+        // ignores it from now on, so nothing may be appended to it, even if the
+        // directory's fsync fails (the next checkpoint then writes a base again).
+        self.log = None;
+        let synced = (|| {
+            #[cfg(test)]
+            if tests::FAIL_DIR_SYNC.with(|f| f.take()) {
+                return Err(std::io::Error::other(
+                    "injected: fsync of the data dir failed",
+                ));
+            }
+            File::open(&self.dir)?.sync_all()
+        })();
+        synced?;
+        // The base is durable: every entry written is held at the version written.
         crate::table::lock(table).checkpoint_done(generation, &written, removals);
         self.base_len = bytes;
         self.compact_at = bytes.max(MIN_COMPACT_BYTES);
@@ -412,8 +425,8 @@ fn write_base(
     file.sync_all()?;
     drop(file);
     std::fs::rename(tmp, path(data_dir))?;
-    // The rename is durable only once the directory is.
-    File::open(data_dir)?.sync_all()?;
+    // The caller fsyncs the directory: once the rename is done, the old log is dead
+    // whether or not that succeeds.
     Ok((bytes, sum, written))
 }
 
@@ -847,6 +860,60 @@ mod tests {
     use std::sync::Arc;
 
     const NOW: i64 = 1_764_000_000;
+
+    thread_local! {
+        /// Makes the next base write fail after its rename, at the directory's fsync (as
+        /// EIO, or EMFILE opening the directory, would).
+        pub(super) static FAIL_DIR_SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// DEFECT: a compaction whose base is renamed into place but whose directory fsync
+    /// then fails returns an error, and `Writer::write` falls back to appending to the
+    /// log it had — a log naming the *old* base. On disk the new base is in place, so a
+    /// reader ignores that log: every transaction appended to it (until the next
+    /// compaction succeeds) is reported durable, its versions pushed, and none of it is
+    /// read back after a restart, which then reuses those versions for other content.
+    #[test]
+    fn a_compaction_that_fails_after_its_rename_never_appends_to_the_old_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Mutex::new(filled());
+        let mut writer = Writer::new(dir.path(), "web-1");
+        writer.write(&table).unwrap();
+        add(&table, "visitors", "x", NOW);
+        crate::table::lock(&table).assign_versions();
+        assert!(!writer.write(&table).unwrap().full);
+        // The log is due for compaction; the new base's directory fsync fails.
+        writer.compact_at = 0;
+        add(&table, "visitors", "y", NOW);
+        crate::table::lock(&table).assign_versions();
+        FAIL_DIR_SYNC.with(|f| f.set(true));
+        let written = writer.write(&table);
+        if written.is_ok() {
+            // Reported durable: the shipper now pushes these versions.
+            let t = crate::table::lock(&table);
+            assert!(t.keys().iter().all(|&k| {
+                let e = t.get(k).unwrap().1;
+                e.saved.durable == e.version
+            }));
+        }
+        // The next checkpoints: a new version (pushed once this returns), then acks.
+        add(&table, "visitors", "z", NOW);
+        crate::table::lock(&table).assign_versions();
+        writer.write(&table).unwrap();
+        {
+            let mut t = crate::table::lock(&table);
+            for key in t.keys() {
+                let version = t.get(key).unwrap().1.version;
+                t.ack(key, version);
+            }
+        }
+        writer.write(&table).unwrap();
+        assert_eq!(
+            restored(dir.path()),
+            held(&table),
+            "a restart reads back less than the checkpoints reported durable"
+        );
+    }
 
     fn filled() -> Table {
         let mut t = Table::new(Arc::new(Config::default()), 42);

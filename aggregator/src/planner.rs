@@ -182,6 +182,19 @@ pub enum QueryError {
         /// Why.
         source: hourglass::DecodeError,
     },
+    /// Part of a day was asked for whose hourly rows retention deleted: only its
+    /// rollups, of the whole day, are left.
+    #[error(
+        "hours {start}..{end} of {day} are past hourly retention: only whole days are kept for it; ask for whole days"
+    )]
+    PastHourlyRetention {
+        /// The day, formatted.
+        day: String,
+        /// First hour asked for.
+        start: u32,
+        /// End hour asked for.
+        end: u32,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -571,6 +584,15 @@ impl<'a> Planner<'a> {
                 rows: 0,
             });
         }
+        // Part of a day whose hours retention deleted: its rows are gone, and its
+        // liveness (kept with the rollups) would call an empty answer complete.
+        if hours != day.hours() && self.store.is_day_expired(series_id, day)? {
+            return Err(QueryError::PastHourlyRetention {
+                day: hourglass::time::format_day(day.0),
+                start: hours.start.0,
+                end: hours.end.0,
+            });
+        }
         let parts = DayParts {
             all: every_server,
             per_server: !every_server,
@@ -598,7 +620,10 @@ impl<'a> Planner<'a> {
         every_server: bool,
         servers: &[&ServerEntry],
     ) -> Result<Option<(Option<Sketch>, u64)>, QueryError> {
-        if self.store.is_day_dirty(series, day)? {
+        // A dirty day is read from its hours, except one whose hours retention deleted:
+        // its rows are only late ones, which the builder will not roll up (rollup.rs),
+        // and its rollups are the day.
+        if self.store.is_day_dirty(series, day)? && !self.store.is_day_expired(series, day)? {
             return Ok(None);
         }
         // The all-servers rollup is written last and always, so it marks a built day; a
@@ -1119,6 +1144,91 @@ mod tests {
         assert_eq!(
             message,
             "metric \"hits\" keeps no distinct sketches (it keeps: frequency)"
+        );
+    }
+
+    /// DEFECT: hourly retention now keeps liveness (folded into `liveday/` masks) for as
+    /// long as rollups, but only whole-day queries are answered from rollups. A query for
+    /// part of a day past hourly retention (hours 5..24 of day 0, or any `group by hour`)
+    /// reads the deleted hourly rows, finds nothing, and its coverage — counted from the
+    /// kept liveness — says every server-hour is there: an empty answer presented as
+    /// complete. Before the change, liveness went with the rows and such an answer said
+    /// the hours were missing.
+    #[test]
+    fn a_partial_day_past_hourly_retention_is_not_answered_as_complete() {
+        let fleet = Fleet::new();
+        let sel = Selector {
+            hours: Hour(5)..Hour(24),
+            ..select(Kind::Distinct)
+        };
+        let before = fleet.answer(&sel);
+        assert!(distinct(&before.total) > 100.0);
+        assert_eq!(before.total.coverage.server_hours_missing, 0);
+        // Day 0 is rolled up, then hourly retention deletes its rows (whole days).
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let keep = std::collections::BTreeSet::new();
+        assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
+        let after = match Planner::new(&fleet.store).answer(&sel) {
+            Ok(after) => after,
+            Err(e) => {
+                // Refused, saying why: not a wrong answer.
+                assert!(e.to_string().contains("past hourly retention"), "{e}");
+                return;
+            }
+        };
+        let same = after.total.sketch.as_ref().map(Sketch::encode)
+            == before.total.sketch.as_ref().map(Sketch::encode);
+        assert!(
+            same || after.total.coverage.server_hours_missing > 0,
+            "hours 5..24 of an expired day: answer {:?} with coverage {:?} (before: {} distinct)",
+            after.total.sketch.as_ref().map(|_| distinct(&after.total)),
+            after.total.coverage,
+            distinct(&before.total),
+        );
+    }
+
+    /// DEFECT: a snapshot stored into a day whose hourly rows retention deleted (the
+    /// store accepts it; the collector lets one in when the clock steps back or a push
+    /// validated before the pass is stored after it) makes the day dirty, and the planner
+    /// then answers the whole day from its hourly rows: the late row alone. The builder
+    /// keeps that day's rollups as they are (rollup.rs), so until the next pass the day's
+    /// answer shrinks to one snapshot, reported complete.
+    #[test]
+    fn a_late_row_in_an_expired_day_does_not_shrink_its_answer() {
+        let fleet = Fleet::new();
+        let sel = Selector {
+            hours: Hour(0)..Hour(24),
+            ..select(Kind::Distinct)
+        };
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        let keep = std::collections::BTreeSet::new();
+        assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
+        let before = fleet.answer(&sel);
+        let name = SeriesName::new(
+            "visitors",
+            vec![("device".into(), "mobile".into())],
+            Kind::Distinct,
+        );
+        let series = fleet.store.series_id(&name, false).unwrap().unwrap();
+        let server = fleet.store.server_id("eu-1", &[], false).unwrap().unwrap();
+        let key = HourKey {
+            series,
+            hour: Hour(3),
+            server,
+            epoch: Epoch(9),
+        };
+        let late = sketch_of(Kind::Distinct, &[b"late".to_vec()]);
+        fleet
+            .store
+            .put_hourly(&[(key, 1, late.encode().into())])
+            .unwrap();
+        let after = fleet.answer(&sel);
+        assert!(
+            distinct(&after.total) >= distinct(&before.total),
+            "the day's answer went from {} to {} (coverage {:?})",
+            distinct(&before.total),
+            distinct(&after.total),
+            after.total.coverage,
         );
     }
 

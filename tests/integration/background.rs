@@ -354,11 +354,18 @@ async fn a_late_resend_into_a_day_reached_by_retention_never_shrinks_it() {
     assert!(r[0].reason.contains("outside the hours accepted"), "{r:?}");
     let (estimate, merged, missing) = distinct(&mut query, "visitors", x..x + 24).await;
     assert_eq!((estimate, merged, missing), (truth, 1, 0));
-    let (morning, merged, _) = distinct(&mut query, "visitors", x..x + 12).await;
-    assert_eq!(
-        (morning, merged),
-        (0.0, 0),
-        "hourly rows of the day are gone"
+    // Hourly rows of the day are gone: part of it is refused, not answered empty with
+    // every server-hour counted present (its liveness outlives its rows).
+    let refused = query
+        .distinct(v1::DistinctRequest {
+            selector: selector("visitors", x..x + 12),
+        })
+        .await
+        .expect_err("part of a day past hourly retention");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("past hourly retention"),
+        "{refused:?}"
     );
     drop((collector, query));
     stop(agg).await;

@@ -126,7 +126,9 @@ pub fn query_status(e: &QueryError) -> Status {
         | QueryError::WrongKind { .. }
         | QueryError::NoSeries { .. }
         | QueryError::NoServers { .. } => Status::not_found(message),
-        QueryError::EmptyRange { .. } => Status::invalid_argument(message),
+        QueryError::EmptyRange { .. } | QueryError::PastHourlyRetention { .. } => {
+            Status::invalid_argument(message)
+        }
         QueryError::FanOut { .. } => Status::resource_exhausted(message),
         QueryError::Incompatible { .. } => Status::failed_precondition(message),
         QueryError::Corrupt { .. } => Status::internal(message),
