@@ -201,6 +201,12 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         config,
     })?;
     tracing::info!(epoch = agent.epoch(), "agent state ready");
+    // A file-size limit (RLIMIT_FSIZE) reached must fail the checkpoint write with EFBIG,
+    // like a full disk, not kill the agent with SIGXFSZ and its unshipped sketches.
+    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to race.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     runtime.block_on(async move {
         let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let statsd = match cli.statsd_listen.as_str() {

@@ -1042,3 +1042,108 @@ async fn live_hours_beyond_the_aggregators_limit_go_in_chunks_and_cost_no_snapsh
         "set to the aggregator's limit: never refused"
     );
 }
+
+/// The distinct estimate of `metric` over `hours`, rounded; 0 before anything arrived.
+async fn distinct_or_zero(
+    agg: &AggregatorProcess,
+    metric: &str,
+    hours: std::ops::Range<u32>,
+) -> f64 {
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    match q
+        .distinct(v1::DistinctRequest {
+            selector: selector(metric, hours, &[]),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().answer.map_or(0.0, |a| a.estimate.round()),
+        Err(status) if status.code() == tonic::Code::NotFound => 0.0,
+        Err(status) => panic!("distinct {metric}: {status:?}"),
+    }
+}
+
+/// Sets the file-size limit (RLIMIT_FSIZE) of process `pid`: what a full disk does to
+/// the agent's checkpoint (writes past it fail with EFBIG), without a mount.
+fn limit_file_size(pid: u32, bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit reads `limit` and writes nothing (old limit pointer is null).
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// The agent's disk fills (its file-size limit drops to what its checkpoint files hold):
+/// checkpoints fail, new versions wait and nothing is acknowledged that no checkpoint
+/// holds; the agent stays up. When space returns, everything it collected meanwhile
+/// arrives, and the aggregator answers the exact truth.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_at_the_agent_loses_nothing_once_space_returns() {
+    let dir = TempDir::new("agent-disk-full");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let data = dir.file("agent");
+    let agent = AgentProcess::start("web-1", &agg.grpc, &data, &["--flush-interval", "1s"]);
+    let hour = this_hour();
+    let hours = hour - 1..hour + 2;
+    ingest(&agent, "visitors", &[], &users(0..100), 0).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while distinct_or_zero(&agg, "visitors", hours.clone()).await != 100.0 {
+        assert!(Instant::now() < deadline, "{}", agent.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The disk is full: no checkpoint file may grow.
+    let held: u64 = std::fs::read_dir(&data)
+        .expect("data dir")
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0);
+    limit_file_size(agent.pid(), held);
+    ingest(&agent, "visitors", &[], &users(100..300), 0).await;
+    ingest(&agent, "buyers", &[], &users(0..50), 0).await;
+    let failed = |agent: &AgentProcess| agent.metric(r#"checkpoints_total{outcome="error"}"#);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while failed(&agent) < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "checkpoints did not fail: {}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing a checkpoint does not hold was shipped: the aggregator still has 100.
+    assert_eq!(
+        distinct_or_zero(&agg, "visitors", hours.clone()).await,
+        100.0
+    );
+    assert!(
+        agent.metric("awaiting_checkpoint_entries") >= 1.0,
+        "{}",
+        agent.logs()
+    );
+    // Space returns: the next checkpoint holds everything, and it all arrives.
+    limit_file_size(agent.pid(), libc::RLIM_INFINITY);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let visitors = distinct_or_zero(&agg, "visitors", hours.clone()).await;
+        let buyers = distinct_or_zero(&agg, "buyers", hours.clone()).await;
+        if visitors == 300.0 && buyers == 50.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "visitors {visitors}, buyers {buyers}: {}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(agent.terminate().code(), Some(0));
+}

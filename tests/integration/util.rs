@@ -237,6 +237,11 @@ impl ServiceProcess {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The address announced for `name`.
     pub fn addr(&self, name: &str) -> String {
         self.addrs[name].clone()
@@ -407,6 +412,11 @@ impl AgentProcess {
     /// Its logs so far.
     pub fn logs(&self) -> String {
         self.process.logs()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// The value of one un-labelled metric on `/metrics` (`name` without the prefix's
