@@ -654,7 +654,7 @@ mod tests {
     }
 
     /// A shipper of `table` checkpointing into `dir` and pushing to `url`.
-    fn shipper_in(
+    pub(super) fn shipper_in(
         table: &Arc<Mutex<Table>>,
         config: Arc<Config>,
         dir: PathBuf,
@@ -822,7 +822,6 @@ mod full_disk {
     use super::*;
     use crate::table::{IngestStats, lock};
     use hourglass::proto::v1::collector_server::{Collector, CollectorServer};
-    use std::path::Path;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     const CHILD: &str = "HOURGLASS_TEST_FULL_DISK_CHILD";
@@ -942,7 +941,7 @@ mod full_disk {
             }
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut s = shipper(&table, config, dir.path(), &url);
+        let mut s = super::tests::shipper_in(&table, config, dir.path().to_path_buf(), &url);
 
         // 1. The aggregator is away; the checkpoint holds "a" and "b" at version 1.
         add("a", 0..10);
@@ -1003,23 +1002,5 @@ mod full_disk {
             .checkpoints
             .get_or_create(&vec![("outcome", outcome.to_string())])
             .get()
-    }
-
-    fn shipper(table: &Arc<Mutex<Table>>, config: Arc<Config>, dir: &Path, url: &str) -> Shipper {
-        let channel = Channel::from_shared(url.to_string())
-            .unwrap()
-            .connect_lazy();
-        Shipper::new(
-            Arc::clone(table),
-            Arc::new(Metrics::new()),
-            config,
-            dir.to_path_buf(),
-            v1::Server {
-                name: "web-1".into(),
-                labels: Vec::new(),
-            },
-            channel,
-            None,
-        )
     }
 }

@@ -355,19 +355,7 @@ mod tests {
     #[test]
     fn a_pass_rolls_up_closed_days_and_reports_no_lag_after() {
         let store = MemoryStore::new();
-        let name = SeriesName::new("visitors", vec![], Kind::Distinct);
-        let series = store.series_id(&name, true).unwrap().unwrap();
-        let server = store.server_id("web-1", &[], true).unwrap().unwrap();
-        let mut hll = Hll::new(12).unwrap();
-        hll.insert(b"user-1");
-        let hour = Hour(100 * 24 + 5);
-        let key = HourKey {
-            series,
-            hour,
-            server,
-            epoch: Epoch(1),
-        };
-        store.put_hourly(&[(key, 1, hll.encode().into())]).unwrap();
+        row(&store, Hour(100 * 24 + 5), 12, b"user-1");
         let now = 102 * DAY_SECS;
         let config = Config::default();
         let bounds = PassBounds::at(now, &config);

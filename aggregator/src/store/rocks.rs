@@ -1078,7 +1078,7 @@ impl Store for RocksStore {
         let meta = self.cf(CF_META);
         let id = server.0.to_be_bytes();
         // The first and last entry under `prefix | server`.
-        let ends = |prefix: &[u8]| -> Result<Option<((Vec<u8>, Vec<u8>), (Vec<u8>, Vec<u8>))>, StoreError> {
+        let ends = |prefix: &[u8]| -> Result<Option<(KeyValue, KeyValue)>, StoreError> {
             let lo = [prefix, &id].concat();
             let mut read = ReadOptions::default();
             read.set_iterate_lower_bound(lo.clone());
@@ -1239,6 +1239,9 @@ fn live_key(server: ServerId, hour: Hour) -> Vec<u8> {
 fn live_day_key(server: ServerId, day: Day) -> Vec<u8> {
     [META_LIVE_DAY, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
 }
+
+/// An owned key and its value.
+type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// The bytes of `key` from `offset` on; none if it is shorter (a damaged key, which the
 /// length check of [`meta_id`] then reports).
