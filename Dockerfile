@@ -29,9 +29,11 @@ RUN scripts/install-deps && rm -rf /var/lib/apt/lists/*
 # The dependencies, RocksDB above all, in a layer of their own: the manifests, the
 # lockfile, the build script and the .proto files, with empty sources for every target
 # the manifests name. A new workspace member needs its Cargo.toml listed here.
-COPY Cargo.toml Cargo.lock build.rs ./
+COPY Cargo.toml Cargo.lock ./
 COPY .cargo .cargo
 COPY proto proto
+COPY sketch/Cargo.toml sketch/Cargo.toml
+COPY rpc/Cargo.toml rpc/build.rs rpc/
 COPY agent/Cargo.toml agent/Cargo.toml
 COPY aggregator/Cargo.toml aggregator/Cargo.toml
 RUN set -e; \

@@ -109,6 +109,7 @@ impl Service {
         Service { child, addrs }
     }
 
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn terminate(mut self) {
         // SAFETY: kill has no memory effects; the pid is our child's, not yet reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
@@ -329,7 +330,7 @@ fn delay(sizes: &Sizes, dir: &Path, flush: &str) {
         // Each next event at another phase of the flush cycle (a golden-ratio sequence
         // over one interval), as events arrive at any moment; right after a sample the
         // phase is always "just after a flush", the worst case.
-        let interval = hourglass::time::parse_duration(flush).expect("flush interval");
+        let interval = hourglass_rpc::time::parse_duration(flush).expect("flush interval");
         let phase = (i as f64 * 0.618_033_988_7).fract();
         std::thread::sleep(interval.mul_f64(phase));
     }

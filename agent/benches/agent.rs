@@ -20,7 +20,7 @@ use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hourglass::proto::v1::{self, ingest_client::IngestClient};
+use hourglass_rpc::proto::v1::{self, ingest_client::IngestClient};
 
 struct Sizes {
     grpc_events: usize,
@@ -50,6 +50,7 @@ const SMOKE: Sizes = Sizes {
 };
 
 /// Pins the calling thread (and what it spawns afterwards) to one CPU, if it exists.
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn pin(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it.
     unsafe {
@@ -68,6 +69,7 @@ struct Agent {
 }
 
 impl Agent {
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn start(extra: &[&str]) -> Agent {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass-agent"));
@@ -123,6 +125,7 @@ impl Agent {
     }
 
     /// The agent's user + system CPU seconds so far.
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn cpu_seconds(&self) -> f64 {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("stat");

@@ -48,8 +48,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use hourglass::series::Series;
-use hourglass::sketch::Sketch;
+use hourglass_rpc::series::Series;
+use hourglass_sketch::Sketch;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::table::{Entry, Key, Table};

@@ -43,14 +43,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hourglass::format::Kind;
-use hourglass::series::{MAX_METRIC_LEN, MAX_TAGS};
-use hourglass::sketch::Sketch;
-use hourglass::sketch::bloom::Bloom;
-use hourglass::sketch::frequency::{Frequency, FrequencyParams};
-use hourglass::sketch::frequent::MAX_ITEM_LEN;
-use hourglass::sketch::hll::Hll;
-use hourglass::time::parse_duration;
+use hourglass_rpc::series::{MAX_METRIC_LEN, MAX_TAGS};
+use hourglass_rpc::time::deserialize_duration;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::format::Kind;
+use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+use hourglass_sketch::frequent::MAX_ITEM_LEN;
+use hourglass_sketch::hll::Hll;
 use serde::{Deserialize, Deserializer};
 use thiserror::Error;
 
@@ -59,10 +59,10 @@ use thiserror::Error;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// How often changed sketches are shipped and the checkpoint written.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub flush_interval: Duration,
     /// How long an hour accepts events after it ends.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub lateness: Duration,
     /// Kinds kept for metrics that `metrics` does not list.
     #[serde(deserialize_with = "kinds")]
@@ -97,8 +97,8 @@ impl Default for KindParams {
     fn default() -> Self {
         KindParams {
             precision: 14,
-            epsilon: hourglass::sketch::frequency::DEFAULT_EPSILON,
-            delta: hourglass::sketch::frequency::DEFAULT_DELTA,
+            epsilon: hourglass_sketch::frequency::DEFAULT_EPSILON,
+            delta: hourglass_sketch::frequency::DEFAULT_DELTA,
             capacity: 100_000,
             fpr: 0.01,
         }
@@ -142,7 +142,7 @@ pub struct Limits {
     /// Events per Ingest request.
     pub max_events_per_request: usize,
     /// How far ahead of the clock an event may be.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub max_future: Duration,
 }
 
@@ -171,16 +171,16 @@ pub struct Shipping {
     /// `limits.max_live_hours_per_push`, or pushes are refused and sent again smaller.
     pub max_live_hours_per_push: usize,
     /// Deadline of one Push.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub push_timeout: Duration,
     /// First retry delay.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub backoff_initial: Duration,
     /// Longest retry delay.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub backoff_max: Duration,
     /// Longest final flush at shutdown.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub shutdown_timeout: Duration,
     /// MiB of sketches of closed hours the aggregator has not acknowledged that the agent
     /// holds (and checkpoints) while the aggregator is away. Beyond it, entries are
@@ -393,7 +393,7 @@ impl Config {
         self.spec_for("(defaults)")
             .map_err(|m| invalid("defaults", m))?;
         for name in self.metrics.keys() {
-            hourglass::series::validate_metric(name)
+            hourglass_rpc::series::validate_metric(name)
                 .map_err(|e| invalid(&format!("metrics.{name}"), e.to_string()))?;
             self.spec_for(name)
                 .map_err(|m| invalid(&format!("metrics.{name}"), m))?;
@@ -480,11 +480,6 @@ fn parse_kind(name: &str) -> Result<Kind, String> {
             "unknown sketch kind {other:?}: expected distinct, frequency or membership"
         )),
     }
-}
-
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
 fn kinds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Kind>, D::Error> {

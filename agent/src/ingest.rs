@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hourglass::proto::v1;
+use hourglass_rpc::proto::v1;
 use tonic::{Request, Response, Status};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::shipper::unix_now;
 use crate::statsd::{self, Parsed};
 use crate::table::{IngestStats, Table};
+use hourglass_rpc::time::unix_now;
 
 /// Logs at most `per_window` messages per window and then one line saying how many it
 /// held back, so a flood of bad input cannot flood the log.
@@ -163,6 +163,7 @@ impl DatagramSocket for std::os::unix::net::UnixDatagram {
 
 /// Asks for a large receive buffer (forcing past `rmem_max` when privileged) and a read
 /// timeout, so the receiving thread sees `stop` in time; returns the buffer granted.
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 pub fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
     let fd = socket.fd();
     let size = RECEIVE_BUFFER as libc::c_int;
@@ -256,6 +257,7 @@ pub fn receive_loop(
 
 /// One `recvmmsg`: waits up to the socket's timeout for the first datagram, then takes
 /// whatever else is queued. Returns how many arrived (0 on timeout).
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn recv_burst(
     fd: std::os::fd::RawFd,
     buffers: &mut [u8],

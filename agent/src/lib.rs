@@ -36,8 +36,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
-use hourglass::proto::v1;
+use hourglass_rpc::proto::v1;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
@@ -62,7 +61,7 @@ pub struct Options {
     /// The aggregator's URL, `http://host:port`, or `https://` for TLS.
     pub aggregator: String,
     /// TLS to the aggregator: its CA, and this agent's certificate for mutual TLS.
-    pub aggregator_tls: hourglass::tls::ClientTls,
+    pub aggregator_tls: hourglass_rpc::tls::ClientTls,
     /// The bearer token for the aggregator, if it requires one.
     pub aggregator_token: Option<String>,
     /// Where the checkpoint lives.
@@ -98,24 +97,99 @@ pub struct Agent {
     _lock: File,
 }
 
+/// Why the agent could not start, or stopped with an error. Each names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration is invalid; the error names the field.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The server name breaks the naming rule the aggregator enforces.
+    #[error("{0} (--server-name, or the hostname)")]
+    ServerName(#[source] hourglass_rpc::series::NameError),
+    /// The data dir cannot be created or written.
+    #[error("cannot {action} the data dir {}: {source}", dir.display())]
+    DataDir {
+        /// What was tried: `create`, `write in`.
+        action: &'static str,
+        /// The data dir.
+        dir: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// Another agent holds the data dir's lock.
+    #[error("data dir {} is in use by another agent (one agent per data dir)", .0.display())]
+    DataDirInUse(PathBuf),
+    /// The checkpoint in the data dir is another server's.
+    #[error(
+        "the checkpoint in {} belongs to server {found:?}, and this agent is {this:?}: start it as {found:?}, or give it a data dir of its own",
+        dir.display()
+    )]
+    OtherServersCheckpoint {
+        /// The data dir.
+        dir: PathBuf,
+        /// The server the checkpoint belongs to.
+        found: String,
+        /// This agent's server name.
+        this: String,
+    },
+    /// The checkpoint exists but cannot be read (permissions, I/O); it is left as it is.
+    #[error(
+        "cannot read the checkpoint in {}: {source} (fix the cause and start again; the checkpoint is left as it is)",
+        dir.display()
+    )]
+    CheckpointUnreadable {
+        /// The data dir.
+        dir: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The aggregator's address or TLS settings are unusable.
+    #[error("--aggregator: {0}")]
+    Aggregator(#[source] hourglass_rpc::tls::TlsError),
+    /// A DogStatsD socket could not be set up.
+    #[error("configuring the {what}: {source}")]
+    Socket {
+        /// Which socket.
+        what: &'static str,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The gRPC Ingest server failed.
+    #[error("gRPC ingest server failed: {0}")]
+    Grpc(#[source] tonic::transport::Error),
+    /// The admin HTTP server failed.
+    #[error("admin server failed: {0}")]
+    Admin(#[source] std::io::Error),
+    /// A task or thread could not start, panicked or was cancelled.
+    #[error("{what} task failed: {detail}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        detail: String,
+    },
+}
+
 impl Agent {
     /// Validates the options, locks the data dir and restores its checkpoint.
-    pub fn open(options: Options) -> anyhow::Result<Agent> {
+    pub fn open(options: Options) -> Result<Agent, AgentError> {
         options.config.validate()?;
         // The aggregator's rule (one function for both): a name it would refuse on every
         // push is an error now, not a stream of dropped snapshots later.
-        hourglass::series::validate_server_name(&options.server_name)
-            .map_err(|e| anyhow::anyhow!("{e} (--server-name, or the hostname)"))?;
+        hourglass_rpc::series::validate_server_name(&options.server_name)
+            .map_err(AgentError::ServerName)?;
         let dir = &options.data_dir;
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
-        let lock = File::create(dir.join("lock"))
-            .with_context(|| format!("cannot write in the data dir {}", dir.display()))?;
+        let data_dir = |action| {
+            move |source| AgentError::DataDir {
+                action,
+                dir: dir.clone(),
+                source,
+            }
+        };
+        std::fs::create_dir_all(dir).map_err(data_dir("create"))?;
+        let lock = File::create(dir.join("lock")).map_err(data_dir("write in"))?;
         if lock.try_lock().is_err() {
-            anyhow::bail!(
-                "data dir {} is in use by another agent (one agent per data dir)",
-                dir.display()
-            );
+            return Err(AgentError::DataDirInUse(dir.clone()));
         }
         // A writer killed mid-checkpoint leaves its temporary file; with the lock held, no
         // writer can be using one, and each can be as large as the whole table.
@@ -160,7 +234,7 @@ impl Agent {
         self,
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), AgentError> {
         let Agent {
             options,
             config,
@@ -183,27 +257,39 @@ impl Agent {
         let stop_udp = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::new();
         if let Some(socket) = listeners.statsd {
-            let granted =
-                ingest::prepare_socket(&socket).context("configuring the statsd socket")?;
+            let granted = ingest::prepare_socket(&socket).map_err(|source| AgentError::Socket {
+                what: "statsd socket",
+                source,
+            })?;
             tracing::info!(receive_buffer = granted, "statsd (UDP) receiving");
             let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
             let stop = Arc::clone(&stop_udp);
             receivers.push(
                 std::thread::Builder::new()
                     .name("statsd-udp".into())
-                    .spawn(move || ingest::receive_loop(socket, handler, stop))?,
+                    .spawn(move || ingest::receive_loop(socket, handler, stop))
+                    .map_err(|e| AgentError::Task {
+                        what: "statsd-udp",
+                        detail: e.to_string(),
+                    })?,
             );
         }
         if let Some(socket) = listeners.statsd_unix {
-            let granted =
-                ingest::prepare_socket(&socket).context("configuring the statsd Unix socket")?;
+            let granted = ingest::prepare_socket(&socket).map_err(|source| AgentError::Socket {
+                what: "statsd Unix socket",
+                source,
+            })?;
             tracing::info!(receive_buffer = granted, "statsd (Unix socket) receiving");
             let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
             let stop = Arc::clone(&stop_udp);
             receivers.push(
                 std::thread::Builder::new()
                     .name("statsd-unix".into())
-                    .spawn(move || ingest::receive_loop(socket, handler, stop))?,
+                    .spawn(move || ingest::receive_loop(socket, handler, stop))
+                    .map_err(|e| AgentError::Task {
+                        what: "statsd-unix",
+                        detail: e.to_string(),
+                    })?,
             );
         }
 
@@ -220,7 +306,7 @@ impl Agent {
         let channel = options
             .aggregator_tls
             .endpoint(&options.aggregator)
-            .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?
+            .map_err(AgentError::Aggregator)?
             .connect_timeout(std::time::Duration::from_secs(5))
             .tcp_nodelay(true)
             .connect_lazy();
@@ -282,7 +368,7 @@ impl Agent {
         };
         let too_large = {
             let metrics = Arc::clone(&metrics);
-            hourglass::size_limit::SizeLimitLayer::new(
+            hourglass_rpc::size_limit::SizeLimitLayer::new(
                 MAX_INGEST_MESSAGE,
                 "the agent's ingest message limit",
                 Arc::new(move |method: &str| {
@@ -301,7 +387,7 @@ impl Agent {
             Some(config) => {
                 router
                     .serve_with_incoming_shutdown(
-                        hourglass::tls::incoming(listeners.ingest, config),
+                        hourglass_rpc::tls::incoming(listeners.ingest, config),
                         grpc_stop,
                     )
                     .await
@@ -324,13 +410,19 @@ impl Agent {
         stopper.abort();
         drop(stop_rx);
         let admin = admin.await;
-        grpc.map_err(|e| anyhow::anyhow!("gRPC ingest server failed: {e}"))?;
+        let task = |what| {
+            move |e: tokio::task::JoinError| AgentError::Task {
+                what,
+                detail: e.to_string(),
+            }
+        };
+        grpc.map_err(AgentError::Grpc)?;
         shipped
-            .map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?
-            .map_err(|e| anyhow::anyhow!("shipping task failed: {e}"))?;
+            .map_err(task("shipping"))?
+            .map_err(task("shipping"))?;
         admin
-            .map_err(|e| anyhow::anyhow!("admin server task failed: {e}"))?
-            .map_err(|e| anyhow::anyhow!("admin server failed: {e}"))?;
+            .map_err(task("admin server"))?
+            .map_err(AgentError::Admin)?;
         Ok(())
     }
 }
@@ -345,13 +437,11 @@ fn restore(
     config: &Arc<Config>,
     options: &Options,
     metrics: &Metrics,
-) -> anyhow::Result<(Table, Option<checkpoint::LogPosition>)> {
+) -> Result<(Table, Option<checkpoint::LogPosition>), AgentError> {
     let dir = &options.data_dir;
     let new_epoch = || {
         // Microseconds since the Unix epoch: unique per start of this server, and growing.
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_micros() as u64)
+        (hourglass_rpc::time::since_unix_epoch().as_micros() as u64).max(1)
     };
     let lost = |reason: &str| {
         metrics
@@ -360,13 +450,13 @@ fn restore(
             .inc();
     };
     match checkpoint::read(dir) {
-        Ok(Some(loaded)) if loaded.server != options.server_name => anyhow::bail!(
-            "the checkpoint in {} belongs to server {:?}, and this agent is {:?}: start it as {:?}, or give it a data dir of its own",
-            dir.display(),
-            loaded.server,
-            options.server_name,
-            loaded.server
-        ),
+        Ok(Some(loaded)) if loaded.server != options.server_name => {
+            Err(AgentError::OtherServersCheckpoint {
+                dir: dir.clone(),
+                found: loaded.server,
+                this: options.server_name.clone(),
+            })
+        }
         Ok(Some(loaded)) => {
             let mut table = Table::new(Arc::clone(config), loaded.epoch);
             table.raise_last_version(loaded.last_version);
@@ -408,10 +498,10 @@ fn restore(
             );
             Ok((Table::new(Arc::clone(config), epoch), None))
         }
-        Err(checkpoint::CheckpointError::Io(e)) => Err(anyhow::anyhow!(
-            "cannot read the checkpoint in {}: {e} (fix the cause and start again; the checkpoint is left as it is)",
-            dir.display()
-        )),
+        Err(checkpoint::CheckpointError::Io(source)) => Err(AgentError::CheckpointUnreadable {
+            dir: dir.clone(),
+            source,
+        }),
         Err(e) => {
             let epoch = new_epoch();
             lost("corrupt");
@@ -437,7 +527,7 @@ mod tests {
             server_name: "web-1".into(),
             labels: Vec::new(),
             aggregator: "http://127.0.0.1:1".into(),
-            aggregator_tls: hourglass::tls::ClientTls::default(),
+            aggregator_tls: hourglass_rpc::tls::ClientTls::default(),
             aggregator_token: None,
             data_dir: dir.to_path_buf(),
             config: Config::default(),

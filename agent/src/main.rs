@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use hourglass::format::Kind;
-use hourglass::process::{LogFormat, shutdown_signal};
 use hourglass_agent::{Agent, Config, Listeners, Options};
+use hourglass_rpc::process::{LogFormat, shutdown_signal};
+use hourglass_sketch::format::Kind;
 use tokio::net::TcpListener;
 
 /// The hourglass agent: turns this host's events into hourly sketches and ships them to
@@ -69,32 +69,21 @@ struct Cli {
     data_dir: PathBuf,
     /// How often changed sketches are shipped and checkpointed [default: 10s, or the
     /// config file's].
-    #[arg(long, env = "HOURGLASS_FLUSH_INTERVAL", value_parser = hourglass::time::parse_duration)]
+    #[arg(long, env = "HOURGLASS_FLUSH_INTERVAL", value_parser = hourglass_rpc::time::parse_duration)]
     flush_interval: Option<Duration>,
     /// How long an hour accepts events after it ends; older events are rejected and
     /// counted [default: 1h, or the config file's].
-    #[arg(long, env = "HOURGLASS_LATENESS", value_parser = hourglass::time::parse_duration)]
+    #[arg(long, env = "HOURGLASS_LATENESS", value_parser = hourglass_rpc::time::parse_duration)]
     lateness: Option<Duration>,
     /// Sketch kinds of metrics the config file does not list, comma-separated from
     /// distinct, frequency, membership [default: distinct,frequency, or the config file's].
     #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = parse_kind_list)]
     default_kinds: Option<KindList>,
-    /// PEM CA certificates that signed the aggregator's certificate (for an https://
-    /// --aggregator).
-    #[arg(long, env = "HOURGLASS_TLS_CA")]
-    tls_ca: Option<PathBuf>,
-    /// PEM certificate this agent presents to an aggregator that requires mutual TLS.
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
-    tls_client_cert: Option<PathBuf>,
-    /// PEM key of --tls-client-cert.
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
-    tls_client_key: Option<PathBuf>,
-    /// A file holding the bearer token for an aggregator that requires one (the token can
-    /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
-    #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
+    /// TLS and the token for --aggregator.
     #[command(flatten)]
-    tls: hourglass::tls::ServerTlsFlags,
+    aggregator_client: hourglass_rpc::tls::ClientTlsFlags,
+    #[command(flatten)]
+    tls: hourglass_rpc::tls::ServerTlsFlags,
     /// TOML file with per-metric settings, limits and shipping; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -114,16 +103,17 @@ fn parse_kind_list(text: &str) -> Result<KindList, String> {
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
-    hourglass::series::parse_pair(text).map_err(|e| e.to_string())
+    hourglass_rpc::series::parse_pair(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    hourglass::process::run_server(cli.log_format, "hourglass-agent", |runtime| {
+    hourglass_rpc::process::run_server(cli.log_format, "hourglass-agent", |runtime| {
         start(cli, runtime)
     })
 }
 
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn hostname() -> anyhow::Result<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for writes of its length.
@@ -134,6 +124,16 @@ fn hostname() -> anyhow::Result<String> {
     }
     let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+/// A file-size limit (RLIMIT_FSIZE) reached must fail the checkpoint write with EFBIG,
+/// like a full disk, not kill the agent with SIGXFSZ and its unshipped sketches.
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to race.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
 }
 
 fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
@@ -157,17 +157,13 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let ingest_tls = cli.tls.settings()?;
     let ingest_tls_config = ingest_tls
         .as_ref()
-        .map(hourglass::tls::server_config)
+        .map(hourglass_rpc::tls::server_config)
         .transpose()?;
     tracing::info!(
         "Ingest transport: {}",
-        hourglass::tls::ServerTls::describe(ingest_tls.as_ref())
+        hourglass_rpc::tls::ServerTls::describe(ingest_tls.as_ref())
     );
-    let aggregator_tls = hourglass::tls::ClientTls {
-        ca: cli.tls_ca,
-        cert: cli.tls_client_cert,
-        key: cli.tls_client_key,
-    };
+    let aggregator_tls = cli.aggregator_client.settings();
     // Checked now, so a bad URL or a missing CA is one line at start, not a retry loop.
     // `host:port` is taken too, and means http:// or https:// by the TLS flags.
     aggregator_tls
@@ -183,14 +179,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             "plaintext"
         }
     );
-    let aggregator_token = hourglass::tls::read_token(cli.token_file.as_deref())?;
-    if let Some(t) = &aggregator_token
-        && format!("Bearer {t}")
-            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
-            .is_err()
-    {
-        anyhow::bail!("the token has characters an HTTP header cannot carry");
-    }
+    let aggregator_token = cli.aggregator_client.bearer()?.map(|(token, _)| token);
     let agent = Agent::open(Options {
         server_name,
         labels: cli.labels,
@@ -201,12 +190,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         config,
     })?;
     tracing::info!(epoch = agent.epoch(), "agent state ready");
-    // A file-size limit (RLIMIT_FSIZE) reached must fail the checkpoint write with EFBIG,
-    // like a full disk, not kill the agent with SIGXFSZ and its unshipped sketches.
-    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to race.
-    unsafe {
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
+    ignore_file_size_signal();
     runtime.block_on(async move {
         let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
         let statsd = match cli.statsd_listen.as_str() {
@@ -262,7 +246,8 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                 },
                 shutdown,
             )
-            .await
+            .await?;
+        anyhow::Ok(())
     })?;
     tracing::info!("stopped");
     Ok(())

@@ -342,7 +342,7 @@ impl Metrics {
             self.bloom_fill
                 .get_or_create(&vec![
                     ("series", series.clone()),
-                    ("hour", hourglass::time::format_hour(*hour)),
+                    ("hour", hourglass_rpc::time::format_hour(*hour)),
                 ])
                 .set(*fill);
         }

@@ -15,10 +15,12 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use hourglass::proto::v1;
-use hourglass::proto::v1::collector_client::CollectorClient;
+use hourglass_rpc::time::{since_unix_epoch, unix_now};
+
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::proto::v1::collector_client::CollectorClient;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
@@ -28,13 +30,6 @@ use crate::checkpoint;
 use crate::config::Config;
 use crate::metrics::{Labels, Metrics};
 use crate::table::{Dropped, Table};
-
-/// Seconds since the Unix epoch, now.
-pub fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
 
 /// Why a push did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -94,10 +89,7 @@ impl Shipper {
             .accept_compressed(CompressionEncoding::Zstd)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            | 1;
+        let seed = since_unix_epoch().as_nanos() as u64 | 1;
         let live_chunk = config.shipping.max_live_hours_per_push.max(1);
         let writer = Arc::new(Mutex::new(checkpoint::Writer::new(&data_dir, &server.name)));
         Shipper {
@@ -112,7 +104,7 @@ impl Shipper {
             jitter: seed,
             live_chunk,
             // Checked when the agent starts (main.rs), so a bad token never gets here.
-            authorization: token.and_then(|t| format!("Bearer {t}").parse().ok()),
+            authorization: token.and_then(|t| hourglass_rpc::tls::bearer_header(&t).ok()),
             backlog_episode: None,
             writer,
             failed_checkpoints: 0,
@@ -182,7 +174,7 @@ impl Shipper {
         let now = unix_now();
         {
             let mut t = crate::table::lock(&self.table);
-            t.mark_live(hourglass::time::hour_of(now).unwrap_or(0));
+            t.mark_live(hourglass_rpc::time::hour_of(now).unwrap_or(0));
             span.record("changed", t.assign_versions() as u64);
         }
         let checkpointed = self.checkpoint().await;
@@ -268,8 +260,8 @@ impl Shipper {
                     tracing::warn!(
                         snapshots = dropped.snapshots,
                         bytes = dropped.bytes,
-                        from_hour = %hourglass::time::format_hour(dropped.first_hour),
-                        to_hour = %hourglass::time::format_hour(dropped.last_hour),
+                        from_hour = %hourglass_rpc::time::format_hour(dropped.first_hour),
+                        to_hour = %hourglass_rpc::time::format_hour(dropped.last_hour),
                         hours_no_longer_declared_live = dropped.undeclared_hours,
                         max_backlog_mib = self.config.shipping.max_backlog_mib,
                         "BACKLOG FULL: the aggregator has not acknowledged closed hours beyond shipping.max_backlog_mib; \
@@ -285,8 +277,8 @@ impl Shipper {
             tracing::warn!(
                 snapshots = episode.snapshots,
                 bytes = episode.bytes,
-                from_hour = %hourglass::time::format_hour(episode.first_hour),
-                to_hour = %hourglass::time::format_hour(episode.last_hour),
+                from_hour = %hourglass_rpc::time::format_hour(episode.first_hour),
+                to_hour = %hourglass_rpc::time::format_hour(episode.last_hour),
                 hours_no_longer_declared_live = episode.undeclared_hours,
                 "backlog under shipping.max_backlog_mib again; while it was full these were dropped"
             );
@@ -551,7 +543,7 @@ impl Shipper {
             .pushes
             .get_or_create(&vec![(
                 "outcome",
-                hourglass::proto::code_label(code).to_string(),
+                hourglass_rpc::proto::code_label(code).to_string(),
             )])
             .inc();
         self.metrics.snapshots_sent.inc_by(count as u64);
@@ -821,7 +813,7 @@ mod tests {
 mod full_disk {
     use super::*;
     use crate::table::{IngestStats, lock};
-    use hourglass::proto::v1::collector_server::{Collector, CollectorServer};
+    use hourglass_rpc::proto::v1::collector_server::{Collector, CollectorServer};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     const CHILD: &str = "HOURGLASS_TEST_FULL_DISK_CHILD";
@@ -864,6 +856,7 @@ mod full_disk {
         }
     }
 
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn set_file_size_limit(soft: u64) {
         let limit = libc::rlimit {
             rlim_cur: soft,
@@ -874,6 +867,7 @@ mod full_disk {
     }
 
     #[test]
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones() {
         if std::env::var_os(CHILD).is_some() {
             return tokio::runtime::Builder::new_current_thread()
@@ -925,7 +919,7 @@ mod full_disk {
         );
 
         let config = Arc::new(Config {
-            default_kinds: vec![hourglass::format::Kind::Distinct],
+            default_kinds: vec![hourglass_sketch::format::Kind::Distinct],
             ..Config::default()
         });
         let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 7)));

@@ -18,10 +18,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use hourglass::proto::v1;
-use hourglass::series::{NameError, Series};
-use hourglass::sketch::Sketch;
-use hourglass::time::SECONDS_PER_HOUR;
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::series::{NameError, Series};
+use hourglass_rpc::time::SECONDS_PER_HOUR;
+use hourglass_sketch::Sketch;
 
 use crate::config::{Config, MetricSpec};
 
@@ -407,7 +407,7 @@ impl Table {
         if metric.len() > limits.max_metric_len {
             return Err(Reject::MetricTooLong(metric.len()));
         }
-        hourglass::series::validate_metric(metric).map_err(Reject::Name)?;
+        hourglass_rpc::series::validate_metric(metric).map_err(Reject::Name)?;
         let spec = self.spec(metric);
         let mut tags = Vec::new();
         let mut dropped = 0u32;
@@ -484,7 +484,7 @@ impl Table {
         if time > now.saturating_add(future) {
             return Err(Reject::TooFarAhead { time });
         }
-        let hour = hourglass::time::hour_of(time).ok_or(Reject::TooLate { time })?;
+        let hour = hourglass_rpc::time::hour_of(time).ok_or(Reject::TooLate { time })?;
         let hour_end = (i64::from(hour) + 1) * SECONDS_PER_HOUR;
         // An hour once closed stays closed, even if the clock steps back or the lateness
         // grows across a restart: its final snapshot may be acknowledged and freed, and a
@@ -959,7 +959,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hourglass::format::Kind;
+    use hourglass_sketch::format::Kind;
 
     const NOW: i64 = 1_764_000_000; // some hour of 2025
     fn hour(t: i64) -> u32 {

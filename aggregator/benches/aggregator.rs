@@ -9,13 +9,15 @@
 //! size. Run without `--bench` (as `cargo test` does), it runs a small version of the same
 //! scenario as a smoke test.
 
-use hourglass::proto::v1::{self, collector_client::CollectorClient, query_client::QueryClient};
-use hourglass::sketch::hll::Hll;
 use hourglass_aggregator::keys::Day;
 use hourglass_aggregator::metrics::Metrics;
 use hourglass_aggregator::rollup::build_dirty_days;
 use hourglass_aggregator::service;
 use hourglass_aggregator::store::{RocksStore, Store, StoreOptions};
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, query_client::QueryClient,
+};
+use hourglass_sketch::hll::Hll;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,9 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use hourglass_rpc::time::{since_unix_epoch, unix_now};
 
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
@@ -161,12 +163,6 @@ pub fn run_pass(
     })
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Runs a pass every `config.rollup.interval` until `shutdown` flips to true; a pass in
 /// progress is finished first so no rebuild is left half done.
 pub async fn run(
@@ -183,7 +179,7 @@ pub async fn run(
             _ = ticks.tick() => {}
             _ = shutdown.wait_for(|stop| *stop) => break,
         }
-        let now = unix_now();
+        let now = since_unix_epoch().as_secs();
         let bounds = PassBounds::at(now, &config);
         let pass_store = Arc::clone(&store);
         let (limit, lateness) = (config.rollup.days_per_pass, config.rollup.lateness);
@@ -218,9 +214,7 @@ pub async fn run(
                 metrics
                     .rollup_lag_seconds
                     .set(i64::try_from(report.lag_seconds).unwrap_or(i64::MAX));
-                metrics
-                    .last_rollup_pass
-                    .set(i64::try_from(unix_now()).unwrap_or(i64::MAX));
+                metrics.last_rollup_pass.set(unix_now());
                 let busy =
                     report.days + report.hourly_deleted + report.rollups_deleted + report.conflicts
                         > 0;
@@ -266,8 +260,8 @@ mod tests {
     use super::*;
     use crate::keys::{Epoch, HourKey};
     use crate::store::{MemoryStore, SeriesName};
-    use hourglass::Kind;
-    use hourglass::sketch::hll::Hll;
+    use hourglass_sketch::Kind;
+    use hourglass_sketch::hll::Hll;
 
     const DAY_SECS: u64 = 86_400;
 
@@ -307,7 +301,7 @@ mod tests {
         let name = SeriesName::new("visitors", vec![], Kind::Distinct);
         let series = store.series_id(&name, true).unwrap().unwrap();
         let server = store.server_id("web-1", &[], true).unwrap().unwrap();
-        let mut bloom = hourglass::sketch::bloom::Bloom::new(100, 0.01).unwrap();
+        let mut bloom = hourglass_sketch::bloom::Bloom::new(100, 0.01).unwrap();
         bloom.insert(b"x");
         let key = HourKey {
             series,

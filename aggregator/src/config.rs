@@ -35,8 +35,8 @@
 //! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
 //! [`Config::validate`] checks every bound and names the field that breaks it.
 
-use hourglass::time::parse_duration;
-use serde::{Deserialize, Deserializer};
+use hourglass_rpc::time::deserialize_duration;
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -76,12 +76,12 @@ pub struct Config {
 pub struct RollupConfig {
     /// How often the background task looks for closed days to roll up and applies
     /// retention.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub interval: Duration,
     /// How long after a day ends snapshots of it are still expected; rollups are built
     /// for days whose end plus this has passed. Later snapshots still count: they mark
     /// the day dirty and its rollups are rebuilt.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub lateness: Duration,
     /// At most this many dirty (series, day) pairs are rebuilt per pass, so one pass
     /// after a long outage cannot run for hours.
@@ -103,10 +103,10 @@ impl Default for RollupConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Hourly rows whose hour ended longer ago than this are deleted.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub hourly: Duration,
     /// Daily rollups whose day ended longer ago than this are deleted.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub rollups: Duration,
 }
 
@@ -127,7 +127,7 @@ pub struct CoverageConfig {
     /// hours outside that span are not missing. So a server added mid-range is not
     /// missing before it started, and one that has been silent this long (decommissioned)
     /// stops counting as missing, while a shorter outage is reported hour by hour.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub retire_after: Duration,
 }
 
@@ -181,7 +181,7 @@ pub struct LimitsConfig {
     /// rejected; series whose last data has aged out of retention stop counting.
     pub max_series_per_server: usize,
     /// Longest time range one query may span.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "deserialize_duration")]
     pub max_query_range: Duration,
     /// Most series × servers × groups (hours or days when grouped by them) one query may
     /// merge.
@@ -211,20 +211,20 @@ impl LimitsConfig {
 
     /// The largest encoded sketch of `kind` accepted, in bytes, and the setting that
     /// says so.
-    pub fn max_sketch_bytes(&self, kind: hourglass::Kind) -> (usize, &'static str) {
+    pub fn max_sketch_bytes(&self, kind: hourglass_sketch::Kind) -> (usize, &'static str) {
         if let Some(mib) = self.max_sketch_mib {
             return (mib.saturating_mul(1 << 20), "limits.max_sketch_mib");
         }
         let (kib, setting) = match kind {
-            hourglass::Kind::Distinct => (
+            hourglass_sketch::Kind::Distinct => (
                 self.max_sketch_kib.distinct,
                 "limits.max_sketch_kib.distinct",
             ),
-            hourglass::Kind::Frequency => (
+            hourglass_sketch::Kind::Frequency => (
                 self.max_sketch_kib.frequency,
                 "limits.max_sketch_kib.frequency",
             ),
-            hourglass::Kind::Membership => (
+            hourglass_sketch::Kind::Membership => (
                 self.max_sketch_kib.membership,
                 "limits.max_sketch_kib.membership",
             ),
@@ -429,7 +429,7 @@ impl Config {
             l.max_message_mib,
             "must be between 1 and 4096",
         )?;
-        for kind in hourglass::Kind::ALL {
+        for kind in hourglass_sketch::Kind::ALL {
             let (bytes, setting) = l.max_sketch_bytes(kind);
             // No tie to max_message_mib: a sketch larger than the message cannot arrive,
             // so lowering the message bound needs no change here.
@@ -479,11 +479,6 @@ impl Config {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_duration(&text).map_err(serde::de::Error::custom)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,11 +495,13 @@ mod tests {
         assert_eq!(c.limits.max_snapshots_per_push, 10_000);
         assert_eq!(c.limits.max_message_bytes(), 64 << 20);
         assert_eq!(
-            c.limits.max_sketch_bytes(hourglass::Kind::Distinct),
+            c.limits.max_sketch_bytes(hourglass_sketch::Kind::Distinct),
             (1 << 20, "limits.max_sketch_kib.distinct")
         );
         assert_eq!(
-            c.limits.max_sketch_bytes(hourglass::Kind::Membership).0,
+            c.limits
+                .max_sketch_bytes(hourglass_sketch::Kind::Membership)
+                .0,
             16 << 20
         );
         assert_eq!(c.limits.max_series_per_server, 100_000);
@@ -543,7 +540,7 @@ mod tests {
     fn the_deprecated_single_sketch_bound_still_reads_and_applies_to_every_kind() {
         let c = Config::from_toml("[limits]\nmax_sketch_mib = 2\n").unwrap();
         c.validate().unwrap();
-        for kind in hourglass::Kind::ALL {
+        for kind in hourglass_sketch::Kind::ALL {
             assert_eq!(
                 c.limits.max_sketch_bytes(kind),
                 (2 << 20, "limits.max_sketch_mib")

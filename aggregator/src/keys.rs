@@ -296,6 +296,104 @@ fn be_u64<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
     u64::from_be_bytes(field)
 }
 
+/// Keys of the `meta` column family (docs/STORAGE.md lists them with their values).
+/// Ids and times are big-endian, so each family's keys sort by their fields.
+pub mod meta {
+    use super::{Day, Hour, SeriesId, ServerId};
+
+    /// `schema_version` → u32: the layout version of the whole store.
+    pub const SCHEMA_VERSION: &[u8] = b"schema_version";
+    /// `series/name/<encoded name>` → series id.
+    pub const SERIES_BY_NAME: &[u8] = b"series/name/";
+    /// `series/id/<id>` → encoded name.
+    pub const SERIES_BY_ID: &[u8] = b"series/id/";
+    /// `server/name/<name>` → server id.
+    pub const SERVER_BY_NAME: &[u8] = b"server/name/";
+    /// `server/id/<id>` → encoded name and labels.
+    pub const SERVER_BY_ID: &[u8] = b"server/id/";
+    /// `dirty/<day><series>` → the mark of the day's latest stored snapshot.
+    pub const DIRTY: &[u8] = b"dirty/";
+    /// `built/<day><series>` → the mark the day's rollups were built from.
+    pub const BUILT: &[u8] = b"built/";
+    /// `live/<server><hour>` → empty: the server declared itself up that hour.
+    pub const LIVE: &[u8] = b"live/";
+    /// `liveday/<server><day>` → a 4-byte bit mask of the day's live hours, for days past
+    /// hourly retention: liveness lives as long as the rollups it describes.
+    pub const LIVE_DAY: &[u8] = b"liveday/";
+    /// `conflict/<day><series>` → why that day's rollups could not be built (UTF-8).
+    pub const CONFLICT: &[u8] = b"conflict/";
+    /// `expired/<day><series>` → empty: retention deleted the day's hourly rows.
+    pub const EXPIRED: &[u8] = b"expired/";
+    /// `sseries/<server><day><series>` → empty, for every stored snapshot: which series a
+    /// server holds.
+    pub const SERVER_SERIES: &[u8] = b"sseries/";
+
+    /// `prefix | id`: the dictionary keys by id (`series/id/`, `server/id/`).
+    pub fn by_id(prefix: &[u8], id: u32) -> Vec<u8> {
+        [prefix, &id.to_be_bytes()].concat()
+    }
+
+    /// `prefix | name`: the dictionary keys by name (`series/name/`, `server/name/`).
+    pub fn by_name(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+        [prefix, name].concat()
+    }
+
+    /// `prefix | day | series`: dirty, built, conflict and expired keys. Day first, so
+    /// "every such day before D" is one range.
+    pub fn day_series(prefix: &[u8], series: SeriesId, day: Day) -> Vec<u8> {
+        [prefix, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
+    }
+
+    /// `prefix | day`: where a [`day_series`] family's keys of `day` begin.
+    pub fn day_start(prefix: &[u8], day: Day) -> Vec<u8> {
+        [prefix, &day.0.to_be_bytes()].concat()
+    }
+
+    /// The (series, day) of a [`day_series`] key of `prefix`; none if it is not one.
+    pub fn day_series_fields(prefix: &[u8], key: &[u8]) -> Option<(SeriesId, Day)> {
+        let fields: [u8; 8] = key.strip_prefix(prefix)?.try_into().ok()?;
+        let day = Day(u32::from_be_bytes([
+            fields[0], fields[1], fields[2], fields[3],
+        ]));
+        let series = SeriesId(u32::from_be_bytes([
+            fields[4], fields[5], fields[6], fields[7],
+        ]));
+        Some((series, day))
+    }
+
+    /// `prefix | server`: where one server's keys of a per-server family begin
+    /// (`live/`, `liveday/`, `sseries/`).
+    pub fn server_start(prefix: &[u8], server: ServerId) -> Vec<u8> {
+        [prefix, &server.0.to_be_bytes()].concat()
+    }
+
+    /// `live/<server><hour>`.
+    pub fn live(server: ServerId, hour: Hour) -> Vec<u8> {
+        [LIVE, &server.0.to_be_bytes(), &hour.0.to_be_bytes()].concat()
+    }
+
+    /// `liveday/<server><day>`.
+    pub fn live_day(server: ServerId, day: Day) -> Vec<u8> {
+        [LIVE_DAY, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
+    }
+
+    /// `sseries/<server><day>`: where a server's series index of `day` begins.
+    pub fn server_series_from(server: ServerId, day: Day) -> Vec<u8> {
+        [SERVER_SERIES, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
+    }
+
+    /// `sseries/<server><day><series>`.
+    pub fn server_series(server: ServerId, day: Day, series: SeriesId) -> Vec<u8> {
+        [
+            SERVER_SERIES,
+            &server.0.to_be_bytes(),
+            &day.0.to_be_bytes(),
+            &series.0.to_be_bytes(),
+        ]
+        .concat()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@
 //! announces its ports.
 //!
 //! Sketches are stored as their framed encoding (docs/FORMAT.md) and decoded with
-//! [`hourglass::sketch::Sketch`]; the layout on disk and the RocksDB options are
+//! [`hourglass_sketch::Sketch`]; the layout on disk and the RocksDB options are
 //! explained in docs/STORAGE.md.
 
 pub mod admin;
@@ -52,7 +52,7 @@ use tokio::sync::watch;
 pub use config::Config;
 
 use crate::metrics::Metrics;
-use crate::store::{RocksStore, Store};
+use crate::store::{RocksStore, Store, StoreError};
 
 /// The two listeners the aggregator serves on, bound by the caller (port 0 in tests).
 #[derive(Debug)]
@@ -65,6 +65,34 @@ pub struct Listeners {
     pub grpc_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
+/// Why the aggregator could not start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AggregatorError {
+    /// The configuration is invalid; the error names the field.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The `[auth]` section could not be loaded (a token file, a certificate).
+    #[error("config: {0}")]
+    Auth(String),
+    /// The store could not be opened, flushed or closed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[source] tonic::transport::Error),
+    /// The admin HTTP server failed.
+    #[error("admin server failed: {0}")]
+    Admin(#[source] std::io::Error),
+    /// A task panicked or was cancelled.
+    #[error("{what} task failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        source: tokio::task::JoinError,
+    },
+}
+
 /// An aggregator whose store is open, ready to serve.
 pub struct Aggregator {
     config: Config,
@@ -75,12 +103,12 @@ pub struct Aggregator {
 impl Aggregator {
     /// Validates `config` and opens the store in its data dir. Fails with
     /// [`StoreError::InUse`] when another process holds the directory.
-    pub fn open(config: Config) -> anyhow::Result<Aggregator> {
+    pub fn open(config: Config) -> Result<Aggregator, AggregatorError> {
         config.validate()?;
         for warning in config.deprecations() {
             tracing::warn!("config: {warning}");
         }
-        let auth = auth::Auth::load(&config.auth).map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        let auth = auth::Auth::load(&config.auth).map_err(AggregatorError::Auth)?;
         if auth.enabled() {
             tracing::info!(
                 tokens = config.auth.tokens.len(),
@@ -89,8 +117,7 @@ impl Aggregator {
         } else {
             tracing::warn!("no [auth] tokens configured: any caller may push and query");
         }
-        let store = RocksStore::open(&config.data_dir, &config.store_options())
-            .map_err(anyhow::Error::new)?;
+        let store = RocksStore::open(&config.data_dir, &config.store_options())?;
         tracing::info!(data_dir = %config.data_dir.display(), "store open");
         Ok(Aggregator {
             config,
@@ -105,7 +132,7 @@ impl Aggregator {
         self,
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), AggregatorError> {
         let Aggregator {
             config,
             store,
@@ -172,21 +199,27 @@ impl Aggregator {
         stopper.abort();
         drop(stop_rx);
         let (admin, background) = tokio::join!(admin, background);
-        grpc.map_err(|e| anyhow::anyhow!("gRPC server failed: {e}"))?;
+        grpc.map_err(AggregatorError::Grpc)?;
         admin
-            .map_err(|e| anyhow::anyhow!("admin server task failed: {e}"))?
-            .map_err(|e| anyhow::anyhow!("admin server failed: {e}"))?;
-        background.map_err(|e| anyhow::anyhow!("background task failed: {e}"))?;
+            .map_err(|source| AggregatorError::Task {
+                what: "admin server",
+                source,
+            })?
+            .map_err(AggregatorError::Admin)?;
+        background.map_err(|source| AggregatorError::Task {
+            what: "background",
+            source,
+        })?;
         close(store)
     }
 }
 
 /// Flushes and closes the store once every other holder has let go of it, so RocksDB
 /// shuts down cleanly instead of being torn down with the process.
-fn close(store: Arc<RocksStore>) -> anyhow::Result<()> {
+fn close(store: Arc<RocksStore>) -> Result<(), AggregatorError> {
     match Arc::try_unwrap(store) {
         Ok(store) => {
-            store.flush().map_err(anyhow::Error::new)?;
+            store.flush()?;
             drop(store);
             tracing::info!("store closed");
         }
@@ -201,6 +234,6 @@ pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), AggregatorError> {
     Aggregator::open(config)?.serve(listeners, shutdown).await
 }

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use hourglass::process::{LogFormat, shutdown_signal};
 use hourglass_aggregator::{Aggregator, Config, Listeners};
+use hourglass_rpc::process::{LogFormat, shutdown_signal};
 use tokio::net::TcpListener;
 
 /// The hourglass aggregator: stores the sketches agents push and answers queries by
@@ -30,7 +30,7 @@ struct Cli {
     #[arg(long, env = "HOURGLASS_DATA_DIR", default_value = "./hourglass-data")]
     data_dir: PathBuf,
     #[command(flatten)]
-    tls: hourglass::tls::ServerTlsFlags,
+    tls: hourglass_rpc::tls::ServerTlsFlags,
     /// TOML file with rollup, retention, storage and limits settings; every field has a
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
@@ -43,7 +43,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    hourglass::process::run_server(cli.log_format, "hourglass-aggregator", |runtime| {
+    hourglass_rpc::process::run_server(cli.log_format, "hourglass-aggregator", |runtime| {
         start(cli, runtime)
     })
 }
@@ -57,11 +57,11 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let tls = cli.tls.settings()?;
     let grpc_tls = tls
         .as_ref()
-        .map(hourglass::tls::server_config)
+        .map(hourglass_rpc::tls::server_config)
         .transpose()?;
     tracing::info!(
         "gRPC transport: {}",
-        hourglass::tls::ServerTls::describe(tls.as_ref())
+        hourglass_rpc::tls::ServerTls::describe(tls.as_ref())
     );
     if tls.is_none() && !cli.listen.ip().is_loopback() {
         tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");
@@ -91,7 +91,8 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                 },
                 shutdown,
             )
-            .await
+            .await?;
+        anyhow::Ok(())
     })?;
     tracing::info!("stopped");
     Ok(())

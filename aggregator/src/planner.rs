@@ -8,7 +8,7 @@
 //! snapshot).
 //!
 //! **One merge tree.** Frequent-items summaries are not associative byte for byte (see
-//! `hourglass::sketch::frequent`), so an answer from rollups equals the answer from hourly
+//! `hourglass_sketch::frequent`), so an answer from rollups equals the answer from hourly
 //! rows only if both merge in the same order. [`merge_day`] is that order, and both the
 //! rollup builder and the hourly path use it: a day's rows merge in key order (hour,
 //! server, epoch) into the all-servers day sketch, and each server's rows in key order into
@@ -18,8 +18,8 @@
 use crate::glob;
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 use crate::store::{SeriesName, ServerEntry, Store, StoreError};
-use hourglass::Kind;
-use hourglass::sketch::Sketch;
+use hourglass_sketch::Kind;
+use hourglass_sketch::Sketch;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use thiserror::Error;
@@ -170,7 +170,7 @@ pub enum QueryError {
         /// Where: the hour or day and server of the sketch that did not merge.
         key: String,
         /// Why.
-        source: hourglass::MergeError,
+        source: hourglass_sketch::MergeError,
     },
     /// A stored sketch does not decode.
     #[error("stored sketch of {series} at {key} is unreadable: {source}")]
@@ -180,7 +180,7 @@ pub enum QueryError {
         /// Where.
         key: String,
         /// Why.
-        source: hourglass::DecodeError,
+        source: hourglass_sketch::DecodeError,
     },
     /// Part of a day was asked for whose hourly rows retention deleted: only its
     /// rollups, of the whole day, are left.
@@ -201,7 +201,7 @@ pub enum QueryError {
 }
 
 /// Merges `next` into `acc`, or makes it the accumulator.
-fn fold(acc: &mut Option<Sketch>, next: Sketch) -> Result<(), hourglass::MergeError> {
+fn fold(acc: &mut Option<Sketch>, next: Sketch) -> Result<(), hourglass_sketch::MergeError> {
     match acc {
         Some(a) => a.merge(&next),
         None => {
@@ -253,7 +253,7 @@ pub fn merge_day(
             format!(
                 "{} ({}) {} epoch {}",
                 key.hour,
-                hourglass::time::format_hour(key.hour.0),
+                hourglass_rpc::time::format_hour(key.hour.0),
                 key.server,
                 key.epoch.0
             )
@@ -390,7 +390,7 @@ impl<'a> Planner<'a> {
                         servers: servers.clone(),
                         hours: Hour(h)..Hour(h + 1),
                     };
-                    (hourglass::time::format_hour(h), unit)
+                    (hourglass_rpc::time::format_hour(h), unit)
                 })
                 .collect(),
             GroupBy::Day => days_of(&sel.hours)
@@ -400,7 +400,7 @@ impl<'a> Planner<'a> {
                         servers: servers.clone(),
                         hours,
                     };
-                    (hourglass::time::format_day(day.0), unit)
+                    (hourglass_rpc::time::format_day(day.0), unit)
                 })
                 .collect(),
             GroupBy::Tag(key) => {
@@ -547,7 +547,7 @@ impl<'a> Planner<'a> {
                 if let Some(s) = merged.sketch {
                     fold(&mut acc, s).map_err(|source| QueryError::Incompatible {
                         series: name.to_string(),
-                        key: format!("{day} ({})", hourglass::time::format_day(day.0)),
+                        key: format!("{day} ({})", hourglass_rpc::time::format_day(day.0)),
                         source,
                     })?;
                 }
@@ -588,7 +588,7 @@ impl<'a> Planner<'a> {
         // liveness (kept with the rollups) would call an empty answer complete.
         if hours != day.hours() && self.store.is_day_expired(series_id, day)? {
             return Err(QueryError::PastHourlyRetention {
-                day: hourglass::time::format_day(day.0),
+                day: hourglass_rpc::time::format_day(day.0),
                 start: hours.start.0,
                 end: hours.end.0,
             });
@@ -641,7 +641,7 @@ impl<'a> Planner<'a> {
                 series: name.to_string(),
                 key: format!(
                     "the rollup of {day} ({}), {server}",
-                    hourglass::time::format_day(day.0)
+                    hourglass_rpc::time::format_day(day.0)
                 ),
                 source,
             })
@@ -701,7 +701,7 @@ fn merge_servers(
     for part in parts {
         fold(&mut acc, part).map_err(|source| QueryError::Incompatible {
             series: name.to_string(),
-            key: format!("{day} ({})", hourglass::time::format_day(day.0)),
+            key: format!("{day} ({})", hourglass_rpc::time::format_day(day.0)),
             source,
         })?;
     }
@@ -809,9 +809,9 @@ mod tests {
     use crate::keys::Epoch;
     use crate::rollup::build_dirty_days;
     use crate::store::MemoryStore;
-    use hourglass::sketch::bloom::Bloom;
-    use hourglass::sketch::frequency::{Frequency, FrequencyParams};
-    use hourglass::sketch::hll::Hll;
+    use hourglass_sketch::bloom::Bloom;
+    use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+    use hourglass_sketch::hll::Hll;
 
     /// Two days of one metric on four servers (two in eu, two in us), two tag values, every
     /// kind; server `us-2` was down on day 1. Items: user `u` visits on hour `h` from server

@@ -83,7 +83,7 @@ pub fn build_dirty_days(
             )?;
             tracing::warn!(
                 series = %name,
-                day = %hourglass::time::format_day(mark.day.0),
+                day = %hourglass_rpc::time::format_day(mark.day.0),
                 rows = late,
                 "snapshots arrived for a day whose hours retention had deleted; the day's rollups are kept and these rows are not rolled up"
             );
@@ -98,7 +98,7 @@ pub fn build_dirty_days(
             Err(e @ (QueryError::Incompatible { .. } | QueryError::Corrupt { .. })) => {
                 tracing::warn!(
                     series = %name,
-                    day = %hourglass::time::format_day(mark.day.0),
+                    day = %hourglass_rpc::time::format_day(mark.day.0),
                     error = %e,
                     "the rollups of a day cannot be built; its hourly rows are kept until rollup retention and queries over it say why"
                 );

@@ -11,12 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use hourglass::format::{CHECKSUM_LEN, HEADER_LEN, Kind};
-use hourglass::proto::v1;
-use hourglass::sketch::Sketch;
-use hourglass::sketch::bloom::Bloom;
-use hourglass::sketch::frequency::{Frequency, FrequencyParams};
-use hourglass::sketch::hll::Hll;
+use hourglass_sketch::format::{CHECKSUM_LEN, HEADER_LEN, Kind};
+use hourglass_rpc::proto::v1;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+use hourglass_sketch::hll::Hll;
 use hourglass_agent::ingest::StatsdHandler;
 use hourglass_agent::metrics::Metrics;
 use hourglass_agent::table::Table;

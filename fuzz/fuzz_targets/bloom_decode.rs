@@ -5,7 +5,7 @@
 //! mutation reaches the body's own validation.
 #![no_main]
 
-use hourglass::format::Kind;
+use hourglass_sketch::format::Kind;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {

@@ -15,9 +15,9 @@
 //! integration tests.
 #![no_main]
 
-use hourglass::format::Kind;
-use hourglass::proto::v1;
-use hourglass::series::{self, Series};
+use hourglass_sketch::format::Kind;
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::series::{self, Series};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

@@ -4,12 +4,12 @@
 //! Every check here is a property the aggregator or the agent relies on; a failed
 //! assertion is reported by libFuzzer as a crash, exactly like a panic in the library.
 
-use hourglass::format::{self, Kind};
-use hourglass::series::Series;
-use hourglass::sketch::Sketch;
-use hourglass::sketch::bloom::Bloom;
-use hourglass::sketch::frequency::Frequency;
-use hourglass::sketch::hll::{self, Hll};
+use hourglass_sketch::format::{self, Kind};
+use hourglass_rpc::series::Series;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::frequency::Frequency;
+use hourglass_sketch::hll::{self, Hll};
 
 /// `body` in a valid frame of `kind`: header, body, checksum.
 pub fn frame(kind: Kind, body: &[u8]) -> Vec<u8> {
@@ -213,7 +213,7 @@ pub fn check_merge(a: &Sketch, b: &Sketch) {
 /// The checks for a series that passed validation: its wire form and its text form
 /// (what the agent's checkpoint stores) both give the same series back.
 pub fn check_series(series: &Series) {
-    let wire = hourglass::proto::v1::Series::from(series);
+    let wire = hourglass_rpc::proto::v1::Series::from(series);
     assert_eq!(
         Series::try_from(&wire).as_ref(),
         Ok(series),

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use hourglass::proto::v1::{self, query_client::QueryClient};
+use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 use serde_json::Value;
 
 use super::numbers::{count, grouped, percent};
@@ -246,8 +246,8 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
     let days = truth["days"].as_array().cloned().unwrap_or_default();
     out.push_str(&format!(
         "\nUnique visitors ({} to {}, {} servers)\n  {:<22} {:>10}   {:<6} {:>10} {:>8}   {}\n",
-        hourglass::time::format_hour(start),
-        hourglass::time::format_hour(end),
+        hourglass_rpc::time::format_hour(start),
+        hourglass_rpc::time::format_hour(end),
         truth["total"]["servers"].as_object().map_or(0, |m| m.len()),
         "",
         "estimate",
@@ -369,8 +369,8 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
 }
 
 fn next_steps(url: &str, truth: &Value) -> String {
-    let start = hourglass::time::hour_start(u(&truth["start_hour"]) as u32).to_rfc3339();
-    let end = hourglass::time::hour_start(u(&truth["end_hour"]) as u32).to_rfc3339();
+    let start = hourglass_rpc::time::hour_start(u(&truth["start_hour"]) as u32).to_rfc3339();
+    let end = hourglass_rpc::time::hour_start(u(&truth["end_hour"]) as u32).to_rfc3339();
     let agg = if url == "http://127.0.0.1:7700" {
         String::new()
     } else {
@@ -381,6 +381,7 @@ fn next_steps(url: &str, truth: &Value) -> String {
     )
 }
 
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn stop(aggregator: &mut std::process::Child) {
     // SAFETY: kill has no memory effects; the pid is our own child's, not yet reaped.
     unsafe { libc::kill(aggregator.id() as libc::pid_t, libc::SIGTERM) };
@@ -393,7 +394,7 @@ fn wait_for_ctrl_c() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let stop = hourglass::process::shutdown_signal().context("watching Ctrl-C")?;
+        let stop = hourglass_rpc::process::shutdown_signal().context("watching Ctrl-C")?;
         stop.await;
         Ok(())
     })

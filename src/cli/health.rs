@@ -25,7 +25,7 @@ pub struct HealthArgs {
     #[arg(long, default_value = "/healthz")]
     path: String,
     /// How long to wait for an answer.
-    #[arg(long, default_value = "3s", value_parser = hourglass::time::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = hourglass_rpc::time::parse_duration)]
     timeout: Duration,
 }
 

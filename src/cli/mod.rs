@@ -76,58 +76,25 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// TLS for a gRPC connection: needed when the URL is `https://`.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct TlsArgs {
-    /// PEM CA certificates that signed the server's certificate (for https:// URLs).
-    #[arg(long, env = "HOURGLASS_TLS_CA")]
-    tls_ca: Option<std::path::PathBuf>,
-    /// PEM client certificate, for servers that require mutual TLS.
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
-    tls_client_cert: Option<std::path::PathBuf>,
-    /// PEM key of --tls-client-cert.
-    #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
-    tls_client_key: Option<std::path::PathBuf>,
-    /// A file holding the bearer token for servers that require one (the token itself can
-    /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
-    #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
-    token_file: Option<std::path::PathBuf>,
-}
+/// TLS and the token for a gRPC connection ([`hourglass_rpc::tls::ClientTlsFlags`]).
+pub type TlsArgs = hourglass_rpc::tls::ClientTlsFlags;
 
-impl TlsArgs {
-    /// An interceptor that adds `authorization: Bearer TOKEN` to every call when a token
-    /// is given (from --token-file, else HOURGLASS_TOKEN).
-    fn auth(
-        &self,
-    ) -> anyhow::Result<
-        impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
-    > {
-        let token = hourglass::tls::read_token(self.token_file.as_deref())
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let header = token
-            .map(|t| {
-                format!("Bearer {t}")
-                    .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
-                    .map_err(|_| anyhow::anyhow!("the token has characters a header cannot carry"))
-            })
-            .transpose()?;
-        Ok(move |mut request: tonic::Request<()>| {
-            if let Some(h) = &header {
-                request.metadata_mut().insert("authorization", h.clone());
-            }
-            // The caller's trace context, when traces are exported.
-            hourglass::process::inject_context(request.metadata_mut());
-            Ok(request)
-        })
-    }
-
-    fn client(&self) -> hourglass::tls::ClientTls {
-        hourglass::tls::ClientTls {
-            ca: self.tls_ca.clone(),
-            cert: self.tls_client_cert.clone(),
-            key: self.tls_client_key.clone(),
+/// An interceptor that adds `authorization: Bearer TOKEN` to every call when a token is
+/// given (from --token-file, else HOURGLASS_TOKEN), and the caller's trace context.
+fn auth(
+    flags: &TlsArgs,
+) -> anyhow::Result<
+    impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
+> {
+    let header = flags.bearer()?.map(|(_, header)| header);
+    Ok(move |mut request: tonic::Request<()>| {
+        if let Some(h) = &header {
+            request.metadata_mut().insert("authorization", h.clone());
         }
-    }
+        // The caller's trace context, when traces are exported.
+        hourglass_rpc::process::inject_context(request.metadata_mut());
+        Ok(request)
+    })
 }
 
 /// Connects to the gRPC server at `url` (the `what` named by `flag`), over TLS for
@@ -139,7 +106,7 @@ async fn connect(
     tls: &TlsArgs,
 ) -> anyhow::Result<tonic::transport::Channel> {
     let endpoint = tls
-        .client()
+        .settings()
         .endpoint(url)
         .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
         .connect_timeout(std::time::Duration::from_secs(5));

@@ -6,9 +6,9 @@
 use super::numbers::{count, grouped, percent};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use hourglass::proto::v1::{self, query_client::QueryClient};
-use hourglass::series::{parse_pair, validate_metric};
-use hourglass::time::{hour_range, parse_time};
+use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
+use hourglass_rpc::series::{parse_pair, validate_metric};
+use hourglass_rpc::time::{hour_range, parse_time};
 use serde_json::{Value, json};
 use std::io::Write;
 
@@ -143,7 +143,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let telemetry = {
         let _entered = runtime.enter();
-        hourglass::process::init_client_tracing("hourglass")
+        hourglass_rpc::process::init_client_tracing("hourglass")
     };
     let span = tracing::info_span!(
         "hourglass query",
@@ -188,7 +188,7 @@ async fn ask(
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
     let channel = super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
-    let mut client = QueryClient::with_interceptor(channel, args.tls.auth()?)
+    let mut client = QueryClient::with_interceptor(channel, super::auth(&args.tls)?)
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let grpc = |s| explain(s, &args.aggregator);

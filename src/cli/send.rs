@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use hourglass::proto::v1::{self, ingest_client::IngestClient};
-use hourglass::series::{parse_pair, validate_metric};
-use hourglass::time::parse_time;
+use hourglass_rpc::proto::v1::{self, ingest_client::IngestClient};
+use hourglass_rpc::series::{parse_pair, validate_metric};
+use hourglass_rpc::time::parse_time;
 
 /// The default agent address, where `hourglass-agent` serves Ingest by default.
 pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7710";
@@ -95,7 +95,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let (accepted, rejected, reasons) = runtime.block_on(async {
         let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
-        let mut client = IngestClient::with_interceptor(channel, args.tls.auth()?)
+        let mut client = IngestClient::with_interceptor(channel, super::auth(&args.tls)?)
             .send_compressed(tonic::codec::CompressionEncoding::Zstd)
             .max_encoding_message_size(256 << 20);
         let (mut accepted, mut rejected, mut reasons) = (0u64, 0u64, Vec::new());

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use hourglass::proto::v1::{self, ingest_client::IngestClient};
+use hourglass_rpc::proto::v1::{self, ingest_client::IngestClient};
 use serde_json::{Value, json};
 
 use super::numbers::grouped;
@@ -215,7 +215,7 @@ pub struct Truth {
 
 impl Truth {
     fn add(&mut self, server: &str, region: &'static str, hour: u32, visits: &[(u32, u32, u32)]) {
-        let day = hourglass::time::day_of(hour);
+        let day = hourglass_rpc::time::day_of(hour);
         let d = self.days.entry(day).or_default();
         let dr = self.day_regions.entry((day, region)).or_default();
         let r = self.regions.entry(region).or_default();
@@ -242,7 +242,7 @@ impl Truth {
                 .map(|((_, r), u)| (*r, u.len()))
                 .collect();
             days.push(json!({
-                "day": hourglass::time::format_day(*day),
+                "day": hourglass_rpc::time::format_day(*day),
                 "start_hour": day * 24,
                 "distinct": users.len(),
                 "regions": regions,
@@ -427,6 +427,7 @@ impl Fleet {
     }
 
     /// Stops every agent with SIGTERM (each makes a final flush) and waits for them.
+    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     pub fn stop(&mut self) -> anyhow::Result<()> {
         for (_, child) in &self.agents {
             // SAFETY: kill has no memory effects; the pid is our own child's, not yet reaped.
@@ -538,7 +539,7 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
                 grouped(done),
                 grouped(total * 2),
                 grouped(rate as u64),
-                hourglass::time::format_hour(hour)
+                hourglass_rpc::time::format_hour(hour)
             );
             last_report = Instant::now();
         }
@@ -558,8 +559,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     }
     let start_hour = match &args.start {
         Some(text) => {
-            let t = hourglass::time::parse_time(text, chrono::Utc::now())?;
-            hourglass::time::hour_of(t.timestamp()).context("--start is before 1970")?
+            let t = hourglass_rpc::time::parse_time(text, chrono::Utc::now())?;
+            hourglass_rpc::time::hour_of(t.timestamp()).context("--start is before 1970")?
         }
         None => default_start(args.days),
     };

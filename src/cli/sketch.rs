@@ -7,11 +7,11 @@ use super::numbers::{count, grouped, percent};
 use super::query::distinct_text;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use hourglass::Kind;
-use hourglass::sketch::Sketch;
-use hourglass::sketch::bloom::{self, Bloom, Health};
-use hourglass::sketch::frequency::{self, Frequency, FrequencyParams};
-use hourglass::sketch::hll::{self, Hll};
+use hourglass_sketch::Kind;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::bloom::{self, Bloom, Health};
+use hourglass_sketch::frequency::{self, Frequency, FrequencyParams};
+use hourglass_sketch::hll::{self, Hll};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -290,7 +290,7 @@ fn describe_frequency(s: &Frequency, item: Option<&str>, k: Option<usize>) -> (V
     (value, text)
 }
 
-fn top_table(top: &[hourglass::sketch::frequency::TopItem]) -> String {
+fn top_table(top: &[hourglass_sketch::frequency::TopItem]) -> String {
     if top.is_empty() {
         return format!("{:<13} none\n", "top items");
     }

@@ -11,28 +11,14 @@ use std::net::UdpSocket;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass, http_get, this_hour};
-use hourglass::proto::v1::{
+use crate::util::{
+    AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get, now_secs, this_hour,
+};
+use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient, query_client::QueryClient,
 };
-use hourglass::sketch::Sketch;
+use hourglass_sketch::Sketch;
 use tonic::transport::Channel;
-
-fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs() as i64
-}
-
-/// A free loopback port: bound and released, for a process started later.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// A config file with fast retries, so tests do not wait on the default backoff.
 fn fast_config(dir: &TempDir, extra: &str) -> String {
@@ -295,9 +281,9 @@ async fn events_over_udp_and_grpc_answer_within_their_error() {
             "--aggregator",
             &agg.grpc,
             "--from",
-            &hourglass::time::hour_start(hours.start).to_rfc3339(),
+            &hourglass_rpc::time::hour_start(hours.start).to_rfc3339(),
             "--to",
-            &hourglass::time::hour_start(hours.end).to_rfc3339(),
+            &hourglass_rpc::time::hour_start(hours.end).to_rfc3339(),
             "--label",
             "region=eu",
             "--json",
@@ -792,9 +778,9 @@ fn every_address_flag_takes_host_port() {
             "--aggregator",
             &agg_hostport,
             "--from",
-            &hourglass::time::hour_start(h - 1).to_rfc3339(),
+            &hourglass_rpc::time::hour_start(h - 1).to_rfc3339(),
             "--to",
-            &hourglass::time::hour_start(h + 1).to_rfc3339(),
+            &hourglass_rpc::time::hour_start(h + 1).to_rfc3339(),
             "--json",
         ],
         b"",
@@ -1064,6 +1050,7 @@ async fn distinct_or_zero(
 
 /// Sets the file-size limit (RLIMIT_FSIZE) of process `pid`: what a full disk does to
 /// the agent's checkpoint (writes past it fail with EFBIG), without a mount.
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn limit_file_size(pid: u32, bytes: u64) {
     let limit = libc::rlimit {
         rlim_cur: bytes,

@@ -2,22 +2,20 @@
 //! answers over the `Query` client and the `hourglass query` command, durability across
 //! SIGKILL, the data dir lock, the admin port and gRPC health.
 
-use crate::util::{AggregatorProcess, TempDir, hourglass, http_get};
-use hourglass::proto::v1::{self, collector_client::CollectorClient, query_client::QueryClient};
-use hourglass::sketch::bloom::Bloom;
-use hourglass::sketch::frequency::{Frequency, FrequencyParams};
-use hourglass::sketch::hll::Hll;
-use hourglass::time::hour_start;
+use crate::util::{AggregatorProcess, TempDir, hourglass, http_get, snapshot};
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, query_client::QueryClient,
+};
+use hourglass_rpc::time::hour_start;
+use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+use hourglass_sketch::hll::Hll;
 use tonic::transport::Channel;
 
 /// The hour before the current one: recent enough that retention keeps it, whole so
 /// that no agent-side clock matters.
 fn recent_hour() -> u32 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    u32::try_from(now / 3600).expect("hour fits u32") - 1
+    crate::util::this_hour() - 1
 }
 
 pub(crate) fn tag(key: &str, value: &str) -> v1::Tag {
@@ -32,28 +30,6 @@ pub(crate) fn server(name: &str, labels: &[(&str, &str)]) -> Option<v1::Server> 
         name: name.into(),
         labels: labels.iter().map(|(k, v)| tag(k, v)).collect(),
     })
-}
-
-pub(crate) fn snapshot(
-    metric: &str,
-    hour: u32,
-    version: u64,
-    kind: v1::SketchKind,
-    data: Vec<u8>,
-) -> v1::Snapshot {
-    v1::Snapshot {
-        series: Some(v1::Series {
-            metric: metric.into(),
-            tags: vec![],
-        }),
-        hour,
-        epoch: 1,
-        version,
-        sketch: Some(v1::EncodedSketch {
-            kind: kind as i32,
-            data: data.into(),
-        }),
-    }
 }
 
 pub(crate) fn hll_of(items: std::ops::Range<u32>) -> Vec<u8> {

@@ -6,12 +6,14 @@
 //! Days are counted back from today (UTC): `day(n)` is the first hour of the day `n`
 //! days ago. Days 3 and more back are closed whatever the hour (lateness is 1 h).
 
-use crate::aggregator::{clients, hll_of, outcomes, push, selector, server, snapshot};
-use crate::util::{AggregatorProcess, TempDir, http_get, this_hour};
-use hourglass::proto::v1::{self, collector_client::CollectorClient, query_client::QueryClient};
-use hourglass::sketch::Sketch;
-use hourglass::sketch::frequency::{Frequency, FrequencyParams};
-use hourglass::time::format_hour;
+use crate::aggregator::{clients, hll_of, outcomes, push, selector, server};
+use crate::util::{AggregatorProcess, TempDir, http_get, snapshot, this_hour};
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, query_client::QueryClient,
+};
+use hourglass_rpc::time::format_hour;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 

@@ -101,8 +101,9 @@ fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
     let exact = truth["total"]["distinct"].as_u64().unwrap();
     assert_eq!(truth["events"], 1920);
     let from =
-        hourglass::time::hour_start(truth["start_hour"].as_u64().unwrap() as u32).to_rfc3339();
-    let to = hourglass::time::hour_start(truth["end_hour"].as_u64().unwrap() as u32).to_rfc3339();
+        hourglass_rpc::time::hour_start(truth["start_hour"].as_u64().unwrap() as u32).to_rfc3339();
+    let to =
+        hourglass_rpc::time::hour_start(truth["end_hour"].as_u64().unwrap() as u32).to_rfc3339();
     let answer = hourglass(
         &[
             "query",

@@ -19,9 +19,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    AgentProcess, AggregatorProcess, TempDir, hourglass, http_get, workspace_binary,
+    AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get, workspace_binary,
 };
-use hourglass::proto::v1::{self, query_client::QueryClient};
+use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 
 /// Parts the traffic is sent in, and hours per part.
 const PARTS: u32 = 4;
@@ -30,11 +30,8 @@ const HOURS_PER_PART: u32 = 6;
 /// The first hour of the traffic: the start of yesterday (UTC), so every part is inside
 /// the agents' lateness window and in the past.
 fn base_hour() -> u32 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    ((now / 86_400 - 1) * 24) as u32
+    let today = hourglass_rpc::time::day_of(crate::util::this_hour());
+    (today - 1) * 24
 }
 
 fn agent_args(config: &str) -> Vec<String> {
@@ -69,7 +66,7 @@ fn start_agent(dir: &TempDir, aggregator: &str, data: &str) -> AgentProcess {
 
 /// Sends part `p` of the traffic to `agent`.
 fn send_part(agent: &AgentProcess, p: u32) {
-    let start = hourglass::time::hour_start(base_hour() + p * HOURS_PER_PART).to_rfc3339();
+    let start = hourglass_rpc::time::hour_start(base_hour() + p * HOURS_PER_PART).to_rfc3339();
     hourglass(
         &[
             "simulate",
@@ -226,14 +223,6 @@ fn assert_same(faulty: &Stored) {
         );
     }
     assert_eq!(faulty.distinct, reference.distinct, "query answers differ");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -426,9 +415,9 @@ fn a_wiped_agent_rejoins_in_a_new_epoch_and_nothing_acknowledged_is_lost() {
         if name.contains("Frequency") {
             // Count-Min sums, so its counters equal the single epoch's; the frequent-items
             // summary of a merge may keep other candidates than one stream's.
-            let (hourglass::sketch::Sketch::Frequency(a), hourglass::sketch::Sketch::Frequency(b)) = (
-                hourglass::sketch::Sketch::decode(a).unwrap(),
-                hourglass::sketch::Sketch::decode(b).unwrap(),
+            let (hourglass_sketch::Sketch::Frequency(a), hourglass_sketch::Sketch::Frequency(b)) = (
+                hourglass_sketch::Sketch::decode(a).unwrap(),
+                hourglass_sketch::Sketch::decode(b).unwrap(),
             ) else {
                 panic!("{name} is not a frequency sketch");
             };

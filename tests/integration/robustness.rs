@@ -6,7 +6,9 @@ use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use crate::util::{AgentProcess, AggregatorProcess, TempDir, http_get};
-use hourglass::proto::v1::{self, collector_client::CollectorClient, ingest_client::IngestClient};
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, ingest_client::IngestClient,
+};
 use tonic::transport::Channel;
 
 async fn channel(url: &str) -> Channel {
@@ -179,14 +181,14 @@ async fn a_flood_of_malformed_datagrams_and_oversized_requests_leaves_the_agent_
 }
 
 fn hll() -> Vec<u8> {
-    let mut s = hourglass::sketch::hll::Hll::new(12).unwrap();
+    let mut s = hourglass_sketch::hll::Hll::new(12).unwrap();
     s.insert(b"x");
     s.encode()
 }
 
 /// A dense p=14 HyperLogLog: 12 KiB.
 fn dense_hll() -> Vec<u8> {
-    let mut s = hourglass::sketch::hll::Hll::new(14).unwrap();
+    let mut s = hourglass_sketch::hll::Hll::new(14).unwrap();
     for i in 0..100_000u32 {
         s.insert(&i.to_le_bytes());
     }
@@ -196,7 +198,7 @@ fn dense_hll() -> Vec<u8> {
 }
 
 fn snapshot(hour: u32, data: Vec<u8>) -> v1::Snapshot {
-    crate::util::distinct_snapshot("visitors", hour, data)
+    crate::util::snapshot("visitors", hour, 1, v1::SketchKind::Distinct, data)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -352,7 +354,7 @@ async fn the_series_per_server_bound_refuses_new_series_and_holds_across_a_kill(
         "{metrics}"
     );
     // The refused series was not created: only a, b, c (from web-2) and d exist.
-    let listed = hourglass::proto::v1::query_client::QueryClient::new(channel(&agg.grpc).await)
+    let listed = hourglass_rpc::proto::v1::query_client::QueryClient::new(channel(&agg.grpc).await)
         .list_series(v1::ListSeriesRequest::default())
         .await
         .unwrap()

@@ -259,7 +259,7 @@ fn expired_certificates_are_refused_and_renewed_ones_load_without_a_restart() {
 
 /// A push of one sketch as `server`, with `token` if any.
 async fn push_as(url: &str, server: &str, token: Option<&str>) -> Result<(), tonic::Status> {
-    use hourglass::proto::v1;
+    use hourglass_rpc::proto::v1;
     let channel = tonic::transport::Channel::from_shared(url.to_string())
         .unwrap()
         .connect()
@@ -405,8 +405,8 @@ async fn under_mutual_tls_a_client_certificate_stands_in_for_a_token() {
     let push = |cert: String, key: String, server: &'static str| {
         let (url, ca_pem) = (url.clone(), ca_pem.clone());
         async move {
-            use hourglass::proto::v1;
-            let tls = hourglass::tls::ClientTls {
+            use hourglass_rpc::proto::v1;
+            let tls = hourglass_rpc::tls::ClientTls {
                 ca: Some(ca_pem.into()),
                 cert: Some(cert.into()),
                 key: Some(key.into()),

@@ -62,33 +62,37 @@ pub fn hourglass(args: &[&str], stdin: &[u8]) -> Run {
     }
 }
 
-/// A fresh temporary directory, removed when dropped.
-pub struct TempDir(PathBuf);
+/// A fresh temporary directory (`tempfile`), removed when dropped.
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "hourglass-test-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock after 1970")
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("hourglass-test-{name}-"))
+                .tempdir()
+                .expect("create temp dir"),
+        )
     }
 
     /// A path inside the directory, as a string for command lines.
     pub fn file(&self, name: &str) -> String {
-        self.0.join(name).to_string_lossy().into_owned()
+        self.0.path().join(name).to_string_lossy().into_owned()
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A free loopback port: bound and released, for a process started later.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Seconds since 1970, now.
+pub fn now_secs() -> i64 {
+    hourglass_rpc::time::unix_now()
 }
 
 /// `n` lines `prefix0`, `prefix1`, … as stdin bytes.
@@ -459,16 +463,19 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// The current UTC hour, as hours since 1970.
 pub fn this_hour() -> u32 {
-    (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs()
-        / 3600) as u32
+    hourglass_rpc::time::hour_of(now_secs()).expect("the current hour fits u32")
 }
 
-/// A version-1, epoch-1 snapshot of a distinct sketch `data` for `metric` (no tags) at `hour`.
-pub fn distinct_snapshot(metric: &str, hour: u32, data: Vec<u8>) -> hourglass::proto::v1::Snapshot {
-    use hourglass::proto::v1;
+/// An epoch-1 snapshot of the encoded sketch `data` of `kind` for `metric` (no tags) at
+/// `hour`, at `version`.
+pub fn snapshot(
+    metric: &str,
+    hour: u32,
+    version: u64,
+    kind: hourglass_rpc::proto::v1::SketchKind,
+    data: Vec<u8>,
+) -> hourglass_rpc::proto::v1::Snapshot {
+    use hourglass_rpc::proto::v1;
     v1::Snapshot {
         series: Some(v1::Series {
             metric: metric.into(),
@@ -476,9 +483,9 @@ pub fn distinct_snapshot(metric: &str, hour: u32, data: Vec<u8>) -> hourglass::p
         }),
         hour,
         epoch: 1,
-        version: 1,
+        version,
         sketch: Some(v1::EncodedSketch {
-            kind: v1::SketchKind::Distinct as i32,
+            kind: kind as i32,
             data: data.into(),
         }),
     }
@@ -486,9 +493,13 @@ pub fn distinct_snapshot(metric: &str, hour: u32, data: Vec<u8>) -> hourglass::p
 
 /// A push from `server` of one distinct sketch holding `item`, for `metric` in the current
 /// hour (declared live): the smallest real push, for tests of who may push what.
-pub fn one_item_push(server: &str, metric: &str, item: &[u8]) -> hourglass::proto::v1::PushRequest {
-    use hourglass::proto::v1;
-    let mut hll = hourglass::sketch::hll::Hll::new(12).expect("precision 12");
+pub fn one_item_push(
+    server: &str,
+    metric: &str,
+    item: &[u8],
+) -> hourglass_rpc::proto::v1::PushRequest {
+    use hourglass_rpc::proto::v1;
+    let mut hll = hourglass_sketch::hll::Hll::new(12).expect("precision 12");
     hll.insert(item);
     let hour = this_hour();
     v1::PushRequest {
@@ -496,7 +507,13 @@ pub fn one_item_push(server: &str, metric: &str, item: &[u8]) -> hourglass::prot
             name: server.into(),
             labels: vec![],
         }),
-        snapshots: vec![distinct_snapshot(metric, hour, hll.encode())],
+        snapshots: vec![snapshot(
+            metric,
+            hour,
+            1,
+            v1::SketchKind::Distinct,
+            hll.encode(),
+        )],
         live_hours: vec![hour],
     }
 }

@@ -13,9 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use hourglass::proto::v1::{self, collector_server::Collector};
-use hourglass::series::Series;
-use hourglass::sketch::Sketch;
+use hourglass_rpc::proto::v1::{self, collector_server::Collector};
+use hourglass_rpc::series::Series;
+use hourglass_sketch::Sketch;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
@@ -62,7 +62,7 @@ struct Valid {
     hour: Hour,
     epoch: u64,
     version: u64,
-    sketch: hourglass::proto::Bytes,
+    sketch: hourglass_rpc::proto::Bytes,
 }
 
 /// A snapshot refused: the rule (a metric label) and the reason for the agent.
@@ -90,9 +90,9 @@ fn check_snapshot(
             format!(
                 "snapshots[{i}].hour {} ({}) is outside the hours accepted now, {} to {} (from the start of the day retention.hourly back, to one hour ahead)",
                 snapshot.hour,
-                hourglass::time::format_hour(snapshot.hour.min(u32::MAX / 2)),
-                hourglass::time::format_hour(*hours.start()),
-                hourglass::time::format_hour(*hours.end()),
+                hourglass_rpc::time::format_hour(snapshot.hour.min(u32::MAX / 2)),
+                hourglass_rpc::time::format_hour(*hours.start()),
+                hourglass_rpc::time::format_hour(*hours.end()),
             ),
         ));
     }
@@ -267,7 +267,7 @@ impl Collector for CollectorService {
             stale = field::Empty,
             rejected = field::Empty,
         );
-        hourglass::process::adopt_remote_parent(&span, &metadata);
+        hourglass_rpc::process::adopt_remote_parent(&span, &metadata);
         let result = self
             .push_inner(request, principal, &span)
             .instrument(span.clone())
@@ -326,7 +326,7 @@ impl CollectorService {
         }
         // The agent checks the same rule at start, so an agent never runs with a name
         // every push of which would be refused here.
-        hourglass::series::validate_server_name(&server.name)
+        hourglass_rpc::series::validate_server_name(&server.name)
             .map_err(|e| Status::invalid_argument(format!("server.name: {e}")))?;
         span.record("server", server.name.as_str());
         let mut labels = convert::pairs(&server.labels, "server.labels")?;
@@ -346,9 +346,7 @@ impl CollectorService {
                 limits.max_live_hours_per_push
             )));
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = hourglass_rpc::time::since_unix_epoch().as_secs();
         let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
         // From the first hour of the oldest day hourly retention keeps (whole days, as
         // retention deletes them), so no snapshot lands in a day whose hours are gone.
@@ -363,9 +361,9 @@ impl CollectorService {
             tracing::warn!(
                 server = %server.name,
                 refused = refused.len(),
-                first = %hourglass::time::format_hour(refused[0].min(u32::MAX / 2)),
-                accepted_from = %hourglass::time::format_hour(*accepted_hours.start()),
-                accepted_to = %hourglass::time::format_hour(*accepted_hours.end()),
+                first = %hourglass_rpc::time::format_hour(refused[0].min(u32::MAX / 2)),
+                accepted_from = %hourglass_rpc::time::format_hour(*accepted_hours.start()),
+                accepted_to = %hourglass_rpc::time::format_hour(*accepted_hours.end()),
                 "push declared live hours outside the hours accepted now; ignored"
             );
         }

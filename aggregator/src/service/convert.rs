@@ -4,11 +4,11 @@
 //! Every check of a request field happens here, before any storage is touched, and every
 //! refusal names the field and the value so that the caller can fix the request.
 
-use hourglass::Kind;
-use hourglass::proto::v1;
-use hourglass::series::{validate_metric, validate_tag};
-use hourglass::sketch::Sketch;
-use hourglass::sketch::bloom::Health;
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::series::{validate_metric, validate_tag};
+use hourglass_sketch::Kind;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::bloom::Health;
 use tonic::Status;
 
 use crate::keys::Hour;
@@ -96,7 +96,7 @@ pub fn selector(
     })
 }
 
-use hourglass::series::MAX_SERVER_NAME_LEN;
+use hourglass_rpc::series::MAX_SERVER_NAME_LEN;
 
 /// Checks and converts tags or labels; `field` names the list in errors.
 pub fn pairs(tags: &[v1::Tag], field: &str) -> Result<Vec<(String, String)>, Status> {

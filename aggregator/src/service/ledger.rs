@@ -130,7 +130,7 @@ mod tests {
     use crate::store::MemoryStore;
 
     fn sketch() -> Vec<u8> {
-        hourglass::sketch::hll::Hll::new(4).unwrap().encode()
+        hourglass_sketch::hll::Hll::new(4).unwrap().encode()
     }
 
     #[test]

@@ -10,8 +10,8 @@ pub mod query;
 use std::future::Future;
 use std::sync::Arc;
 
-use hourglass::proto::v1::collector_server::CollectorServer;
-use hourglass::proto::v1::query_server::QueryServer;
+use hourglass_rpc::proto::v1::collector_server::CollectorServer;
+use hourglass_rpc::proto::v1::query_server::QueryServer;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
@@ -22,7 +22,7 @@ use crate::store::Store;
 pub use collector::CollectorService;
 pub use query::QueryService;
 
-pub use hourglass::proto::code_label as outcome_label;
+pub use hourglass_rpc::proto::code_label as outcome_label;
 
 /// How the gRPC port serves: bounds, who may call, and the transport.
 #[derive(Clone, Default)]
@@ -89,16 +89,16 @@ pub async fn serve(
         .await;
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(hourglass::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(hourglass_rpc::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1();
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(hourglass::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(hourglass_rpc::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha();
 
     // Messages tonic refuses for size never reach a handler: count and name them here.
-    let too_large = hourglass::size_limit::SizeLimitLayer::new(
+    let too_large = hourglass_rpc::size_limit::SizeLimitLayer::new(
         max_message,
         "limits.max_message_mib",
         Arc::new(move |method: &str| {
@@ -134,7 +134,10 @@ pub async fn serve(
     match tls {
         Some(config) => {
             router
-                .serve_with_incoming_shutdown(hourglass::tls::incoming(listener, config), shutdown)
+                .serve_with_incoming_shutdown(
+                    hourglass_rpc::tls::incoming(listener, config),
+                    shutdown,
+                )
                 .await
         }
         None => {

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use hourglass::Kind;
-use hourglass::proto::v1::{self, query_server::Query};
-use hourglass::sketch::Sketch;
-use hourglass::sketch::frequent::MAX_CAPACITY;
+use hourglass_rpc::proto::v1::{self, query_server::Query};
+use hourglass_sketch::Kind;
+use hourglass_sketch::Sketch;
+use hourglass_sketch::frequent::MAX_CAPACITY;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
@@ -70,7 +70,7 @@ impl QueryService {
             sketches_merged = field::Empty,
         );
         // The caller's trace, when it sent one: `hourglass query` and other traced clients.
-        hourglass::process::adopt_remote_parent(&span, metadata);
+        hourglass_rpc::process::adopt_remote_parent(&span, metadata);
         let result = work.instrument(span.clone()).await;
         let outcome = match &result {
             Ok(_) => {
@@ -370,7 +370,7 @@ mod tests {
                 server,
                 epoch: Epoch(1),
             };
-            let sketch = hourglass::sketch::hll::Hll::new(4).unwrap().encode();
+            let sketch = hourglass_sketch::hll::Hll::new(4).unwrap().encode();
             store.put_hourly(&[(key, 1, sketch.into())]).unwrap();
         }
         let metrics = Arc::new(Metrics::new());

@@ -24,9 +24,9 @@
 //! missed, and the planner ([`Store::is_day_dirty`]) never serves a rollup older than
 //! the hours. A crash between a write and its mark is impossible: there is no between.
 
-use hourglass::Kind;
-use hourglass::format::decode_frame;
-pub use hourglass::proto::Bytes;
+pub use hourglass_rpc::proto::Bytes;
+use hourglass_sketch::Kind;
+use hourglass_sketch::format::decode_frame;
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -200,7 +200,7 @@ pub enum StoreError {
         /// Which entry: `hourly batch entry 3`, `rollup for series 7 day 19675 ...`.
         what: String,
         /// Why the frame is invalid.
-        source: hourglass::DecodeError,
+        source: hourglass_sketch::DecodeError,
     },
     /// All ids of a dictionary are taken.
     #[error("no {what} ids left: all {limit} are assigned")]

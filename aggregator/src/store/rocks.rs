@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use hourglass::Kind;
+use hourglass_sketch::Kind;
 use rocksdb::properties::{
     ACTUAL_DELAYED_WRITE_RATE, CUR_SIZE_ALL_MEM_TABLES, ESTIMATE_LIVE_DATA_SIZE, ESTIMATE_NUM_KEYS,
     ESTIMATE_PENDING_COMPACTION_BYTES, IS_WRITE_STOPPED, NUM_RUNNING_COMPACTIONS,
@@ -54,31 +54,14 @@ use super::{
     mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{
-    Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds, hour_range_bounds,
+    Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
+    hour_range_bounds, meta,
 };
 
 const CF_HOURLY: &str = "hourly";
 const CF_ROLLUPS: &str = "rollups";
 const CF_META: &str = "meta";
 const COLUMN_FAMILIES: [&str; 3] = [CF_HOURLY, CF_ROLLUPS, CF_META];
-
-const META_SCHEMA_VERSION: &[u8] = b"schema_version";
-const META_SERIES_BY_NAME: &[u8] = b"series/name/";
-const META_SERIES_BY_ID: &[u8] = b"series/id/";
-const META_SERVER_BY_NAME: &[u8] = b"server/name/";
-const META_SERVER_BY_ID: &[u8] = b"server/id/";
-const META_DIRTY: &[u8] = b"dirty/";
-const META_BUILT: &[u8] = b"built/";
-const META_LIVE: &[u8] = b"live/";
-/// `server | day` → a 4-byte bit mask of the day's live hours, for days past hourly
-/// retention: liveness lives as long as the rollups it describes.
-const META_LIVE_DAY: &[u8] = b"liveday/";
-/// `day | series` → why that day's rollups could not be built (UTF-8).
-const META_CONFLICT: &[u8] = b"conflict/";
-/// `day | series` whose hourly rows retention deleted.
-const META_EXPIRED: &[u8] = b"expired/";
-/// `server | day | series` for every stored snapshot: which series a server holds.
-const META_SERVER_SERIES: &[u8] = b"sseries/";
 
 /// Bytes of the version in front of every hourly value.
 const VERSION_LEN: usize = 8;
@@ -240,9 +223,7 @@ impl RocksStore {
             write_stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             meta_lock: Mutex::new(()),
             next_mark: AtomicU64::new(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64),
+                (hourglass_rpc::time::since_unix_epoch().as_nanos() as u64).max(1),
             ),
         };
         store.check_schema()?;
@@ -344,14 +325,14 @@ impl RocksStore {
         let meta = self.cf(CF_META);
         match self
             .db
-            .get_cf(meta, META_SCHEMA_VERSION)
+            .get_cf(meta, meta::SCHEMA_VERSION)
             .map_err(engine_error)?
         {
             Some(bytes) => {
                 let found = u32::from_be_bytes(bytes.as_slice().try_into().map_err(|_| {
                     StoreError::BadValue {
                         column: CF_META,
-                        key: META_SCHEMA_VERSION.to_vec(),
+                        key: meta::SCHEMA_VERSION.to_vec(),
                         reason: format!("schema version must be 4 bytes, found {}", bytes.len()),
                     }
                 })?);
@@ -379,7 +360,7 @@ impl RocksStore {
                     it.status().map_err(engine_error)?;
                 }
                 let mut batch = WriteBatch::default();
-                batch.put_cf(meta, META_SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes());
+                batch.put_cf(meta, meta::SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes());
                 // Always synced: a store must never exist on disk without its version.
                 let mut sync = WriteOptions::default();
                 sync.set_sync(true);
@@ -445,7 +426,7 @@ impl RocksStore {
             let server = meta_id(key, &key[prefix.len()..(prefix.len() + 4).min(key.len())])?;
             servers.push(server);
             match server.checked_add(1) {
-                Some(next) => it.seek([prefix, &next.to_be_bytes()].concat()),
+                Some(next) => it.seek(meta::server_start(prefix, ServerId(next))),
                 None => break,
             }
         }
@@ -559,7 +540,7 @@ impl RocksStore {
                 open.get_or_insert(row_day.first_hour().0);
                 batch.put_cf(
                     meta,
-                    day_series_key(META_EXPIRED, SeriesId(series), row_day),
+                    meta::day_series(meta::EXPIRED, SeriesId(series), row_day),
                     [],
                 );
                 // Count the day's rows, then go on from the next day.
@@ -599,7 +580,7 @@ impl Store for RocksStore {
         let mut write = WriteBatch::default();
         if let Some((server, hours)) = live {
             for hour in hours {
-                write.put_cf(meta, live_key(server, *hour), []);
+                write.put_cf(meta, meta::live(server, *hour), []);
             }
         }
         if batch.is_empty() {
@@ -632,7 +613,11 @@ impl Store for RocksStore {
                 Some(held) if held >= *version => {
                     // The server holds the series that day all the same: a store from
                     // before the index learns it from the agent's next resend.
-                    write.put_cf(meta, server_series_key(hour_key), []);
+                    write.put_cf(
+                        meta,
+                        meta::server_series(hour_key.server, hour_key.hour.day(), hour_key.series),
+                        [],
+                    );
                     outcomes.push(PutOutcome::Stale { held });
                 }
                 _ => {
@@ -640,8 +625,16 @@ impl Store for RocksStore {
                     value.extend_from_slice(&version.to_be_bytes());
                     value.extend_from_slice(sketch);
                     write.put_cf(hourly, key, value);
-                    write.put_cf(meta, dirty_key(hour_key.series, hour_key.hour.day()), mark);
-                    write.put_cf(meta, server_series_key(hour_key), []);
+                    write.put_cf(
+                        meta,
+                        meta::day_series(meta::DIRTY, hour_key.series, hour_key.hour.day()),
+                        mark,
+                    );
+                    write.put_cf(
+                        meta,
+                        meta::server_series(hour_key.server, hour_key.hour.day(), hour_key.series),
+                        [],
+                    );
                     in_batch.insert(*key, *version);
                     outcomes.push(PutOutcome::Stored);
                 }
@@ -729,36 +722,36 @@ impl Store for RocksStore {
         let meta = self.cf(CF_META);
         // Liveness of those days folds into one mask per (server, day).
         let cutoff = day.first_hour();
-        for server in self.servers_under(META_LIVE)? {
+        for server in self.servers_under(meta::LIVE)? {
             let id = ServerId(server);
             let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
             let mut read = ReadOptions::default();
-            read.set_iterate_upper_bound(live_key(id, cutoff));
+            read.set_iterate_upper_bound(meta::live(id, cutoff));
             let mut it = self.db.raw_iterator_cf_opt(meta, read);
-            it.seek(live_key(id, Hour(0)));
+            it.seek(meta::live(id, Hour(0)));
             while let Some(key) = it.key() {
-                let hour = Hour(meta_id(key, after(key, META_LIVE.len() + 4))?);
+                let hour = Hour(meta_id(key, after(key, meta::LIVE.len() + 4))?);
                 *masks.entry(hour.day()).or_default() |= hour_bit(hour);
                 it.next();
             }
             it.status().map_err(engine_error)?;
             for (live_day, mask) in masks {
-                let key = live_day_key(id, live_day);
+                let key = meta::live_day(id, live_day);
                 let held = match self.db.get_cf(meta, &key).map_err(engine_error)? {
                     Some(value) => live_mask(&key, &value)?,
                     None => 0,
                 };
                 batch.put_cf(meta, key, (held | mask).to_be_bytes());
             }
-            batch.delete_range_cf(meta, live_key(id, Hour(0)), live_key(id, cutoff));
+            batch.delete_range_cf(meta, meta::live(id, Hour(0)), meta::live(id, cutoff));
         }
         // The series index of those days goes.
-        for server in self.servers_under(META_SERVER_SERIES)? {
-            let id = server.to_be_bytes();
+        for server in self.servers_under(meta::SERVER_SERIES)? {
+            let id = ServerId(server);
             batch.delete_range_cf(
                 meta,
-                [META_SERVER_SERIES, &id].concat(),
-                [META_SERVER_SERIES, &id, &day.0.to_be_bytes()].concat(),
+                meta::server_start(meta::SERVER_SERIES, id),
+                meta::server_series_from(id, day),
             );
         }
         self.write(batch)?;
@@ -773,28 +766,28 @@ impl Store for RocksStore {
         let mut batch = WriteBatch::default();
         // Day-first keys: one range each. A dirty mark for a day past rollup retention
         // would build a rollup only to delete it.
-        for prefix in [META_DIRTY, META_BUILT, META_CONFLICT, META_EXPIRED] {
-            batch.delete_range_cf(
-                meta,
-                prefix.to_vec(),
-                [prefix, &day.0.to_be_bytes()].concat(),
-            );
+        for prefix in [meta::DIRTY, meta::BUILT, meta::CONFLICT, meta::EXPIRED] {
+            batch.delete_range_cf(meta, prefix.to_vec(), meta::day_start(prefix, day));
         }
         // Server-first keys: one range per server.
-        for server in self.servers_under(META_LIVE_DAY)? {
+        for server in self.servers_under(meta::LIVE_DAY)? {
             let id = ServerId(server);
-            batch.delete_range_cf(meta, live_day_key(id, Day(0)), live_day_key(id, day));
+            batch.delete_range_cf(meta, meta::live_day(id, Day(0)), meta::live_day(id, day));
         }
-        for server in self.servers_under(META_LIVE)? {
+        for server in self.servers_under(meta::LIVE)? {
             let id = ServerId(server);
-            batch.delete_range_cf(meta, live_key(id, Hour(0)), live_key(id, day.first_hour()));
+            batch.delete_range_cf(
+                meta,
+                meta::live(id, Hour(0)),
+                meta::live(id, day.first_hour()),
+            );
         }
         self.write(batch)?;
         Ok(deleted)
     }
 
     fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        let key = day_series_key(META_EXPIRED, series, day);
+        let key = meta::day_series(meta::EXPIRED, series, day);
         Ok(self
             .db
             .get_cf(self.cf(CF_META), key)
@@ -815,10 +808,10 @@ impl Store for RocksStore {
         batch.delete_range_cf(self.cf(CF_ROLLUPS), prefix.to_vec(), prefix_end(&prefix));
         batch.put_cf(
             meta,
-            day_series_key(META_CONFLICT, series, day),
+            meta::day_series(meta::CONFLICT, series, day),
             reason.as_bytes(),
         );
-        let built = day_series_key(META_BUILT, series, day);
+        let built = meta::day_series(meta::BUILT, series, day);
         batch.put_cf(meta, built, mark.to_be_bytes());
         self.write(batch)?;
         Ok(!self.is_day_dirty(series, day)?)
@@ -826,9 +819,9 @@ impl Store for RocksStore {
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
         let mut out = Vec::new();
-        self.scan_meta(META_CONFLICT, |fields, value| {
-            let key = || [META_CONFLICT, fields].concat();
-            let (series, day) = day_series_fields(&key())?;
+        self.scan_meta(meta::CONFLICT, |fields, value| {
+            let key = || [meta::CONFLICT, fields].concat();
+            let (series, day) = day_series_fields(meta::CONFLICT, &key())?;
             let reason = String::from_utf8(value.to_vec()).map_err(|_| StoreError::BadValue {
                 column: CF_META,
                 key: key(),
@@ -846,7 +839,7 @@ impl Store for RocksStore {
 
     fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
         let meta = self.cf(CF_META);
-        let name_key = [META_SERIES_BY_NAME, &encode_series_name(series)].concat();
+        let name_key = meta::by_name(meta::SERIES_BY_NAME, &encode_series_name(series));
         let lookup = || -> Result<Option<SeriesId>, StoreError> {
             match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
                 Some(id) => Ok(Some(SeriesId(meta_id(&name_key, &id)?))),
@@ -864,12 +857,12 @@ impl Store for RocksStore {
         if let Some(id) = lookup()? {
             return Ok(Some(id));
         }
-        let id = next_id(self.last_id(META_SERIES_BY_ID)?, "series")?;
+        let id = next_id(self.last_id(meta::SERIES_BY_ID)?, "series")?;
         let mut batch = WriteBatch::default();
         batch.put_cf(meta, &name_key, id.to_be_bytes());
         batch.put_cf(
             meta,
-            [META_SERIES_BY_ID, &id.to_be_bytes()].concat(),
+            meta::by_id(meta::SERIES_BY_ID, id),
             encode_series_name(series),
         );
         self.write(batch)?;
@@ -878,11 +871,11 @@ impl Store for RocksStore {
 
     fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
         let mut out = Vec::new();
-        self.scan_meta(META_SERIES_BY_ID, |id, value| {
+        self.scan_meta(meta::SERIES_BY_ID, |id, value| {
             let id = meta_id(id, id)?;
             let name = decode_series_name(value).map_err(|reason| StoreError::BadValue {
                 column: CF_META,
-                key: [META_SERIES_BY_ID, &id.to_be_bytes()].concat(),
+                key: meta::by_id(meta::SERIES_BY_ID, id),
                 reason,
             })?;
             out.push((SeriesId(id), name));
@@ -898,7 +891,7 @@ impl Store for RocksStore {
         create: bool,
     ) -> Result<Option<ServerId>, StoreError> {
         let meta = self.cf(CF_META);
-        let name_key = [META_SERVER_BY_NAME, name.as_bytes()].concat();
+        let name_key = meta::by_name(meta::SERVER_BY_NAME, name.as_bytes());
         let lookup = || -> Result<Option<u32>, StoreError> {
             match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
                 Some(id) => Ok(Some(meta_id(&name_key, &id)?)),
@@ -913,7 +906,7 @@ impl Store for RocksStore {
         let entry = encode_server(name, &labels);
         match lookup()? {
             Some(id) => {
-                let id_key = [META_SERVER_BY_ID, &id.to_be_bytes()].concat();
+                let id_key = meta::by_id(meta::SERVER_BY_ID, id);
                 let held = self.db.get_cf(meta, &id_key).map_err(engine_error)?;
                 if held.as_deref() != Some(entry.as_slice()) {
                     let mut batch = WriteBatch::default();
@@ -923,10 +916,10 @@ impl Store for RocksStore {
                 Ok(Some(ServerId(id)))
             }
             None => {
-                let id = next_id(self.last_id(META_SERVER_BY_ID)?, "server")?;
+                let id = next_id(self.last_id(meta::SERVER_BY_ID)?, "server")?;
                 let mut batch = WriteBatch::default();
                 batch.put_cf(meta, &name_key, id.to_be_bytes());
-                batch.put_cf(meta, [META_SERVER_BY_ID, &id.to_be_bytes()].concat(), entry);
+                batch.put_cf(meta, meta::by_id(meta::SERVER_BY_ID, id), entry);
                 self.write(batch)?;
                 Ok(Some(ServerId(id)))
             }
@@ -935,11 +928,11 @@ impl Store for RocksStore {
 
     fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
         let mut out = Vec::new();
-        self.scan_meta(META_SERVER_BY_ID, |id, value| {
+        self.scan_meta(meta::SERVER_BY_ID, |id, value| {
             let id = meta_id(id, id)?;
             let (name, labels) = decode_server(value).map_err(|reason| StoreError::BadValue {
                 column: CF_META,
-                key: [META_SERVER_BY_ID, &id.to_be_bytes()].concat(),
+                key: meta::by_id(meta::SERVER_BY_ID, id),
                 reason,
             })?;
             out.push(ServerEntry {
@@ -955,22 +948,26 @@ impl Store for RocksStore {
     fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
         let mark = self.next_mark.fetch_add(1, Ordering::Relaxed);
         let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_META), dirty_key(series, day), mark.to_be_bytes());
+        batch.put_cf(
+            self.cf(CF_META),
+            meta::day_series(meta::DIRTY, series, day),
+            mark.to_be_bytes(),
+        );
         self.write(batch)
     }
 
     fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
         let meta = self.cf(CF_META);
         let mut found = Vec::new();
-        let end = [META_DIRTY, &before.0.to_be_bytes()].concat();
+        let end = meta::day_start(meta::DIRTY, before);
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(end);
         let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(META_DIRTY);
+        it.seek(meta::DIRTY);
         while found.len() < limit
             && let Some((key, value)) = it.item()
         {
-            let (series, day) = dirty_fields(key)?;
+            let (series, day) = day_series_fields(meta::DIRTY, key)?;
             let mark = mark_value(key, value)?;
             if self.built_mark(series, day)? != Some(mark) {
                 found.push(DirtyDay { series, day, mark });
@@ -982,7 +979,7 @@ impl Store for RocksStore {
     }
 
     fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        let key = dirty_key(series, day);
+        let key = meta::day_series(meta::DIRTY, series, day);
         let Some(value) = self
             .db
             .get_cf(self.cf(CF_META), &key)
@@ -1009,9 +1006,12 @@ impl Store for RocksStore {
         for (key, sketch) in rollups {
             batch.put_cf(cf, key.encode(), sketch);
         }
-        let built = day_series_key(META_BUILT, series, day);
+        let built = meta::day_series(meta::BUILT, series, day);
         batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
-        batch.delete_cf(self.cf(CF_META), day_series_key(META_CONFLICT, series, day));
+        batch.delete_cf(
+            self.cf(CF_META),
+            meta::day_series(meta::CONFLICT, series, day),
+        );
         self.write(batch)?;
         Ok(!self.is_day_dirty(series, day)?)
     }
@@ -1021,11 +1021,11 @@ impl Store for RocksStore {
         server: ServerId,
         since: Day,
     ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
-        let prefix = [META_SERVER_SERIES, &server.0.to_be_bytes()].concat();
+        let prefix = meta::server_start(meta::SERVER_SERIES, server);
         let mut read = ReadOptions::default();
         read.set_iterate_upper_bound(prefix_end(&prefix));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
-        it.seek([prefix.as_slice(), &since.0.to_be_bytes()].concat());
+        it.seek(meta::server_series_from(server, since));
         // Keys run day by day, so a later day overwrites an earlier one.
         let mut latest = HashMap::new();
         while let Some(key) = it.key() {
@@ -1051,22 +1051,22 @@ impl Store for RocksStore {
         // counts once.
         let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
         let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(live_key(server, hours.end));
+        read.set_iterate_upper_bound(meta::live(server, hours.end));
         let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(live_key(server, hours.start));
+        it.seek(meta::live(server, hours.start));
         while let Some(key) = it.key() {
-            let hour = Hour(meta_id(key, after(key, META_LIVE.len() + 4))?);
+            let hour = Hour(meta_id(key, after(key, meta::LIVE.len() + 4))?);
             *masks.entry(hour.day()).or_default() |= hour_bit(hour);
             it.next();
         }
         it.status().map_err(engine_error)?;
         let last_day = Hour(hours.end.0 - 1).day();
         let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(live_day_key(server, last_day.next()));
+        read.set_iterate_upper_bound(meta::live_day(server, last_day.next()));
         let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(live_day_key(server, hours.start.day()));
+        it.seek(meta::live_day(server, hours.start.day()));
         while let Some((key, value)) = it.item() {
-            let day = Day(meta_id(key, after(key, META_LIVE_DAY.len() + 4))?);
+            let day = Day(meta_id(key, after(key, meta::LIVE_DAY.len() + 4))?);
             *masks.entry(day).or_default() |= mask_within(day, live_mask(key, value)?, &hours);
             it.next();
         }
@@ -1076,10 +1076,9 @@ impl Store for RocksStore {
 
     fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
         let meta = self.cf(CF_META);
-        let id = server.0.to_be_bytes();
         // The first and last entry under `prefix | server`.
         let ends = |prefix: &[u8]| -> Result<Option<(KeyValue, KeyValue)>, StoreError> {
-            let lo = [prefix, &id].concat();
+            let lo = meta::server_start(prefix, server);
             let mut read = ReadOptions::default();
             read.set_iterate_lower_bound(lo.clone());
             read.set_iterate_upper_bound(prefix_end(&lo));
@@ -1095,17 +1094,17 @@ impl Store for RocksStore {
             it.status().map_err(engine_error)?;
             Ok(Some((first.clone(), last.unwrap_or(first))))
         };
-        let hourly = match ends(META_LIVE)? {
+        let hourly = match ends(meta::LIVE)? {
             Some(((first, _), (last, _))) => {
-                let hour = |key: &[u8]| meta_id(key, after(key, META_LIVE.len() + 4));
+                let hour = |key: &[u8]| meta_id(key, after(key, meta::LIVE.len() + 4));
                 Some(Hour(hour(&first)?)..Hour(hour(&last)? + 1))
             }
             None => None,
         };
-        let summaries = match ends(META_LIVE_DAY)? {
+        let summaries = match ends(meta::LIVE_DAY)? {
             Some(((first, first_mask), (last, last_mask))) => {
                 let span = |key: &[u8], mask: &[u8]| -> Result<Option<Range<Hour>>, StoreError> {
-                    let day = Day(meta_id(key, after(key, META_LIVE_DAY.len() + 4))?);
+                    let day = Day(meta_id(key, after(key, meta::LIVE_DAY.len() + 4))?);
                     Ok(mask_span(day, live_mask(key, mask)?))
                 };
                 span_union(span(&first, &first_mask)?, span(&last, &last_mask)?)
@@ -1222,24 +1221,6 @@ fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreErro
     ))
 }
 
-fn server_series_key(key: &HourKey) -> Vec<u8> {
-    [
-        META_SERVER_SERIES,
-        &key.server.0.to_be_bytes(),
-        &key.hour.day().0.to_be_bytes(),
-        &key.series.0.to_be_bytes(),
-    ]
-    .concat()
-}
-
-fn live_key(server: ServerId, hour: Hour) -> Vec<u8> {
-    [META_LIVE, &server.0.to_be_bytes(), &hour.0.to_be_bytes()].concat()
-}
-
-fn live_day_key(server: ServerId, day: Day) -> Vec<u8> {
-    [META_LIVE_DAY, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
-}
-
 /// An owned key and its value.
 type KeyValue = (Vec<u8>, Vec<u8>);
 
@@ -1264,33 +1245,13 @@ fn live_mask(key: &[u8], value: &[u8]) -> Result<u32, StoreError> {
     Ok(u32::from_be_bytes(bytes))
 }
 
-/// `prefix | day | series`: the layout of dirty, built, conflict and expired keys.
-fn day_series_key(prefix: &[u8], series: SeriesId, day: Day) -> Vec<u8> {
-    [prefix, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
-}
-
-/// The (series, day) of a `conflict/` key.
-fn day_series_fields(key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
-    dirty_fields(&[META_DIRTY, &key[META_CONFLICT.len().min(key.len())..]].concat())
-}
-
-/// The (series, day) of a `dirty/` key.
-fn dirty_fields(key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
-    let fields = &key[META_DIRTY.len().min(key.len())..];
-    if fields.len() != 8 {
-        return Err(StoreError::BadValue {
-            column: CF_META,
-            key: key.to_vec(),
-            reason: "a dirty-day key must end in day (4) and series (4)".into(),
-        });
-    }
-    let day = Day(u32::from_be_bytes([
-        fields[0], fields[1], fields[2], fields[3],
-    ]));
-    let series = SeriesId(u32::from_be_bytes([
-        fields[4], fields[5], fields[6], fields[7],
-    ]));
-    Ok((series, day))
+/// The (series, day) of a `prefix | day | series` key ([`meta::day_series`]).
+fn day_series_fields(prefix: &[u8], key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
+    meta::day_series_fields(prefix, key).ok_or_else(|| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: "a day-series key must end in day (4) and series (4)".into(),
+    })
 }
 
 /// The mark stored under a `dirty/` or `built/` key.
@@ -1305,7 +1266,7 @@ fn mark_value(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
 
 impl RocksStore {
     fn built_mark(&self, series: SeriesId, day: Day) -> Result<Option<u64>, StoreError> {
-        let key = [META_BUILT, &dirty_key(series, day)[META_DIRTY.len()..]].concat();
+        let key = meta::day_series(meta::BUILT, series, day);
         match self
             .db
             .get_cf(self.cf(CF_META), &key)
@@ -1315,11 +1276,6 @@ impl RocksStore {
             None => Ok(None),
         }
     }
-}
-
-fn dirty_key(series: SeriesId, day: Day) -> Vec<u8> {
-    // Day first, so "every dirty day before D" is one range.
-    [META_DIRTY, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
 }
 
 /// `series | time`, the first 8 bytes of both hourly (time = hour) and rollup (time = day)
@@ -1490,8 +1446,8 @@ pub(super) mod testing {
             .db
             .delete_range_cf(
                 meta,
-                META_SERVER_SERIES,
-                &prefix_end(META_SERVER_SERIES)[..],
+                meta::SERVER_SERIES,
+                &prefix_end(meta::SERVER_SERIES)[..],
             )
             .unwrap();
     }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::keys::Epoch;
-use hourglass::sketch::hll::Hll;
+use hourglass_sketch::hll::Hll;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -1098,8 +1098,8 @@ mod rocks {
 #[test]
 #[ignore]
 fn measure_compression() {
-    use hourglass::sketch::bloom::Bloom;
-    use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+    use hourglass_sketch::bloom::Bloom;
+    use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 
     const ROWS: u32 = 40;
     let item = |row: u32, i: u64| format!("user-{row}-{i}").into_bytes();

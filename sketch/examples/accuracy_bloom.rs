@@ -12,7 +12,7 @@
 //! `B` probes spent), so the measured rate's relative standard error, 1/√positives, is
 //! about 3% at the default F = 1,000 and is printed beside each row.
 
-use hourglass::sketch::bloom::Bloom;
+use hourglass_sketch::bloom::Bloom;
 use std::time::Instant;
 
 struct Options {

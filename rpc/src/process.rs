@@ -171,10 +171,13 @@ pub fn adopt_remote_parent(span: &tracing::Span, metadata: &tonic::metadata::Met
 /// The whole life of a server process: a Tokio runtime, logging and traces set up on it
 /// as `service`, then `start`; the last spans are flushed while the runtime still runs.
 /// An error is one `error: …` line on stderr and exit status 1.
-pub fn run_server(
+///
+/// `E` is the binary's error type; it is printed with `{:#}`, which for `anyhow::Error`
+/// is the error and its causes on one line.
+pub fn run_server<E: std::fmt::Display>(
     format: LogFormat,
     service: &str,
-    start: impl FnOnce(&tokio::runtime::Runtime) -> anyhow::Result<()>,
+    start: impl FnOnce(&tokio::runtime::Runtime) -> Result<(), E>,
 ) -> std::process::ExitCode {
     // The runtime comes first: the trace exporter, when configured, runs on it.
     let runtime = match tokio::runtime::Runtime::new() {

@@ -133,6 +133,27 @@ pub fn hour_range(
     Ok(start..end)
 }
 
+/// Time since the Unix epoch, now; zero on a clock set before 1970.
+pub fn since_unix_epoch() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> i64 {
+    since_unix_epoch().as_secs() as i64
+}
+
+/// A duration field of a configuration file, written as [`parse_duration`] reads it
+/// (`#[serde(deserialize_with = "...")]`); the error names the text and what is wrong.
+pub fn deserialize_duration<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<std::time::Duration, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
 /// Parses a duration as a whole number and one unit: `250ms`, `90s`, `15m`, `1h`, `35d`.
 /// Used by both processes' flags and config files.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {

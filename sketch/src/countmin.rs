@@ -31,7 +31,7 @@
 //! so estimates never under-count even then.
 //!
 //! ```
-//! use hourglass::sketch::countmin::CountMin;
+//! use hourglass_sketch::countmin::CountMin;
 //!
 //! let mut a = CountMin::with_error(0.01, 0.01).unwrap();
 //! assert_eq!((a.width(), a.depth()), (272, 5));

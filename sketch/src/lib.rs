@@ -1,15 +1,88 @@
-//! The three sketch kinds and what they share.
+//! # hourglass-sketch
+//!
+//! Mergeable sketches for counting what happens across a fleet, each answer with its
+//! error bar, and the checksummed binary format they travel and rest in. This crate is
+//! the vocabulary of hourglass and nothing else: no async runtime, no gRPC, no storage.
+//! Its only dependencies are `xxhash-rust` (item hashing and frame checksums) and
+//! `thiserror`.
+//!
+//! | kind | type | answers |
+//! |---|---|---|
+//! | distinct | [`hll::Hll`] | how many distinct items? |
+//! | frequency | [`frequency::Frequency`] | how often did X occur? what are the top K? |
+//! | membership | [`bloom::Bloom`] | was X seen? |
 //!
 //! Every sketch type has the same shape: `insert` items, `merge` another sketch of the
 //! same kind and parameters (an error naming the parameter otherwise), `encode` to the
 //! framed binary format of docs/FORMAT.md and `decode` from it (an error, never a panic,
-//! on any input).
+//! on any input). Items are hashed once with [`hash::item_hash`], so sketches built on
+//! different hosts merge.
+//!
+//! How many distinct visitors, across two hosts:
+//!
+//! ```
+//! use hourglass_sketch::hll::Hll;
+//!
+//! let mut web1 = Hll::new(14)?;
+//! let mut web2 = Hll::new(14)?;
+//! for user in 0..5_000u32 {
+//!     web1.insert(format!("user-{user}").as_bytes());
+//! }
+//! for user in 2_500..10_000u32 {
+//!     web2.insert(format!("user-{user}").as_bytes());
+//! }
+//! // Sketches travel as bytes; a decoder checks every length and the checksum.
+//! let shipped = Hll::decode(&web2.encode())?;
+//! web1.merge(&shipped)?;
+//! let answer = web1.estimate();
+//! assert!(answer.lower95 <= 10_000.0 && 10_000.0 <= answer.upper95);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! How often, and the top items:
+//!
+//! ```
+//! use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+//!
+//! let mut pages = Frequency::new(FrequencyParams::default())?;
+//! pages.insert_weighted(b"/home", 300)?;
+//! for _ in 0..20 {
+//!     pages.insert(b"/about")?;
+//! }
+//! // Count-Min never undercounts, and overcounts by more than max_overcount (ε·N)
+//! // with probability at most δ.
+//! let home = pages.estimate(b"/home");
+//! assert!(home.estimate >= 300 && home.estimate <= 300 + home.max_overcount);
+//! assert_eq!(pages.top_k(1)[0].item, b"/home");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Was it seen:
+//!
+//! ```
+//! use hourglass_sketch::bloom::Bloom;
+//!
+//! let mut seen = Bloom::new(10_000, 0.01)?;
+//! seen.insert(b"order-42");
+//! assert!(seen.contains(b"order-42")); // a Bloom filter has no false negatives
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod format;
+pub mod hash;
 
 pub mod bloom;
 pub mod countmin;
 pub mod frequency;
 pub mod frequent;
 pub mod hll;
+
+pub use error::{DecodeError, MergeError, ParameterError};
+pub use format::Kind;
 
 /// An estimate with its uncertainty: what every answer of hourglass carries.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,8 +113,7 @@ impl Estimate {
     }
 }
 
-use crate::error::{DecodeError, MergeError, ParameterError};
-use crate::format::{Kind, decode_frame};
+use crate::format::decode_frame;
 use bloom::Bloom;
 use frequency::Frequency;
 use hll::Hll;

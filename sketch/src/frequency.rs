@@ -19,7 +19,7 @@
 //! naming the parameter and leaves the sketch unchanged. The Count-Min part of a merge is
 //! bit for bit the sketch of the union of the streams (without conservative update); the
 //! frequent-items part is commutative but depends on the grouping of merges, with the
-//! same guarantee under any grouping (see [`crate::sketch::frequent`]).
+//! same guarantee under any grouping (see [`crate::frequent`]).
 //!
 //! **Encoding** is the frame of [`crate::format`] with kind `frequency` around the
 //! Count-Min part and then the frequent-items part, specified byte by byte in
@@ -27,7 +27,7 @@
 //! so merges in either order encode alike.
 //!
 //! ```
-//! use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+//! use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 //!
 //! let params = FrequencyParams::from_error(0.01, 0.01).unwrap();
 //! assert_eq!((params.width, params.depth, params.capacity), (272, 5, 100));
@@ -53,11 +53,11 @@
 //! assert_eq!(decoded.estimate(b"/home"), eu.estimate(b"/home"));
 //! ```
 
+use crate::countmin::{self, CountMin};
 use crate::error::{DecodeError, MergeError, ParameterError};
 use crate::format::{BodyReader, Kind, decode_frame, encode_frame};
+use crate::frequent::{self, FrequentItems};
 use crate::hash::item_hash;
-use crate::sketch::countmin::{self, CountMin};
-use crate::sketch::frequent::{self, FrequentItems};
 
 /// The parameters of a [`Frequency`] sketch; sketches merge only if all four are equal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

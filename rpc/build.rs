@@ -1,15 +1,15 @@
-//! Generates the gRPC code of proto/hourglass/v1 into OUT_DIR with the vendored protoc,
-//! so a fresh machine needs no system protobuf compiler.
+//! Generates the gRPC code of proto/hourglass/v1 (at the repository's top, beside this
+//! crate) into OUT_DIR with the vendored protoc, so a fresh machine needs no system
+//! protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
-    unsafe { std::env::set_var("PROTOC", protoc) };
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     let protos = [
-        "proto/hourglass/v1/sketch.proto",
-        "proto/hourglass/v1/collector.proto",
-        "proto/hourglass/v1/query.proto",
-        "proto/hourglass/v1/ingest.proto",
+        "../proto/hourglass/v1/sketch.proto",
+        "../proto/hourglass/v1/collector.proto",
+        "../proto/hourglass/v1/query.proto",
+        "../proto/hourglass/v1/ingest.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -26,6 +26,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Pushed sketches as `Bytes` too: a slice of the received message, with no copy
         // between the decoder and the store (a push is mostly sketch bytes).
         .bytes(".hourglass.v1.EncodedSketch.data")
-        .compile_protos(&protos, &["proto"])?;
+        .compile_with_config(config, &protos, &["../proto"])?;
     Ok(())
 }

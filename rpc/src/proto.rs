@@ -14,7 +14,7 @@ pub mod v1 {
 /// The encoded `FileDescriptorSet` of `hourglass.v1`, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hourglass_descriptor");
 
-use crate::format::Kind;
+use hourglass_sketch::Kind;
 
 /// The metric label of a gRPC status code: snake case, as Prometheus labels go.
 pub fn code_label(code: tonic::Code) -> &'static str {

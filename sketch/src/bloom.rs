@@ -18,7 +18,7 @@
 //! exactly the filter of the union of both item sets, whatever the order or grouping.
 //!
 //! ```
-//! use hourglass::sketch::bloom::{Bloom, Health};
+//! use hourglass_sketch::bloom::{Bloom, Health};
 //!
 //! let mut monday = Bloom::new(1_000, 0.01).unwrap();
 //! monday.insert(b"user42");

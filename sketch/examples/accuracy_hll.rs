@@ -17,7 +17,7 @@
 //! ```
 
 use clap::Parser;
-use hourglass::sketch::hll::Hll;
+use hourglass_sketch::hll::Hll;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 

@@ -39,7 +39,7 @@
 //! instead of wrapping.
 //!
 //! ```
-//! use hourglass::sketch::frequent::FrequentItems;
+//! use hourglass_sketch::frequent::FrequentItems;
 //!
 //! let mut a = FrequentItems::new(2).unwrap();
 //! for item in ["cart", "cart", "cart", "home", "login", "search", "cart"] {

@@ -15,9 +15,9 @@
 //!
 //! Streams are seeded, so every run prints the same figures.
 
-use hourglass::hash::item_hash;
-use hourglass::sketch::countmin::CountMin;
-use hourglass::sketch::frequency::{Frequency, FrequencyParams};
+use hourglass_sketch::countmin::CountMin;
+use hourglass_sketch::frequency::{Frequency, FrequencyParams};
+use hourglass_sketch::hash::item_hash;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::Instant;

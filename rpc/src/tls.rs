@@ -54,6 +54,53 @@ pub struct ServerTlsFlags {
     pub tls_client_ca: Option<PathBuf>,
 }
 
+/// The flags of a gRPC client: `hourglass-agent` (to its aggregator) and the `hourglass`
+/// command (to an agent or an aggregator). TLS is on for an `https://` address, or for
+/// `host:port` when any of the TLS files is given ([`ClientTls::url`]).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTlsFlags {
+    /// PEM CA certificates that signed the server's certificate (TLS is on with it).
+    #[arg(long, env = "HOURGLASS_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate presented to a server that requires mutual TLS.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
+    pub tls_client_cert: Option<PathBuf>,
+    /// PEM key of --tls-client-cert.
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
+    pub tls_client_key: Option<PathBuf>,
+    /// A file holding the bearer token for a server that requires one (the token can
+    /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
+    #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl ClientTlsFlags {
+    /// The TLS settings these flags give.
+    pub fn settings(&self) -> ClientTls {
+        ClientTls {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_client_cert.clone(),
+            key: self.tls_client_key.clone(),
+        }
+    }
+
+    /// The token ([`read_token`]) and its `authorization` value, checked now so that a
+    /// token a header cannot carry is one error at start.
+    pub fn bearer(
+        &self,
+    ) -> Result<
+        Option<(
+            String,
+            tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+        )>,
+        TlsError,
+    > {
+        read_token(self.token_file.as_deref())?
+            .map(|token| bearer_header(&token).map(|header| (token, header)))
+            .transpose()
+    }
+}
+
 impl ServerTlsFlags {
     /// The settings these flags give (see [`ServerTls::from_flags`]).
     pub fn settings(self) -> Result<Option<ServerTls>, TlsError> {
@@ -416,9 +463,32 @@ pub fn read_token(file: Option<&Path>) -> Result<Option<String>, TlsError> {
         .filter(|t| !t.is_empty()))
 }
 
+/// The `authorization` value that carries `token`: `Bearer TOKEN`, the one form every
+/// client of hourglass sends; an error if the token has characters a header cannot carry.
+pub fn bearer_header(
+    token: &str,
+) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, TlsError> {
+    format!("Bearer {token}")
+        .parse()
+        .map_err(|_| TlsError("the token has characters an HTTP header cannot carry".into()))
+}
+
+/// The token an `authorization` value carries, if it has the form [`bearer_header`] makes.
+pub fn bearer_token(header: &[u8]) -> Option<&[u8]> {
+    header.strip_prefix(b"Bearer ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_headers_read_back_and_refuse_what_a_header_cannot_carry() {
+        let header = bearer_header("s3cret").unwrap();
+        assert_eq!(bearer_token(header.as_bytes()), Some(&b"s3cret"[..]));
+        assert_eq!(bearer_token(b"Basic s3cret"), None);
+        assert!(bearer_header("line\nbreak").is_err());
+    }
 
     #[test]
     fn flags_must_come_in_pairs() {

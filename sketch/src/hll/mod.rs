@@ -49,7 +49,7 @@
 //! # Example
 //!
 //! ```
-//! use hourglass::sketch::hll::Hll;
+//! use hourglass_sketch::hll::Hll;
 //!
 //! let mut monday = Hll::new(14)?;
 //! for user in 0..1000u32 {
@@ -74,9 +74,9 @@ mod dense;
 mod estimate;
 mod sparse;
 
+use crate::Estimate;
 use crate::error::{DecodeError, MergeError, ParameterError};
 use crate::format::{BodyReader, Kind, decode_frame, encode_frame};
-use crate::sketch::Estimate;
 use sparse::SparseList;
 
 /// The smallest precision: 16 registers.

@@ -1,0 +1,23 @@
+//! # hourglass-rpc
+//!
+//! What the three hourglass programs (`hourglass-agent`, `hourglass-aggregator` and the
+//! `hourglass` command) share to speak and serve `package hourglass.v1`:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`proto`] | the generated gRPC types (proto/hourglass/v1) and their conversions |
+//! | [`series`] | metric, tag and series naming rules, checked where input enters |
+//! | [`time`] | whole UTC hours, and how users write times and durations |
+//! | [`tls`] | TLS for every listener and client (rustls), certificates reloaded on change |
+//! | [`process`] | logging, OpenTelemetry tracing and shutdown signals of every process |
+//! | [`size_limit`] | messages refused for size, counted and named |
+//!
+//! The sketches themselves, and their binary format, are the `hourglass-sketch` crate,
+//! which knows nothing of any of this. Nothing here knows RocksDB.
+
+pub mod process;
+pub mod proto;
+pub mod series;
+pub mod size_limit;
+pub mod time;
+pub mod tls;
