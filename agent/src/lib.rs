@@ -547,4 +547,29 @@ mod tests {
         assert_eq!(names, ["lock"], "only the lock is left");
         drop(agent);
     }
+
+    /// The binary prints an error with `{:#}` (anyhow: the message, then each source,
+    /// joined by ": "), so a variant must not both show its cause and name it as its
+    /// source: the line would say the cause twice. These read as before AgentError.
+    #[test]
+    fn an_error_says_its_cause_once() {
+        let printed = |e: AgentError| format!("{:#}", anyhow::Error::from(e));
+        let io = || std::io::Error::other("address in use");
+        assert_eq!(
+            printed(AgentError::Admin(io())),
+            "admin server failed: address in use"
+        );
+        assert_eq!(
+            printed(AgentError::Socket {
+                what: "statsd socket",
+                source: io(),
+            }),
+            "configuring the statsd socket: address in use"
+        );
+        let name = hourglass_rpc::series::validate_server_name("a|b").unwrap_err();
+        assert_eq!(
+            printed(AgentError::ServerName(name.clone())),
+            format!("{name} (--server-name, or the hostname)")
+        );
+    }
 }

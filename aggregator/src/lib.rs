@@ -237,3 +237,33 @@ pub async fn run(
 ) -> Result<(), AggregatorError> {
     Aggregator::open(config)?.serve(listeners, shutdown).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binary prints an error with `{:#}` (anyhow: the message, then each source,
+    /// joined by ": "), so a variant must not both show its cause and name it as its
+    /// source: the line would say the cause twice. These read as before AggregatorError.
+    #[tokio::test]
+    async fn an_error_says_its_cause_once() {
+        let printed = |e: AggregatorError| format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(
+            printed(AggregatorError::Admin(std::io::Error::other(
+                "address in use"
+            ))),
+            "admin server failed: address in use"
+        );
+        let task = tokio::spawn(std::future::pending::<()>());
+        task.abort();
+        let join = task.await.unwrap_err();
+        let why = join.to_string();
+        assert_eq!(
+            printed(AggregatorError::Task {
+                what: "background",
+                source: join,
+            }),
+            format!("background task failed: {why}")
+        );
+    }
+}

@@ -904,6 +904,60 @@ fn a_checkpoint_of_another_server_is_refused() {
     );
 }
 
+/// An agent that cannot start prints one `error: …` line naming the cause once, as it did
+/// before its library returned `AgentError`: the binary prints errors with `{:#}`, which
+/// appends every `source()`, so a variant that both shows its source and marks it as the
+/// source says the cause twice.
+#[test]
+fn an_agent_that_cannot_start_names_the_cause_once() {
+    let dir = TempDir::new("agent-start-errors");
+    std::fs::write(dir.file("plain-file"), b"").unwrap();
+    let under_a_file = dir.file("plain-file/data");
+    // A checkpoint that is a directory cannot be read (EISDIR), and is left as it is.
+    let unreadable = dir.file("unreadable");
+    std::fs::create_dir_all(dir.file("unreadable/checkpoint")).unwrap();
+    let cases: [(&str, &str, &str); 3] = [
+        (
+            "web 1|bad",
+            &dir.file("data"),
+            "(--server-name, or the hostname)",
+        ),
+        ("web-1", &under_a_file, "cannot create the data dir"),
+        ("web-1", &unreadable, "cannot read the checkpoint"),
+    ];
+    for (name, data, what) in cases {
+        let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+            .args([
+                "--server-name",
+                name,
+                "--statsd-listen",
+                "off",
+                "--ingest-listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data,
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or_else(|| panic!("no error line: {stderr}"));
+        assert!(line.contains(what), "{line}");
+        // The cause is the text after the last ": " (or, for the name, before " (--");
+        // it must appear once.
+        let cause = match line.split_once(" (--server-name") {
+            Some((head, _)) => head.trim_start_matches("error: ").to_string(),
+            None => line.rsplit(": ").next().unwrap().to_string(),
+        };
+        assert_eq!(line.matches(&cause).count(), 1, "{cause:?} twice in {line}");
+    }
+}
+
 /// Issue 13: an aggregator refuses a push declaring more live hours than its
 /// `limits.max_live_hours_per_push`. That must cost an agent no snapshot and no live hour:
 /// "auto" keeps the default (10,000 a push) and sends fewer once refused, "set" is
