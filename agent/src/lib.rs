@@ -105,9 +105,9 @@ pub enum AgentError {
     Config(#[from] config::ConfigError),
     /// The server name breaks the naming rule the aggregator enforces.
     #[error("{0} (--server-name, or the hostname)")]
-    ServerName(#[source] hourglass_rpc::series::NameError),
+    ServerName(hourglass_rpc::series::NameError),
     /// The data dir cannot be created or written.
-    #[error("cannot {action} the data dir {}: {source}", dir.display())]
+    #[error("cannot {action} the data dir {}", dir.display())]
     DataDir {
         /// What was tried: `create`, `write in`.
         action: &'static str,
@@ -134,20 +134,20 @@ pub enum AgentError {
     },
     /// The checkpoint exists but cannot be read (permissions, I/O); it is left as it is.
     #[error(
-        "cannot read the checkpoint in {}: {source} (fix the cause and start again; the checkpoint is left as it is)",
+        "cannot read the checkpoint in {}: {error} (fix the cause and start again; the checkpoint is left as it is)",
         dir.display()
     )]
     CheckpointUnreadable {
         /// The data dir.
         dir: PathBuf,
-        /// The system's error.
-        source: std::io::Error,
+        /// The system's error (in the message, so not a `source`: said once).
+        error: std::io::Error,
     },
     /// The aggregator's address or TLS settings are unusable.
     #[error("--aggregator: {0}")]
-    Aggregator(#[source] hourglass_rpc::tls::TlsError),
+    Aggregator(hourglass_rpc::tls::TlsError),
     /// A DogStatsD socket could not be set up.
-    #[error("configuring the {what}: {source}")]
+    #[error("configuring the {what}")]
     Socket {
         /// Which socket.
         what: &'static str,
@@ -156,10 +156,10 @@ pub enum AgentError {
     },
     /// The gRPC Ingest server failed.
     #[error("gRPC ingest server failed: {0}")]
-    Grpc(#[source] tonic::transport::Error),
+    Grpc(tonic::transport::Error),
     /// The admin HTTP server failed.
     #[error("admin server failed: {0}")]
-    Admin(#[source] std::io::Error),
+    Admin(std::io::Error),
     /// A task or thread could not start, panicked or was cancelled.
     #[error("{what} task failed: {detail}")]
     Task {
@@ -498,9 +498,9 @@ fn restore(
             );
             Ok((Table::new(Arc::clone(config), epoch), None))
         }
-        Err(checkpoint::CheckpointError::Io(source)) => Err(AgentError::CheckpointUnreadable {
+        Err(checkpoint::CheckpointError::Io(error)) => Err(AgentError::CheckpointUnreadable {
             dir: dir.clone(),
-            source,
+            error,
         }),
         Err(e) => {
             let epoch = new_epoch();

@@ -79,12 +79,12 @@ pub enum AggregatorError {
     Store(#[from] StoreError),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
-    Grpc(#[source] tonic::transport::Error),
+    Grpc(tonic::transport::Error),
     /// The admin HTTP server failed.
     #[error("admin server failed: {0}")]
-    Admin(#[source] std::io::Error),
+    Admin(std::io::Error),
     /// A task panicked or was cancelled.
-    #[error("{what} task failed: {source}")]
+    #[error("{what} task failed")]
     Task {
         /// Which task.
         what: &'static str,
