@@ -147,7 +147,7 @@ pub enum AgentError {
     #[error("--aggregator: {0}")]
     Aggregator(hourglass_rpc::tls::TlsError),
     /// A DogStatsD socket could not be set up.
-    #[error("configuring the {what}")]
+    #[error("configuring the {what} socket")]
     Socket {
         /// Which socket.
         what: &'static str,
@@ -257,40 +257,22 @@ impl Agent {
         let stop_udp = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::new();
         if let Some(socket) = listeners.statsd {
-            let granted = ingest::prepare_socket(&socket).map_err(|source| AgentError::Socket {
-                what: "statsd socket",
-                source,
-            })?;
-            tracing::info!(receive_buffer = granted, "statsd (UDP) receiving");
-            let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
-            let stop = Arc::clone(&stop_udp);
-            receivers.push(
-                std::thread::Builder::new()
-                    .name("statsd-udp".into())
-                    .spawn(move || ingest::receive_loop(socket, handler, stop))
-                    .map_err(|e| AgentError::Task {
-                        what: "statsd-udp",
-                        detail: e.to_string(),
-                    })?,
-            );
+            receivers.push(start_receiver(
+                socket,
+                "statsd-udp",
+                &table,
+                &metrics,
+                &stop_udp,
+            )?);
         }
         if let Some(socket) = listeners.statsd_unix {
-            let granted = ingest::prepare_socket(&socket).map_err(|source| AgentError::Socket {
-                what: "statsd Unix socket",
-                source,
-            })?;
-            tracing::info!(receive_buffer = granted, "statsd (Unix socket) receiving");
-            let handler = ingest::StatsdHandler::new(Arc::clone(&table), Arc::clone(&metrics));
-            let stop = Arc::clone(&stop_udp);
-            receivers.push(
-                std::thread::Builder::new()
-                    .name("statsd-unix".into())
-                    .spawn(move || ingest::receive_loop(socket, handler, stop))
-                    .map_err(|e| AgentError::Task {
-                        what: "statsd-unix",
-                        detail: e.to_string(),
-                    })?,
-            );
+            receivers.push(start_receiver(
+                socket,
+                "statsd-unix",
+                &table,
+                &metrics,
+                &stop_udp,
+            )?);
         }
 
         let admin = tokio::spawn(admin::serve(
@@ -303,36 +285,10 @@ impl Agent {
             stopped(stop_rx.clone()),
         ));
 
-        let channel = options
-            .aggregator_tls
-            .endpoint(&options.aggregator)
-            .map_err(AgentError::Aggregator)?
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
-        let server = v1::Server {
-            name: options.server_name.clone(),
-            labels: options
-                .labels
-                .iter()
-                .map(|(key, value)| v1::Tag {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-        };
         // The shipper's own stop comes after ingest has stopped, so its final flush sees
         // every event that was acknowledged.
         let (ship_stop_tx, ship_stop_rx) = watch::channel(false);
-        let shipper = shipper::Shipper::new(
-            Arc::clone(&table),
-            Arc::clone(&metrics),
-            Arc::clone(&config),
-            options.data_dir.clone(),
-            server,
-            channel,
-            options.aggregator_token.clone(),
-        );
+        let shipper = new_shipper(&options, &table, &metrics, &config)?;
         if let Some(position) = resume {
             shipper.resume_checkpoint(position);
         }
@@ -425,6 +381,66 @@ impl Agent {
             .map_err(AgentError::Admin)?;
         Ok(())
     }
+}
+
+/// Starts the thread that receives DogStatsD datagrams on `socket` (named `name`) into
+/// `table` until `stop`, with a large receive buffer and a read timeout.
+fn start_receiver(
+    socket: impl ingest::DatagramSocket,
+    name: &'static str,
+    table: &Arc<Mutex<Table>>,
+    metrics: &Arc<Metrics>,
+    stop: &Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, AgentError> {
+    let granted = ingest::prepare_socket(&socket)
+        .map_err(|source| AgentError::Socket { what: name, source })?;
+    tracing::info!(receive_buffer = granted, "{name} receiving");
+    let handler = ingest::StatsdHandler::new(Arc::clone(table), Arc::clone(metrics));
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || ingest::receive_loop(socket, handler, stop))
+        .map_err(|e| AgentError::Task {
+            what: name,
+            detail: e.to_string(),
+        })
+}
+
+/// The shipper of `table` to the aggregator of `options`, over a channel that connects
+/// on first use (an aggregator that is down at start is retried, not fatal).
+fn new_shipper(
+    options: &Options,
+    table: &Arc<Mutex<Table>>,
+    metrics: &Arc<Metrics>,
+    config: &Arc<Config>,
+) -> Result<shipper::Shipper, AgentError> {
+    let channel = options
+        .aggregator_tls
+        .endpoint(&options.aggregator)
+        .map_err(AgentError::Aggregator)?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy();
+    let server = v1::Server {
+        name: options.server_name.clone(),
+        labels: options
+            .labels
+            .iter()
+            .map(|(key, value)| v1::Tag {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+    };
+    Ok(shipper::Shipper::new(
+        Arc::clone(table),
+        Arc::clone(metrics),
+        Arc::clone(config),
+        options.data_dir.clone(),
+        server,
+        channel,
+        options.aggregator_token.clone(),
+    ))
 }
 
 /// The table of the checkpoint in the data dir, or an empty one in a new epoch — with a
@@ -561,10 +577,10 @@ mod tests {
         );
         assert_eq!(
             printed(AgentError::Socket {
-                what: "statsd socket",
+                what: "statsd-udp",
                 source: io(),
             }),
-            "configuring the statsd socket: address in use"
+            "configuring the statsd-udp socket: address in use"
         );
         let name = hourglass_rpc::series::validate_server_name("a|b").unwrap_err();
         assert_eq!(

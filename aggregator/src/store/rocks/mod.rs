@@ -58,6 +58,12 @@ use crate::keys::{
     hour_range_bounds, meta,
 };
 
+mod options;
+mod values;
+
+use options::cf_options;
+use values::*;
+
 const CF_HOURLY: &str = "hourly";
 const CF_ROLLUPS: &str = "rollups";
 const CF_META: &str = "meta";
@@ -1115,56 +1121,6 @@ impl Store for RocksStore {
     }
 }
 
-/// Column family options: what each is tuned for is in docs/STORAGE.md.
-fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
-    let mut table = BlockBasedOptions::default();
-    table.set_block_cache(cache);
-    // Full (not block-based) filters: one filter per SST file, checked before any data
-    // block is read. They hold whole keys, for point lookups, and, where a prefix
-    // extractor is set, prefixes too, for scans of one prefix.
-    table.set_bloom_filter(options.bloom_bits_per_key, false);
-    table.set_whole_key_filtering(true);
-    // Index and filter blocks live in the block cache, so its size bounds memory; L0's
-    // stay pinned because every lookup consults every L0 file.
-    table.set_cache_index_and_filter_blocks(true);
-    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-    // A dense HyperLogLog at precision 14 is 12 KiB: with the default 4 KiB blocks,
-    // most values would be blocks of their own. 16 KiB blocks hold several sketches, so
-    // compression sees more than one at a time and the index is smaller.
-    table.set_block_size(16 << 10);
-
-    let mut cf = Options::default();
-    cf.set_block_based_table_factory(&table);
-    cf.set_write_buffer_size(options.write_buffer_bytes);
-    cf.set_level_compaction_dynamic_level_bytes(true);
-    if options.compression {
-        // L0 is what flushes write, on the ingest path: uncompressed, so a flush is a
-        // copy. Compactions out of L0 run in the background and compress: LZ4 for the
-        // middle levels (cheap; it takes Count-Min counters to 16%), ZSTD for the
-        // bottommost, which holds about 90% of the data.
-        cf.set_compression_per_level(&[
-            DBCompressionType::None,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-        ]);
-        cf.set_bottommost_compression_type(DBCompressionType::Zstd);
-    } else {
-        cf.set_compression_type(DBCompressionType::None);
-        cf.set_bottommost_compression_type(DBCompressionType::None);
-    }
-    if name == CF_HOURLY {
-        cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(PREFIX_LEN));
-        // The memtable gets a Bloom filter too, so absent keys skip its skiplist search.
-        cf.set_memtable_prefix_bloom_ratio(0.02);
-        cf.set_memtable_whole_key_filtering(true);
-    }
-    cf
-}
-
 fn stripe_of(key: &HourKey) -> usize {
     // Fibonacci hashing of (server, epoch): one agent's keys share a stripe.
     let mixed = ((u64::from(key.server.0) << 32) ^ key.epoch.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1175,93 +1131,6 @@ fn lock_ignoring_poison(lock: &Mutex<()>) -> MutexGuard<'_, ()> {
     // The mutexes guard no data, only the order of RocksDB reads and writes; a panic in
     // another holder leaves nothing inconsistent behind.
     lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn stored_version(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
-    match value.get(..VERSION_LEN) {
-        Some(version) if value.len() > VERSION_LEN => {
-            let mut bytes = [0u8; VERSION_LEN];
-            bytes.copy_from_slice(version);
-            Ok(u64::from_be_bytes(bytes))
-        }
-        _ => Err(StoreError::BadValue {
-            column: CF_HOURLY,
-            key: key.to_vec(),
-            reason: format!(
-                "an hourly value is an 8-byte version and a sketch, found {} bytes",
-                value.len()
-            ),
-        }),
-    }
-}
-
-fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreError> {
-    let expected = if cf == CF_HOURLY {
-        HourKey::LEN
-    } else {
-        DayKey::LEN
-    };
-    if key.len() != expected {
-        return Err(StoreError::BadKey {
-            column: cf,
-            source: crate::keys::KeyLengthError {
-                what: if cf == CF_HOURLY {
-                    "hourly key"
-                } else {
-                    "rollup key"
-                },
-                expected,
-                found: key.len(),
-            },
-        });
-    }
-    Ok((
-        u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
-        u32::from_be_bytes([key[4], key[5], key[6], key[7]]),
-    ))
-}
-
-/// An owned key and its value.
-type KeyValue = (Vec<u8>, Vec<u8>);
-
-/// The bytes of `key` from `offset` on; none if it is shorter (a damaged key, which the
-/// length check of [`meta_id`] then reports).
-fn after(key: &[u8], offset: usize) -> &[u8] {
-    key.get(offset..).unwrap_or(&[])
-}
-
-/// The bit of `hour` in its day's live-hours mask.
-fn hour_bit(hour: Hour) -> u32 {
-    1 << (hour.0 - hour.day().first_hour().0)
-}
-
-/// The mask stored under a `liveday/` key.
-fn live_mask(key: &[u8], value: &[u8]) -> Result<u32, StoreError> {
-    let bytes: [u8; 4] = value.try_into().map_err(|_| StoreError::BadValue {
-        column: CF_META,
-        key: key.to_vec(),
-        reason: format!("a live-hours mask must be 4 bytes, found {}", value.len()),
-    })?;
-    Ok(u32::from_be_bytes(bytes))
-}
-
-/// The (series, day) of a `prefix | day | series` key ([`meta::day_series`]).
-fn day_series_fields(prefix: &[u8], key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
-    meta::day_series_fields(prefix, key).ok_or_else(|| StoreError::BadValue {
-        column: CF_META,
-        key: key.to_vec(),
-        reason: "a day-series key must end in day (4) and series (4)".into(),
-    })
-}
-
-/// The mark stored under a `dirty/` or `built/` key.
-fn mark_value(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
-    let bytes: [u8; 8] = value.try_into().map_err(|_| StoreError::BadValue {
-        column: CF_META,
-        key: key.to_vec(),
-        reason: format!("a rollup mark must be 8 bytes, found {}", value.len()),
-    })?;
-    Ok(u64::from_be_bytes(bytes))
 }
 
 impl RocksStore {
@@ -1276,130 +1145,6 @@ impl RocksStore {
             None => Ok(None),
         }
     }
-}
-
-/// `series | time`, the first 8 bytes of both hourly (time = hour) and rollup (time = day)
-/// keys; see [`crate::keys::hour_prefix`] and [`crate::keys::day_prefix`].
-fn series_time_prefix(series: u32, time: u32) -> [u8; 8] {
-    let mut out = [0u8; 8];
-    out[..4].copy_from_slice(&series.to_be_bytes());
-    out[4..].copy_from_slice(&time.to_be_bytes());
-    out
-}
-
-/// The smallest key greater than every key starting with `prefix` (which must not end in
-/// 0xff; ours are ASCII).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
-fn meta_id(key: &[u8], bytes: &[u8]) -> Result<u32, StoreError> {
-    let bytes: [u8; 4] = bytes.try_into().map_err(|_| StoreError::BadValue {
-        column: CF_META,
-        key: key.to_vec(),
-        reason: format!("an id must be 4 bytes, found {}", bytes.len()),
-    })?;
-    Ok(u32::from_be_bytes(bytes))
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn put_pairs(out: &mut Vec<u8>, pairs: &[(String, String)]) {
-    out.extend_from_slice(&(pairs.len() as u32).to_be_bytes());
-    for (k, v) in pairs {
-        put_str(out, k);
-        put_str(out, v);
-    }
-}
-
-fn encode_series_name(series: &SeriesName) -> Vec<u8> {
-    let series = series.canonical();
-    let mut out = vec![series.kind.code()];
-    put_str(&mut out, &series.metric);
-    put_pairs(&mut out, &series.tags);
-    out
-}
-
-fn encode_server(name: &str, sorted_labels: &[(String, String)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    put_str(&mut out, name);
-    put_pairs(&mut out, sorted_labels);
-    out
-}
-
-/// A cursor over a `meta` value that checks every length before it reads.
-struct MetaReader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> MetaReader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
-        if self.bytes.len() < n {
-            return Err(format!(
-                "{what} needs {n} bytes, {} remain",
-                self.bytes.len()
-            ));
-        }
-        let (head, tail) = self.bytes.split_at(n);
-        self.bytes = tail;
-        Ok(head)
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    fn string(&mut self, what: &str) -> Result<String, String> {
-        let len = self.u32(what)? as usize;
-        let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
-    }
-
-    fn pairs(&mut self, what: &str) -> Result<Vec<(String, String)>, String> {
-        let count = self.u32(what)? as usize;
-        // Each pair needs at least its two length fields: a corrupt count cannot make us
-        // allocate more than the value could hold.
-        if count > self.bytes.len() / 8 {
-            return Err(format!("{what} count {count} exceeds the value's length"));
-        }
-        (0..count)
-            .map(|_| Ok((self.string(what)?, self.string(what)?)))
-            .collect()
-    }
-
-    fn finish(&self) -> Result<(), String> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} unexpected trailing bytes", self.bytes.len()))
-        }
-    }
-}
-
-fn decode_series_name(bytes: &[u8]) -> Result<SeriesName, String> {
-    let mut r = MetaReader { bytes };
-    let code = r.take(1, "kind")?[0];
-    let kind = Kind::from_code(code).ok_or_else(|| format!("unknown sketch kind code {code}"))?;
-    let metric = r.string("metric")?;
-    let tags = r.pairs("tags")?;
-    r.finish()?;
-    Ok(SeriesName { metric, tags, kind })
-}
-
-fn decode_server(bytes: &[u8]) -> Result<(String, Vec<(String, String)>), String> {
-    let mut r = MetaReader { bytes };
-    let name = r.string("server name")?;
-    let labels = r.pairs("labels")?;
-    r.finish()?;
-    Ok((name, labels))
 }
 
 /// Maps an error of `DB::open`, recognising RocksDB's lock error: it is the one every

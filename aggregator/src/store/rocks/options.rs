@@ -1,0 +1,54 @@
+//! The RocksDB options of each column family (docs/STORAGE.md gives every setting's
+//! reason).
+
+use super::*;
+
+/// Column family options: what each is tuned for is in docs/STORAGE.md.
+pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    // Full (not block-based) filters: one filter per SST file, checked before any data
+    // block is read. They hold whole keys, for point lookups, and, where a prefix
+    // extractor is set, prefixes too, for scans of one prefix.
+    table.set_bloom_filter(options.bloom_bits_per_key, false);
+    table.set_whole_key_filtering(true);
+    // Index and filter blocks live in the block cache, so its size bounds memory; L0's
+    // stay pinned because every lookup consults every L0 file.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    // A dense HyperLogLog at precision 14 is 12 KiB: with the default 4 KiB blocks,
+    // most values would be blocks of their own. 16 KiB blocks hold several sketches, so
+    // compression sees more than one at a time and the index is smaller.
+    table.set_block_size(16 << 10);
+
+    let mut cf = Options::default();
+    cf.set_block_based_table_factory(&table);
+    cf.set_write_buffer_size(options.write_buffer_bytes);
+    cf.set_level_compaction_dynamic_level_bytes(true);
+    if options.compression {
+        // L0 is what flushes write, on the ingest path: uncompressed, so a flush is a
+        // copy. Compactions out of L0 run in the background and compress: LZ4 for the
+        // middle levels (cheap; it takes Count-Min counters to 16%), ZSTD for the
+        // bottommost, which holds about 90% of the data.
+        cf.set_compression_per_level(&[
+            DBCompressionType::None,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+        ]);
+        cf.set_bottommost_compression_type(DBCompressionType::Zstd);
+    } else {
+        cf.set_compression_type(DBCompressionType::None);
+        cf.set_bottommost_compression_type(DBCompressionType::None);
+    }
+    if name == CF_HOURLY {
+        cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(PREFIX_LEN));
+        // The memtable gets a Bloom filter too, so absent keys skip its skiplist search.
+        cf.set_memtable_prefix_bloom_ratio(0.02);
+        cf.set_memtable_whole_key_filtering(true);
+    }
+    cf
+}

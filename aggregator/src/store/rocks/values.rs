@@ -1,0 +1,217 @@
+//! How the RocksDB store reads and writes the bytes of its values and key fields: the
+//! version in front of an hourly value, rollup marks, live-hours masks, ids, and the
+//! encoded names and labels of the series and server dictionaries. Every reader checks
+//! lengths first and names the column and key of a value that does not decode.
+
+use super::*;
+
+pub(super) fn stored_version(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    match value.get(..VERSION_LEN) {
+        Some(version) if value.len() > VERSION_LEN => {
+            let mut bytes = [0u8; VERSION_LEN];
+            bytes.copy_from_slice(version);
+            Ok(u64::from_be_bytes(bytes))
+        }
+        _ => Err(StoreError::BadValue {
+            column: CF_HOURLY,
+            key: key.to_vec(),
+            reason: format!(
+                "an hourly value is an 8-byte version and a sketch, found {} bytes",
+                value.len()
+            ),
+        }),
+    }
+}
+
+pub(super) fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreError> {
+    let expected = if cf == CF_HOURLY {
+        HourKey::LEN
+    } else {
+        DayKey::LEN
+    };
+    if key.len() != expected {
+        return Err(StoreError::BadKey {
+            column: cf,
+            source: crate::keys::KeyLengthError {
+                what: if cf == CF_HOURLY {
+                    "hourly key"
+                } else {
+                    "rollup key"
+                },
+                expected,
+                found: key.len(),
+            },
+        });
+    }
+    Ok((
+        u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
+        u32::from_be_bytes([key[4], key[5], key[6], key[7]]),
+    ))
+}
+
+/// An owned key and its value.
+pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// The bytes of `key` from `offset` on; none if it is shorter (a damaged key, which the
+/// length check of [`meta_id`] then reports).
+pub(super) fn after(key: &[u8], offset: usize) -> &[u8] {
+    key.get(offset..).unwrap_or(&[])
+}
+
+/// The bit of `hour` in its day's live-hours mask.
+pub(super) fn hour_bit(hour: Hour) -> u32 {
+    1 << (hour.0 - hour.day().first_hour().0)
+}
+
+/// The mask stored under a `liveday/` key.
+pub(super) fn live_mask(key: &[u8], value: &[u8]) -> Result<u32, StoreError> {
+    let bytes: [u8; 4] = value.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("a live-hours mask must be 4 bytes, found {}", value.len()),
+    })?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+/// The (series, day) of a `prefix | day | series` key ([`meta::day_series`]).
+pub(super) fn day_series_fields(prefix: &[u8], key: &[u8]) -> Result<(SeriesId, Day), StoreError> {
+    meta::day_series_fields(prefix, key).ok_or_else(|| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: "a day-series key must end in day (4) and series (4)".into(),
+    })
+}
+
+/// The mark stored under a `dirty/` or `built/` key.
+pub(super) fn mark_value(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = value.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("a rollup mark must be 8 bytes, found {}", value.len()),
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// `series | time`, the first 8 bytes of both hourly (time = hour) and rollup (time = day)
+/// keys; see [`crate::keys::hour_prefix`] and [`crate::keys::day_prefix`].
+pub(super) fn series_time_prefix(series: u32, time: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&series.to_be_bytes());
+    out[4..].copy_from_slice(&time.to_be_bytes());
+    out
+}
+
+/// The smallest key greater than every key starting with `prefix` (which must not end in
+/// 0xff; ours are ASCII).
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+pub(super) fn meta_id(key: &[u8], bytes: &[u8]) -> Result<u32, StoreError> {
+    let bytes: [u8; 4] = bytes.try_into().map_err(|_| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason: format!("an id must be 4 bytes, found {}", bytes.len()),
+    })?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+pub(super) fn put_pairs(out: &mut Vec<u8>, pairs: &[(String, String)]) {
+    out.extend_from_slice(&(pairs.len() as u32).to_be_bytes());
+    for (k, v) in pairs {
+        put_str(out, k);
+        put_str(out, v);
+    }
+}
+
+pub(super) fn encode_series_name(series: &SeriesName) -> Vec<u8> {
+    let series = series.canonical();
+    let mut out = vec![series.kind.code()];
+    put_str(&mut out, &series.metric);
+    put_pairs(&mut out, &series.tags);
+    out
+}
+
+pub(super) fn encode_server(name: &str, sorted_labels: &[(String, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_str(&mut out, name);
+    put_pairs(&mut out, sorted_labels);
+    out
+}
+
+/// A cursor over a `meta` value that checks every length before it reads.
+pub(super) struct MetaReader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> MetaReader<'a> {
+    pub(super) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.bytes.len() < n {
+            return Err(format!(
+                "{what} needs {n} bytes, {} remain",
+                self.bytes.len()
+            ));
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+
+    pub(super) fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub(super) fn string(&mut self, what: &str) -> Result<String, String> {
+        let len = self.u32(what)? as usize;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+    }
+
+    pub(super) fn pairs(&mut self, what: &str) -> Result<Vec<(String, String)>, String> {
+        let count = self.u32(what)? as usize;
+        // Each pair needs at least its two length fields: a corrupt count cannot make us
+        // allocate more than the value could hold.
+        if count > self.bytes.len() / 8 {
+            return Err(format!("{what} count {count} exceeds the value's length"));
+        }
+        (0..count)
+            .map(|_| Ok((self.string(what)?, self.string(what)?)))
+            .collect()
+    }
+
+    pub(super) fn finish(&self) -> Result<(), String> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} unexpected trailing bytes", self.bytes.len()))
+        }
+    }
+}
+
+pub(super) fn decode_series_name(bytes: &[u8]) -> Result<SeriesName, String> {
+    let mut r = MetaReader { bytes };
+    let code = r.take(1, "kind")?[0];
+    let kind = Kind::from_code(code).ok_or_else(|| format!("unknown sketch kind code {code}"))?;
+    let metric = r.string("metric")?;
+    let tags = r.pairs("tags")?;
+    r.finish()?;
+    Ok(SeriesName { metric, tags, kind })
+}
+
+pub(super) fn decode_server(bytes: &[u8]) -> Result<(String, Vec<(String, String)>), String> {
+    let mut r = MetaReader { bytes };
+    let name = r.string("server name")?;
+    let labels = r.pairs("labels")?;
+    r.finish()?;
+    Ok((name, labels))
+}
