@@ -280,8 +280,8 @@ mod tests {
     /// One distinct row of precision `p` holding `item`.
     fn row(store: &MemoryStore, hour: Hour, p: u8, item: &[u8]) {
         let name = SeriesName::new("visitors", vec![], Kind::Distinct);
-        let series = store.series_id(&name, true).unwrap().unwrap();
-        let server = store.server_id("web-1", &[], true).unwrap().unwrap();
+        let series = store.series_id_or_create(&name).unwrap();
+        let server = store.register_server("web-1", &[]).unwrap();
         let mut hll = Hll::new(p).unwrap();
         hll.insert(item);
         let key = HourKey {
@@ -299,8 +299,8 @@ mod tests {
         // Day 100: a row that does not decode as its kind says; day 101: a good one.
         row(&store, Hour(100 * 24 + 1), 12, b"a");
         let name = SeriesName::new("visitors", vec![], Kind::Distinct);
-        let series = store.series_id(&name, true).unwrap().unwrap();
-        let server = store.server_id("web-1", &[], true).unwrap().unwrap();
+        let series = store.series_id_or_create(&name).unwrap();
+        let server = store.register_server("web-1", &[]).unwrap();
         let mut bloom = hourglass_sketch::bloom::Bloom::new(100, 0.01).unwrap();
         bloom.insert(b"x");
         let key = HourKey {

@@ -49,7 +49,7 @@ impl Fleet {
         let mut batch = Vec::new();
         for (i, (name, region)) in SERVERS.iter().enumerate() {
             let labels = vec![("region".to_string(), region.to_string())];
-            let server = store.server_id(name, &labels, true).unwrap().unwrap();
+            let server = store.register_server(name, &labels).unwrap();
             let down_on_day_1 = *name == "us-2";
             let live: Vec<Hour> = (0..48)
                 .filter(|h| !(down_on_day_1 && *h >= 24))
@@ -60,7 +60,7 @@ impl Fleet {
                 for device in ["mobile", "desktop"] {
                     let name =
                         SeriesName::new("visitors", vec![("device".into(), device.into())], kind);
-                    let series = store.series_id(&name, true).unwrap().unwrap();
+                    let series = store.series_id_or_create(&name).unwrap();
                     for hour in &live {
                         let sketch = sketch_of(kind, &items(hour.0, i as u32, device));
                         let key = HourKey {
@@ -181,17 +181,14 @@ fn a_late_snapshot_is_never_hidden_behind_a_rollup() {
     // A new epoch of eu-1 brings 500 new users to hour 3.
     let series = fleet
         .store
-        .series_id(
-            &SeriesName::new(
-                "visitors",
-                vec![("device".into(), "mobile".into())],
-                Kind::Distinct,
-            ),
-            false,
-        )
+        .series_id(&SeriesName::new(
+            "visitors",
+            vec![("device".into(), "mobile".into())],
+            Kind::Distinct,
+        ))
         .unwrap()
         .unwrap();
-    let server = fleet.store.server_id("eu-1", &[], false).unwrap().unwrap();
+    let server = fleet.store.server_id("eu-1").unwrap().unwrap();
     let late: Vec<Vec<u8>> = (0..500).map(|i| format!("late{i}").into_bytes()).collect();
     let key = HourKey {
         series,
@@ -324,8 +321,8 @@ fn errors_say_what_is_wrong() {
     );
     let store = MemoryStore::new();
     let name = SeriesName::new("hits", vec![], Kind::Frequency);
-    store.series_id(&name, true).unwrap();
-    store.server_id("a", &[], true).unwrap();
+    store.series_id_or_create(&name).unwrap();
+    store.register_server("a", &[]).unwrap();
     let message = Planner::new(&store)
         .answer(&Selector {
             metric: "hits".into(),
@@ -401,8 +398,8 @@ fn a_late_row_in_an_expired_day_does_not_shrink_its_answer() {
         vec![("device".into(), "mobile".into())],
         Kind::Distinct,
     );
-    let series = fleet.store.series_id(&name, false).unwrap().unwrap();
-    let server = fleet.store.server_id("eu-1", &[], false).unwrap().unwrap();
+    let series = fleet.store.series_id(&name).unwrap().unwrap();
+    let server = fleet.store.server_id("eu-1").unwrap().unwrap();
     let key = HourKey {
         series,
         hour: Hour(3),

@@ -171,11 +171,8 @@ fn store_push(
     target: &PushTarget<'_>,
     valid: Vec<Valid>,
 ) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
-    let engine = crate::store::StoreError::Engine;
     let server = target.server;
-    let server_id = store
-        .server_id(server, target.labels, true)?
-        .ok_or_else(|| engine(format!("server {server:?} not created")))?;
+    let server_id = store.register_server(server, target.labels)?;
     let (oldest, limit) = (target.oldest_day, target.max_series);
     let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
     let mut batch = Vec::with_capacity(valid.len());
@@ -192,16 +189,14 @@ fn store_push(
                 }
                 Some(Err(full)) => Err(*full),
                 None => {
-                    let decided = match store.series_id(&v.name, false)? {
+                    let decided = match store.series_id(&v.name)? {
                         Some(id) => match held.admit(id, day, oldest, limit) {
                             Admission::Held | Admission::New => Ok(id),
                             Admission::Full { held } => Err(held),
                         },
                         None if held.is_full(oldest, limit) => Err(held.len()),
                         None => {
-                            let id = store
-                                .series_id(&v.name, true)?
-                                .ok_or_else(|| engine(format!("series {} not created", v.name)))?;
+                            let id = store.series_id_or_create(&v.name)?;
                             held.admit(id, day, oldest, limit);
                             Ok(id)
                         }
@@ -238,10 +233,11 @@ fn store_push(
         .into_iter()
         .map(|answer| match answer {
             Some(rejected) => Ok(rejected),
-            None => outcomes
-                .next()
-                .map(Ok)
-                .ok_or_else(|| engine("the store answered fewer outcomes than snapshots".into())),
+            None => outcomes.next().map(Ok).ok_or_else(|| {
+                crate::store::StoreError::Engine(
+                    "the store answered fewer outcomes than snapshots".into(),
+                )
+            }),
         })
         .collect()
 }

@@ -358,12 +358,11 @@ mod tests {
     async fn a_query_over_the_fanout_bound_is_refused_and_counted() {
         let store = Arc::new(MemoryStore::new());
         let series = store
-            .series_id(&SeriesName::new("visitors", vec![], Kind::Distinct), true)
-            .unwrap()
+            .series_id_or_create(&SeriesName::new("visitors", vec![], Kind::Distinct))
             .unwrap();
         let hour = Hour(480_000);
         for name in ["web-1", "web-2"] {
-            let server = store.server_id(name, &[], true).unwrap().unwrap();
+            let server = store.register_server(name, &[]).unwrap();
             let key = HourKey {
                 series,
                 hour,

@@ -251,20 +251,21 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
+    fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
+        Ok(self.lock().series_by_name.get(&series.canonical()).copied())
+    }
+
+    fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError> {
         let series = series.canonical();
         let mut inner = self.lock();
         if let Some(id) = inner.series_by_name.get(&series) {
-            return Ok(Some(*id));
-        }
-        if !create {
-            return Ok(None);
+            return Ok(*id);
         }
         let id = next_id(inner.series_by_id.keys().next_back().map(|s| s.0), "series")?;
         let id = SeriesId(id);
         inner.series_by_name.insert(series.clone(), id);
         inner.series_by_id.insert(id, series);
-        Ok(Some(id))
+        Ok(id)
     }
 
     fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
@@ -276,26 +277,24 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn server_id(
+    fn server_id(&self, name: &str) -> Result<Option<ServerId>, StoreError> {
+        Ok(self.lock().servers_by_name.get(name).copied())
+    }
+
+    fn register_server(
         &self,
         name: &str,
         labels: &[(String, String)],
-        create: bool,
-    ) -> Result<Option<ServerId>, StoreError> {
+    ) -> Result<ServerId, StoreError> {
         let mut inner = self.lock();
         if let Some(&id) = inner.servers_by_name.get(name) {
-            if create {
-                let labels = sorted_labels(labels);
-                if let Some(entry) = inner.servers_by_id.get_mut(&id)
-                    && entry.labels != labels
-                {
-                    entry.labels = labels;
-                }
+            let labels = sorted_labels(labels);
+            if let Some(entry) = inner.servers_by_id.get_mut(&id)
+                && entry.labels != labels
+            {
+                entry.labels = labels;
             }
-            return Ok(Some(id));
-        }
-        if !create {
-            return Ok(None);
+            return Ok(id);
         }
         let id = ServerId(next_id(
             inner.servers_by_id.keys().next_back().map(|s| s.0),
@@ -310,7 +309,7 @@ impl Store for MemoryStore {
                 labels: sorted_labels(labels),
             },
         );
-        Ok(Some(id))
+        Ok(id)
     }
 
     fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {

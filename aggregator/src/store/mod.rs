@@ -319,24 +319,28 @@ pub trait Store: Send + Sync + 'static {
     /// Every day whose rollups could not be built, in (day, series) order.
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError>;
 
-    /// The id of a series. With `create`, a series not yet known gets the next free id;
-    /// without, it is `None`. Ids are stable for the life of the store. Tags are compared
-    /// in sorted order.
-    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError>;
+    /// The id of a known series; `None` for a series the store has never held. Tags are
+    /// compared in sorted order.
+    fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError>;
+
+    /// The id of a series, a series not yet known getting the next free id. Ids are stable
+    /// for the life of the store. Tags are compared in sorted order.
+    fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError>;
 
     /// Every known series with its id, in id order. Names have sorted tags.
     fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError>;
 
-    /// The id of the server called `name`. With `create`, an unknown server is registered
-    /// with `labels`, and a known one whose labels differ gets `labels` as its new ones;
-    /// without, this is a pure lookup and `labels` is ignored. Ids are stable for the life
-    /// of the store and never [`ServerId::ALL`].
-    fn server_id(
+    /// The id of the known server called `name`; `None` for a server never registered.
+    fn server_id(&self, name: &str) -> Result<Option<ServerId>, StoreError>;
+
+    /// The id of the server called `name`: an unknown server is registered with `labels`,
+    /// and a known one whose labels differ gets `labels` as its new ones. Ids are stable
+    /// for the life of the store and never [`ServerId::ALL`].
+    fn register_server(
         &self,
         name: &str,
         labels: &[(String, String)],
-        create: bool,
-    ) -> Result<Option<ServerId>, StoreError>;
+    ) -> Result<ServerId, StoreError>;
 
     /// Every registered server, in id order.
     fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError>;

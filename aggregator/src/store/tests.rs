@@ -640,17 +640,17 @@ fn series_dictionary_is_stable(store: &dyn Store) {
         labels(&[("device", "mobile"), ("country", "de")]),
         Kind::Distinct,
     );
-    assert_eq!(store.series_id(&visitors, false).unwrap(), None);
-    let id = store.series_id(&visitors, true).unwrap().unwrap();
-    assert_eq!(store.series_id(&visitors, true).unwrap(), Some(id));
-    assert_eq!(store.series_id(&visitors, false).unwrap(), Some(id));
+    assert_eq!(store.series_id(&visitors).unwrap(), None);
+    let id = store.series_id_or_create(&visitors).unwrap();
+    assert_eq!(store.series_id_or_create(&visitors).unwrap(), id);
+    assert_eq!(store.series_id(&visitors).unwrap(), Some(id));
     // Tags in another order name the same series.
     let unsorted = SeriesName {
         metric: "visitors".into(),
         tags: labels(&[("device", "mobile"), ("country", "de")]),
         kind: Kind::Distinct,
     };
-    assert_eq!(store.series_id(&unsorted, false).unwrap(), Some(id));
+    assert_eq!(store.series_id(&unsorted).unwrap(), Some(id));
     // Another kind, other tags, or a metric whose name runs into the tags are others.
     let frequency = SeriesName {
         kind: Kind::Frequency,
@@ -660,7 +660,7 @@ fn series_dictionary_is_stable(store: &dyn Store) {
     let tricky = SeriesName::new("visitorsa", vec![], Kind::Distinct);
     let ids: Vec<SeriesId> = [&frequency, &fewer_tags, &tricky]
         .iter()
-        .map(|s| store.series_id(s, true).unwrap().unwrap())
+        .map(|s| store.series_id_or_create(s).unwrap())
         .collect();
     let mut all = vec![id];
     all.extend(&ids);
@@ -684,14 +684,14 @@ fn series_dictionary_is_stable(store: &dyn Store) {
 
 fn server_registry_updates_labels(store: &dyn Store) {
     let eu = labels(&[("role", "web"), ("region", "eu")]);
-    assert_eq!(store.server_id("web-1", &eu, false).unwrap(), None);
-    let web1 = store.server_id("web-1", &eu, true).unwrap().unwrap();
-    let web2 = store.server_id("web-2", &[], true).unwrap().unwrap();
+    assert_eq!(store.server_id("web-1").unwrap(), None);
+    let web1 = store.register_server("web-1", &eu).unwrap();
+    let web2 = store.register_server("web-2", &[]).unwrap();
     assert_ne!(web1, web2);
     assert_ne!(web1, ServerId::ALL);
-    assert_eq!(store.server_id("web-1", &eu, true).unwrap(), Some(web1));
+    assert_eq!(store.register_server("web-1", &eu).unwrap(), web1);
     // A lookup ignores labels and changes nothing.
-    assert_eq!(store.server_id("web-1", &[], false).unwrap(), Some(web1));
+    assert_eq!(store.server_id("web-1").unwrap(), Some(web1));
     assert_eq!(
         store.list_servers().unwrap(),
         [
@@ -709,7 +709,7 @@ fn server_registry_updates_labels(store: &dyn Store) {
     );
     // Registering again with new labels replaces them and keeps the id.
     let us = labels(&[("region", "us")]);
-    assert_eq!(store.server_id("web-1", &us, true).unwrap(), Some(web1));
+    assert_eq!(store.register_server("web-1", &us).unwrap(), web1);
     assert_eq!(store.list_servers().unwrap()[0].labels, us);
 }
 
@@ -919,12 +919,10 @@ mod rocks {
         let (series, server) = {
             let store = RocksStore::open(dir.path(), &options()).unwrap();
             let series = store
-                .series_id(&SeriesName::new("hits", vec![], Kind::Frequency), true)
-                .unwrap()
+                .series_id_or_create(&SeriesName::new("hits", vec![], Kind::Frequency))
                 .unwrap();
             let server = store
-                .server_id("web-1", &labels(&[("region", "eu")]), true)
-                .unwrap()
+                .register_server("web-1", &labels(&[("region", "eu")]))
                 .unwrap();
             store
                 .put_hourly(&[(key(series.0, 5, server.0, 1), 3, sketch(3).into())])
@@ -954,16 +952,15 @@ mod rocks {
         // Ids are stable, and the next new one does not reuse an old one.
         assert_eq!(
             store
-                .series_id(&SeriesName::new("hits", vec![], Kind::Frequency), false)
+                .series_id(&SeriesName::new("hits", vec![], Kind::Frequency))
                 .unwrap(),
             Some(series)
         );
         let other = store
-            .series_id(&SeriesName::new("hits", vec![], Kind::Membership), true)
-            .unwrap()
+            .series_id_or_create(&SeriesName::new("hits", vec![], Kind::Membership))
             .unwrap();
         assert_ne!(other, series);
-        assert_eq!(store.server_id("web-1", &[], false).unwrap(), Some(server));
+        assert_eq!(store.server_id("web-1").unwrap(), Some(server));
         assert_eq!(
             store.list_servers().unwrap()[0].labels,
             labels(&[("region", "eu")])
@@ -1070,7 +1067,7 @@ mod rocks {
         let err = store.list_servers().unwrap_err();
         assert!(matches!(err, StoreError::BadValue { .. }), "{err:?}");
         put_raw(&store, "meta", b"server/name/x", &[1, 2]);
-        let err = store.server_id("x", &[], false).unwrap_err();
+        let err = store.server_id("x").unwrap_err();
         assert!(matches!(err, StoreError::BadValue { .. }), "{err:?}");
     }
 

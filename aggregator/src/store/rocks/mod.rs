@@ -843,25 +843,21 @@ impl Store for RocksStore {
         Ok(out)
     }
 
-    fn series_id(&self, series: &SeriesName, create: bool) -> Result<Option<SeriesId>, StoreError> {
+    fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
+        let name_key = meta::by_name(meta::SERIES_BY_NAME, &encode_series_name(series));
+        Ok(self.meta_id_of(&name_key)?.map(SeriesId))
+    }
+
+    fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError> {
+        if let Some(id) = self.series_id(series)? {
+            return Ok(id);
+        }
         let meta = self.cf(CF_META);
         let name_key = meta::by_name(meta::SERIES_BY_NAME, &encode_series_name(series));
-        let lookup = || -> Result<Option<SeriesId>, StoreError> {
-            match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
-                Some(id) => Ok(Some(SeriesId(meta_id(&name_key, &id)?))),
-                None => Ok(None),
-            }
-        };
-        if let Some(id) = lookup()? {
-            return Ok(Some(id));
-        }
-        if !create {
-            return Ok(None);
-        }
         let _meta = lock_ignoring_poison(&self.meta_lock);
         // Another caller may have created it between the lookup and the lock.
-        if let Some(id) = lookup()? {
-            return Ok(Some(id));
+        if let Some(id) = self.meta_id_of(&name_key)? {
+            return Ok(SeriesId(id));
         }
         let id = next_id(self.last_id(meta::SERIES_BY_ID)?, "series")?;
         let mut batch = WriteBatch::default();
@@ -872,7 +868,7 @@ impl Store for RocksStore {
             encode_series_name(series),
         );
         self.write(batch)?;
-        Ok(Some(SeriesId(id)))
+        Ok(SeriesId(id))
     }
 
     fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
@@ -890,27 +886,22 @@ impl Store for RocksStore {
         Ok(out)
     }
 
-    fn server_id(
+    fn server_id(&self, name: &str) -> Result<Option<ServerId>, StoreError> {
+        let name_key = meta::by_name(meta::SERVER_BY_NAME, name.as_bytes());
+        Ok(self.meta_id_of(&name_key)?.map(ServerId))
+    }
+
+    fn register_server(
         &self,
         name: &str,
         labels: &[(String, String)],
-        create: bool,
-    ) -> Result<Option<ServerId>, StoreError> {
+    ) -> Result<ServerId, StoreError> {
         let meta = self.cf(CF_META);
         let name_key = meta::by_name(meta::SERVER_BY_NAME, name.as_bytes());
-        let lookup = || -> Result<Option<u32>, StoreError> {
-            match self.db.get_cf(meta, &name_key).map_err(engine_error)? {
-                Some(id) => Ok(Some(meta_id(&name_key, &id)?)),
-                None => Ok(None),
-            }
-        };
-        if !create {
-            return Ok(lookup()?.map(ServerId));
-        }
         let labels = sorted_labels(labels);
         let _meta = lock_ignoring_poison(&self.meta_lock);
         let entry = encode_server(name, &labels);
-        match lookup()? {
+        match self.meta_id_of(&name_key)? {
             Some(id) => {
                 let id_key = meta::by_id(meta::SERVER_BY_ID, id);
                 let held = self.db.get_cf(meta, &id_key).map_err(engine_error)?;
@@ -919,7 +910,7 @@ impl Store for RocksStore {
                     batch.put_cf(meta, id_key, entry);
                     self.write(batch)?;
                 }
-                Ok(Some(ServerId(id)))
+                Ok(ServerId(id))
             }
             None => {
                 let id = next_id(self.last_id(meta::SERVER_BY_ID)?, "server")?;
@@ -927,7 +918,7 @@ impl Store for RocksStore {
                 batch.put_cf(meta, &name_key, id.to_be_bytes());
                 batch.put_cf(meta, meta::by_id(meta::SERVER_BY_ID, id), entry);
                 self.write(batch)?;
-                Ok(Some(ServerId(id)))
+                Ok(ServerId(id))
             }
         }
     }
@@ -1134,6 +1125,18 @@ fn lock_ignoring_poison(lock: &Mutex<()>) -> MutexGuard<'_, ()> {
 }
 
 impl RocksStore {
+    /// The id stored under a dictionary's name key; `None` if there is none.
+    fn meta_id_of(&self, name_key: &[u8]) -> Result<Option<u32>, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_META), name_key)
+            .map_err(engine_error)?
+        {
+            Some(id) => Ok(Some(meta_id(name_key, &id)?)),
+            None => Ok(None),
+        }
+    }
+
     fn built_mark(&self, series: SeriesId, day: Day) -> Result<Option<u64>, StoreError> {
         let key = meta::day_series(meta::BUILT, series, day);
         match self
