@@ -62,8 +62,9 @@ pub struct Options {
     pub aggregator: String,
     /// TLS to the aggregator: its CA, and this agent's certificate for mutual TLS.
     pub aggregator_tls: hourglass_rpc::tls::ClientTls,
-    /// The bearer token for the aggregator, if it requires one.
-    pub aggregator_token: Option<String>,
+    /// The `authorization` value for an aggregator that requires a token
+    /// ([`hourglass_rpc::tls::bearer_header`]).
+    pub aggregator_authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// Where the checkpoint lives.
     pub data_dir: PathBuf,
     /// Everything else.
@@ -439,7 +440,7 @@ fn new_shipper(
         options.data_dir.clone(),
         server,
         channel,
-        options.aggregator_token.clone(),
+        options.aggregator_authorization.clone(),
     ))
 }
 
@@ -544,7 +545,7 @@ mod tests {
             labels: Vec::new(),
             aggregator: "http://127.0.0.1:1".into(),
             aggregator_tls: hourglass_rpc::tls::ClientTls::default(),
-            aggregator_token: None,
+            aggregator_authorization: None,
             data_dir: dir.to_path_buf(),
             config: Config::default(),
         }

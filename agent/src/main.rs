@@ -179,13 +179,13 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             "plaintext"
         }
     );
-    let aggregator_token = cli.aggregator_client.bearer()?.map(|(token, _)| token);
+    let aggregator_authorization = cli.aggregator_client.bearer()?;
     let agent = Agent::open(Options {
         server_name,
         labels: cli.labels,
         aggregator,
         aggregator_tls,
-        aggregator_token,
+        aggregator_authorization,
         data_dir: cli.data_dir,
         config,
     })?;

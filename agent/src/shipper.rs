@@ -81,7 +81,7 @@ impl Shipper {
         data_dir: PathBuf,
         server: v1::Server,
         channel: Channel,
-        token: Option<String>,
+        authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     ) -> Shipper {
         let max = 512 << 20;
         let client = CollectorClient::new(channel)
@@ -103,8 +103,7 @@ impl Shipper {
             next_push: Instant::now(),
             jitter: seed,
             live_chunk,
-            // Checked when the agent starts (main.rs), so a bad token never gets here.
-            authorization: token.and_then(|t| hourglass_rpc::tls::bearer_header(&t).ok()),
+            authorization,
             backlog_episode: None,
             writer,
             failed_checkpoints: 0,

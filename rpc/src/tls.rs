@@ -84,19 +84,13 @@ impl ClientTlsFlags {
         }
     }
 
-    /// The token ([`read_token`]) and its `authorization` value, checked now so that a
-    /// token a header cannot carry is one error at start.
+    /// The `authorization` value of the token ([`read_token`]), made now so that a token
+    /// a header cannot carry is one error at start.
     pub fn bearer(
         &self,
-    ) -> Result<
-        Option<(
-            String,
-            tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
-        )>,
-        TlsError,
-    > {
+    ) -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, TlsError> {
         read_token(self.token_file.as_deref())?
-            .map(|token| bearer_header(&token).map(|header| (token, header)))
+            .map(|token| bearer_header(&token))
             .transpose()
     }
 }

@@ -86,7 +86,7 @@ fn auth(
 ) -> anyhow::Result<
     impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone,
 > {
-    let header = flags.bearer()?.map(|(_, header)| header);
+    let header = flags.bearer()?;
     Ok(move |mut request: tonic::Request<()>| {
         if let Some(h) = &header {
             request.metadata_mut().insert("authorization", h.clone());

@@ -491,10 +491,20 @@ async fn a_corrupt_checkpoint_starts_a_new_epoch_loudly() {
         5
     );
     // A second agent on the same data dir is refused with one clear line.
+    let (out, stderr) = start_only("x", &data);
+    assert!(
+        !out.status.success() && stderr.contains("in use by another agent"),
+        "{stderr}"
+    );
+}
+
+/// Runs `hourglass-agent` as `name` on `data` with no UDP port, for a start that is
+/// expected to fail; its output and stderr.
+fn start_only(name: &str, data: &str) -> (std::process::Output, String) {
     let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
         .args([
             "--server-name",
-            "x",
+            name,
             "--statsd-listen",
             "off",
             "--ingest-listen",
@@ -502,15 +512,12 @@ async fn a_corrupt_checkpoint_starts_a_new_epoch_loudly() {
             "--admin-listen",
             "127.0.0.1:0",
             "--data-dir",
-            &data,
+            data,
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("in use by another agent"),
-        "{stderr}"
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
 }
 
 /// A Collector that forwards every push to the real aggregator and records it.
@@ -926,22 +933,7 @@ fn an_agent_that_cannot_start_names_the_cause_once() {
         ("web-1", &unreadable, "cannot read the checkpoint"),
     ];
     for (name, data, what) in cases {
-        let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
-            .args([
-                "--server-name",
-                name,
-                "--statsd-listen",
-                "off",
-                "--ingest-listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data,
-            ])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (out, stderr) = start_only(name, data);
         assert!(!out.status.success(), "{stderr}");
         let line = stderr
             .lines()

@@ -849,11 +849,11 @@ impl Store for RocksStore {
     }
 
     fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError> {
-        if let Some(id) = self.series_id(series)? {
-            return Ok(id);
-        }
         let meta = self.cf(CF_META);
         let name_key = meta::by_name(meta::SERIES_BY_NAME, &encode_series_name(series));
+        if let Some(id) = self.meta_id_of(&name_key)? {
+            return Ok(SeriesId(id));
+        }
         let _meta = lock_ignoring_poison(&self.meta_lock);
         // Another caller may have created it between the lookup and the lock.
         if let Some(id) = self.meta_id_of(&name_key)? {
