@@ -1,5 +1,7 @@
 # The hourglass image: the three programs (hourglass, hourglass-agent,
-# hourglass-aggregator) on Debian bookworm-slim, run as the non-root user 10001.
+# hourglass-aggregator) on Debian bookworm-slim, run as the non-root user 10001. They are
+# one binary, `hourglass`, which runs the program it is called as: hourglass-agent and
+# hourglass-aggregator are links to it (the servers' code and RocksDB once, not thrice).
 #
 #   docker build -t hourglass:0.1.0 .
 #   docker run -p 7700:7700 -p 7701:7701 -v hourglass:/var/lib/hourglass hourglass:0.1.0
@@ -46,23 +48,25 @@ RUN set -e; \
             echo 'fn main() {}' > "$dir/benches/$bench.rs"; \
         done; \
     done; \
-    cargo build --release --locked --workspace --bins; \
+    cargo build --release --locked -p hourglass --bin hourglass; \
     rm -rf src benches */src */benches
 
 # The sources. Touched, so cargo never takes the empty stubs' build for them.
 COPY . .
 RUN find . -path ./target -prune -o -name '*.rs' -exec touch {} + \
-    && cargo build --release --locked --workspace --bins \
+    && cargo build --release --locked -p hourglass --bin hourglass \
     && mkdir -p /out \
-    && cp target/release/hourglass target/release/hourglass-agent target/release/hourglass-aggregator /out/ \
+    && cp target/release/hourglass /out/ \
+    && ln -s hourglass /out/hourglass-agent \
+    && ln -s hourglass /out/hourglass-aggregator \
     && for b in hourglass hourglass-agent hourglass-aggregator; do \
         /out/$b --version | grep -q "^$b " || { echo "/out/$b is not the real $b"; exit 1; }; \
     done
-# The release profile keeps line tables (debug = "line-tables-only"), RocksDB's included:
-# the aggregator is ~475 MB with them and ~20 MB without. Symbols stay, so backtraces
-# still name functions. Build with --build-arg STRIP_DEBUG=0 to keep them.
+# The release profile keeps line tables (debug = "line-tables-only") for our code; they
+# are stripped here and the symbols kept, so backtraces still name functions. Build with
+# --build-arg STRIP_DEBUG=0 to keep them.
 ARG STRIP_DEBUG=1
-RUN if [ "$STRIP_DEBUG" = 1 ]; then strip --strip-debug /out/*; fi
+RUN if [ "$STRIP_DEBUG" = 1 ]; then strip --strip-debug /out/hourglass; fi
 
 FROM ${RUNTIME_IMAGE}
 # ca-certificates for TLS to the aggregator; libstdc++ for RocksDB (the base has it, but

@@ -17,7 +17,7 @@
 //! same code.
 
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,33 +48,13 @@ const SMOKE: Sizes = Sizes {
     load_events_per_hour: 50,
 };
 
-/// The workspace's binaries in this build's profile directory, built on first use with
-/// the same profile (`cargo build --workspace --bins`).
-fn binary(name: &str) -> PathBuf {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().expect("bench path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf();
-    BUILD.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .args(["build", "--workspace", "--all-targets", "--target-dir"])
-            .arg(profile_dir.parent().expect("target dir"));
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().expect("cargo build").success(),
-            "building the binaries failed"
-        );
-    });
-    let path = profile_dir.join(name);
-    assert!(path.exists(), "no {}", path.display());
-    path
+/// The server program `name` (`hourglass-agent`, `hourglass-aggregator`): the
+/// `hourglass` binary called by that name, as the container image's links call it.
+fn server(name: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+    command.arg0(name);
+    command
 }
 
 /// A process announcing `NAME listening on ADDR` lines, killed when dropped.
@@ -85,7 +65,7 @@ struct Service {
 
 impl Service {
     fn start(name: &str, args: &[&str], announces: &[&str], log: &Path) -> Service {
-        let mut child = Command::new(binary(name))
+        let mut child = server(name)
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(std::fs::File::create(log).expect("log file"))

@@ -15,6 +15,7 @@
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz` |
 //! | [`metrics`] | the Prometheus counters and gauges |
 //! | [`config`] | the configuration file, its defaults and validation |
+//! | [`cli`] | the `hourglass-agent` program (`main.rs`, `hourglass agent`): flags, start-up, the ports it announces |
 //!
 //! [`Agent::open`] takes the data dir (one agent per directory) and restores the
 //! checkpoint, or starts a new epoch when there is none or it is damaged; [`Agent::serve`]
@@ -23,6 +24,7 @@
 
 pub mod admin;
 pub mod checkpoint;
+pub mod cli;
 pub mod config;
 pub mod ingest;
 pub mod metrics;

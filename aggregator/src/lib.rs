@@ -4,8 +4,9 @@
 //! server, and answers queries over any time range and any subset of servers by merging
 //! them (DESIGN §4–§5).
 //!
-//! This crate is a library; the process (`main.rs`) only parses its configuration and
-//! calls into it. Its layers, each understandable alone:
+//! This crate is a library; the program ([`cli`], which `main.rs` and `hourglass
+//! aggregator` call) only parses its configuration and calls into it. Its layers, each
+//! understandable alone:
 //!
 //! | module | what it is |
 //! |---|---|
@@ -19,6 +20,7 @@
 //! | [`metrics`] | the Prometheus counters, histograms and gauges |
 //! | [`background`] | the periodic rollup builder and retention |
 //! | [`config`] | the configuration file, its defaults and validation |
+//! | [`cli`] | the `hourglass-aggregator` program: flags, start-up, the ports it announces |
 //!
 //! [`run`] is the whole process: it opens the store, serves gRPC and admin on listeners
 //! the caller bound, runs the background task, and on shutdown drains in-flight RPCs and
@@ -33,6 +35,7 @@
 pub mod admin;
 pub mod auth;
 pub mod background;
+pub mod cli;
 pub mod config;
 pub mod glob;
 pub mod keys;

@@ -78,7 +78,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
 
     let say = |text: String| eprintln!("demo: {text}");
-    let aggregator_bin = simulate::sibling_binary("hourglass-aggregator")?;
     let config = dir.join("aggregator.toml");
     // Rollups of the closed simulated days are built within seconds.
     std::fs::write(&config, "[rollup]\ninterval = \"2s\"\n")?;
@@ -96,7 +95,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     .map(|s| s.to_string())
     .collect();
     let (mut aggregator, addrs) = simulate::start_service(
-        &aggregator_bin,
+        "aggregator",
         &agg_args,
         &["grpc", "admin"],
         &dir.join("aggregator.log"),

@@ -65,6 +65,13 @@ fn candidates(given: Option<&str>, pid1: &[String], env: Option<&str>) -> Vec<St
     let program = pid1
         .first()
         .map(|p| p.rsplit('/').next().unwrap_or(p).to_string());
+    // `hourglass-agent …`, or the same program as `hourglass agent …`.
+    let program = match (program.as_deref(), pid1.get(1).map(String::as_str)) {
+        (Some("hourglass"), Some(server @ ("agent" | "aggregator"))) => {
+            Some(format!("hourglass-{server}"))
+        }
+        _ => program,
+    };
     let default = match program.as_deref() {
         Some("hourglass-aggregator") => Some(DEFAULT_ADMIN[0]),
         Some("hourglass-agent") => Some(DEFAULT_ADMIN[1]),
@@ -153,6 +160,17 @@ mod tests {
         let flagged = argv(&["hourglass-aggregator", "--admin-listen=10.1.2.3:9"]);
         assert_eq!(candidates(None, &flagged, None), ["10.1.2.3:9"]);
         assert_eq!(candidates(None, &agent, Some("[::]:7")), ["[::1]:7"]);
+        // The same programs run as subcommands of the multi-call binary.
+        let sub = argv(&[
+            "/usr/local/bin/hourglass",
+            "agent",
+            "--admin-listen=0.0.0.0:9",
+        ]);
+        assert_eq!(candidates(None, &sub, None), ["127.0.0.1:9"]);
+        assert_eq!(
+            candidates(None, &argv(&["hourglass", "aggregator"]), None),
+            ["127.0.0.1:7701"]
+        );
         // Not in a container of ours (PID 1 is an init): the env, else both defaults.
         let init = argv(&["/sbin/init"]);
         assert_eq!(candidates(None, &init, Some("0.0.0.0:5")), ["127.0.0.1:5"]);

@@ -48,17 +48,54 @@ enum Command {
     ///
     /// Example: `hourglass health --admin 127.0.0.1:7701 --path /readyz`
     Health(health::HealthArgs),
+    /// Run the agent: the program `hourglass-agent`, built into this binary. Its flags
+    /// follow (`hourglass agent --help`).
+    #[command(disable_help_flag = true)]
+    Agent(ServerArgs),
+    /// Run the aggregator: the program `hourglass-aggregator`, built into this binary. Its
+    /// flags follow (`hourglass aggregator --help`).
+    #[command(disable_help_flag = true)]
+    Aggregator(ServerArgs),
 }
 
-/// Runs one parsed command line.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+/// The command line of a server program run as a subcommand, passed to it untouched.
+#[derive(Debug, clap::Args)]
+struct ServerArgs {
+    /// The program's flags.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<std::ffi::OsString>,
+}
+
+impl ServerArgs {
+    /// The program's command line, named `program` (its help and errors say that name).
+    fn args(self, program: &str) -> Vec<std::ffi::OsString> {
+        std::iter::once(program.into()).chain(self.args).collect()
+    }
+}
+
+/// Runs the command line `args` (`args[0]` the name it was called by); returns the exit
+/// status. An error is one line on stderr: the error and its causes, no backtrace.
+pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
+    let done = match Cli::parse_from(args).command {
+        Command::Agent(server) => {
+            return hourglass_agent::cli::main(server.args("hourglass-agent"));
+        }
+        Command::Aggregator(server) => {
+            return hourglass_aggregator::cli::main(server.args("hourglass-aggregator"));
+        }
         Command::Demo(args) => demo::run(args),
         Command::Sketch(cmd) => sketch::run(cmd),
         Command::Query(args) => query::run(args),
         Command::Send(args) => send::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Health(args) => health::run(args),
+    };
+    match done {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hourglass: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 

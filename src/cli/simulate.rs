@@ -43,7 +43,7 @@ pub struct SimulateArgs {
         conflicts_with = "spawn"
     )]
     agents: Vec<String>,
-    /// Start this many agents instead (`hourglass-agent`, from beside this binary), named
+    /// Start this many agents instead (`hourglass agent`, this binary), named
     /// web-1…web-N with labels region and role=web, shipping to --aggregator; they are
     /// stopped (SIGTERM: a final flush) when the traffic is sent.
     #[arg(long)]
@@ -301,23 +301,11 @@ impl Drop for TempDir {
     }
 }
 
-/// A binary installed beside this one (`hourglass-agent`, `hourglass-aggregator`).
-pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let me = std::env::current_exe().context("finding this program's path")?;
-    let path = me.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    if !path.exists() {
-        bail!(
-            "{name} is not installed beside {} — build the workspace: cargo build --release --workspace",
-            me.display()
-        );
-    }
-    Ok(path)
-}
-
-/// Starts `binary ARGS`, waits for `NAME listening on ADDR` lines for each of `names` on
-/// its stderr, and returns the child with the addresses. Its logs go to `log`.
+/// Starts `hourglass SERVER ARGS` (this program running the `agent` or the `aggregator`
+/// built into it), waits for `NAME listening on ADDR` lines for each of `names` on its
+/// stderr, and returns the child with the addresses. Its logs go to `log`.
 pub fn start_service(
-    binary: &Path,
+    server: &str,
     args: &[String],
     names: &[&str],
     log: &Path,
@@ -325,13 +313,15 @@ pub fn start_service(
     use std::io::BufRead;
     let log_file =
         std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut child = Command::new(binary)
+    let me = std::env::current_exe().context("finding this program's path")?;
+    let mut child = Command::new(&me)
+        .arg(server)
         .args(args)
         .stdin(Stdio::null())
         .stdout(log_file)
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
+        .with_context(|| format!("starting {} {server}", me.display()))?;
     let stderr = child.stderr.take().expect("stderr is piped");
     let mut lines = std::io::BufReader::new(stderr).lines();
     let mut found: Vec<Option<String>> = vec![None; names.len()];
@@ -341,8 +331,7 @@ pub fn start_service(
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "{} stopped before announcing its ports:\n{seen}(logs in {})",
-                binary.display(),
+                "the {server} stopped before announcing its ports:\n{seen}(logs in {})",
                 log.display()
             );
         };
@@ -371,7 +360,6 @@ impl Fleet {
         dir: Option<&Path>,
         extra: &[&str],
     ) -> anyhow::Result<Fleet> {
-        let binary = sibling_binary("hourglass-agent")?;
         let (root, temp) = match dir {
             Some(d) => (d.to_path_buf(), None),
             None => {
@@ -413,7 +401,7 @@ impl Fleet {
             args.push(data.to_string_lossy().into_owned());
             args.extend(extra.iter().map(|s| s.to_string()));
             let log = root.join(format!("{name}.log"));
-            let (child, addrs) = start_service(&binary, &args, &["ingest", "admin"], &log)?;
+            let (child, addrs) = start_service("agent", &args, &["ingest", "admin"], &log)?;
             fleet.agents.push((name, child));
             fleet.ingest.push(format!("http://{}", addrs[0]));
             fleet.admin.push(addrs[1].clone());

@@ -501,7 +501,7 @@ async fn a_corrupt_checkpoint_starts_a_new_epoch_loudly() {
 /// Runs `hourglass-agent` as `name` on `data` with no UDP port, for a start that is
 /// expected to fail; its output and stderr.
 fn start_only(name: &str, data: &str) -> (std::process::Output, String) {
-    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+    let out = std::process::Command::new(crate::util::server_binary("hourglass-agent"))
         .args([
             "--server-name",
             name,
@@ -885,7 +885,7 @@ fn a_checkpoint_of_another_server_is_refused() {
     let data = dir.file("agent");
     let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &data, &[]);
     assert_eq!(agent.terminate().code(), Some(0));
-    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+    let out = std::process::Command::new(crate::util::server_binary("hourglass-agent"))
         .args([
             "--server-name",
             "web-2",

@@ -606,7 +606,7 @@ fn a_second_process_on_the_same_data_dir_fails_with_one_clear_line() {
     let dir = TempDir::new("agg-lock");
     let data = dir.file("data");
     let _first = AggregatorProcess::start(&data, &[]);
-    let second = std::process::Command::new(crate::util::workspace_binary("hourglass-aggregator"))
+    let second = std::process::Command::new(crate::util::server_binary("hourglass-aggregator"))
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -725,7 +725,7 @@ fn a_bad_config_file_fails_naming_the_field() {
         ("[retention]\nhourly_days = 3\n", "hourly_days"),
     ] {
         std::fs::write(&config, text).expect("write config");
-        let out = std::process::Command::new(crate::util::workspace_binary("hourglass-aggregator"))
+        let out = std::process::Command::new(crate::util::server_binary("hourglass-aggregator"))
             .args(["--data-dir", &dir.file("data"), "--config", &config])
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .output()

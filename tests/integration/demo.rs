@@ -1,11 +1,10 @@
 //! `hourglass demo` and `hourglass simulate`: the main job, as a user runs it.
 
-use crate::util::{AggregatorProcess, TempDir, hourglass, workspace_binary};
+use crate::util::{AggregatorProcess, TempDir, hourglass};
 
 #[test]
 fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_data() {
-    // The demo starts the agent and aggregator binaries installed beside `hourglass`.
-    workspace_binary("hourglass-agent");
+    // The demo runs the aggregator and the agents as `hourglass aggregator` / `hourglass agent`.
     let dir = TempDir::new("demo");
     let data = dir.file("demo");
     let args = [
@@ -65,7 +64,6 @@ fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_da
 
 #[test]
 fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("simulate");
     let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
     let truth_file = dir.file("truth.json");

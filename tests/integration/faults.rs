@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::util::{
-    AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get, workspace_binary,
-};
+use crate::util::{AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get};
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 
 /// Parts the traffic is sent in, and hours per part.
@@ -202,7 +200,6 @@ fn stored(agg: &AggregatorProcess) -> Stored {
 fn reference() -> &'static Stored {
     static REFERENCE: OnceLock<Stored> = OnceLock::new();
     REFERENCE.get_or_init(|| {
-        workspace_binary("hourglass-agent");
         let dir = TempDir::new("faults-ref");
         let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
         let agent = start_agent(&dir, &agg.grpc, "agent");
@@ -227,7 +224,6 @@ fn assert_same(faulty: &Stored) {
 
 #[test]
 fn aggregator_sigkilled_mid_ingest_and_restarted() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("faults-agg-kill");
     let listen = format!("127.0.0.1:{}", free_port());
     let agg = AggregatorProcess::start_on(&listen, &dir.file("agg"), &[]);
@@ -246,7 +242,6 @@ fn aggregator_sigkilled_mid_ingest_and_restarted() {
 
 #[test]
 fn aggregator_unreachable_for_several_flushes() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("faults-agg-away");
     let listen = format!("127.0.0.1:{}", free_port());
     let agg = AggregatorProcess::start_on(&listen, &dir.file("agg"), &[]);
@@ -269,7 +264,6 @@ fn aggregator_unreachable_for_several_flushes() {
 
 #[test]
 fn agent_sigkilled_and_restarted_from_its_checkpoint() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("faults-agent-kill");
     let listen = format!("127.0.0.1:{}", free_port());
     let url = format!("http://{listen}");
@@ -354,7 +348,6 @@ impl Proxy {
 
 #[test]
 fn lost_acknowledgements_are_retried_harmlessly() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("faults-lost-acks");
     let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
     let upstream: SocketAddr = agg.grpc.trim_start_matches("http://").parse().unwrap();
@@ -388,7 +381,6 @@ fn lost_acknowledgements_are_retried_harmlessly() {
 
 #[test]
 fn a_wiped_agent_rejoins_in_a_new_epoch_and_nothing_acknowledged_is_lost() {
-    workspace_binary("hourglass-agent");
     let dir = TempDir::new("faults-wipe");
     let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
     let agent = start_agent(&dir, &agg.grpc, "agent");

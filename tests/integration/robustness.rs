@@ -385,7 +385,7 @@ async fn the_series_per_server_bound_refuses_new_series_and_holds_across_a_kill(
 async fn a_server_name_the_aggregator_refuses_stops_the_agent_at_start() {
     let dir = TempDir::new("robust-server-name");
     let long = "x".repeat(254);
-    let out = std::process::Command::new(crate::util::workspace_binary("hourglass-agent"))
+    let out = std::process::Command::new(crate::util::server_binary("hourglass-agent"))
         .args(["--server-name", &long, "--data-dir", &dir.file("agent")])
         .args(["--statsd-listen", "off", "--ingest-listen", "127.0.0.1:0"])
         .args(["--admin-listen", "127.0.0.1:0"])

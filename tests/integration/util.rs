@@ -1,4 +1,4 @@
-//! Helpers for running the real `hourglass` binary.
+//! Helpers for running the real `hourglass` binary, and the servers built into it.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -104,49 +104,24 @@ pub fn lines(prefix: &str, range: std::ops::Range<u64>) -> Vec<u8> {
     out
 }
 
-/// A binary of another workspace member (`hourglass-aggregator`, `hourglass-agent`),
-/// built on first use.
-///
-/// `CARGO_BIN_EXE_*` names only binaries of the test's own package, so these are found
-/// beside this test executable instead (`target/<profile>/NAME`). Because `cargo test` of
-/// this package does not build other packages' binaries, the first call runs `cargo build
-/// --workspace --all-targets` into the same target directory and profile. Building the
-/// whole workspace with all targets resolves features exactly as `cargo test --workspace
-/// --all-targets` does, so RocksDB is not compiled a second time (`-p
-/// hourglass-aggregator` alone unifies features differently and would rebuild it, ~10
-/// minutes); after such a test build it takes seconds.
-pub fn workspace_binary(name: &str) -> PathBuf {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().expect("path of the test executable");
-    // target/<profile>/deps/<test> → target/<profile>
-    let profile_dir = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .expect("test executable lives in target/<profile>/deps")
-        .to_path_buf();
-    let binary = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    BUILD.call_once(|| {
-        let target_dir = profile_dir
-            .parent()
-            .expect("target dir above the profile dir");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let mut build = Command::new(cargo);
-        build
-            .args(["build", "--workspace", "--all-targets", "--target-dir"])
-            .arg(target_dir);
-        if profile_dir
-            .file_name()
-            .is_some_and(|name| name == "release")
-        {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("run cargo build for the workspace binaries");
-        assert!(status.success(), "building the workspace binaries failed");
-    });
-    assert!(binary.exists(), "no binary at {}", binary.display());
-    binary
+/// The program `name` (`hourglass-agent`, `hourglass-aggregator`) as the container image
+/// ships it: a link of that name to the `hourglass` binary, which runs the program it is
+/// called as. The links live in this test target's scratch directory; nothing is built.
+pub fn server_binary(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bin");
+    let link = dir.join(name);
+    static LINKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    let target = PathBuf::from(env!("CARGO_BIN_EXE_hourglass"));
+    if std::fs::read_link(&link).ok().as_ref() != Some(&target) {
+        std::fs::create_dir_all(&dir).expect("create the links' directory");
+        // Made beside and renamed over: another test process may be using the link.
+        let fresh = dir.join(format!(".{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&fresh);
+        std::os::unix::fs::symlink(&target, &fresh).expect("link the program");
+        std::fs::rename(&fresh, &link).expect("put the link in place");
+    }
+    link
 }
 
 /// A running service process (aggregator or agent), killed (SIGKILL) when dropped.
@@ -331,7 +306,7 @@ impl AggregatorProcess {
         args.extend_from_slice(extra);
         let process = ServiceProcess::start_with_env(
             "aggregator",
-            workspace_binary("hourglass-aggregator"),
+            server_binary("hourglass-aggregator"),
             &args,
             &["grpc", "admin"],
             env,
@@ -391,7 +366,7 @@ impl AgentProcess {
         args.extend_from_slice(extra);
         let process = ServiceProcess::start(
             "agent",
-            workspace_binary("hourglass-agent"),
+            server_binary("hourglass-agent"),
             &args,
             &["statsd", "ingest", "admin"],
         );

@@ -1,0 +1,291 @@
+//! The `hourglass-agent` program: parses the command line, reads the config file, restores the
+//! checkpoint, binds the listeners and runs the agent until SIGTERM or SIGINT.
+//!
+//! On stderr it writes exactly `statsd listening on ADDR` (when enabled), `ingest
+//! listening on ADDR` and `admin listening on ADDR` once it serves (scripts and tests read
+//! the ports from there), and one `error: …` line before exiting 1 when it cannot start.
+//! Logs go to stdout.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::{Agent, Config, Listeners, Options};
+use anyhow::Context;
+use clap::Parser;
+use hourglass_rpc::process::{LogFormat, shutdown_signal};
+use hourglass_sketch::format::Kind;
+use tokio::net::TcpListener;
+
+/// The hourglass agent: turns this host's events into hourly sketches and ships them to
+/// an aggregator, effectively once.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// This server's name, unique in the fleet. Default: the hostname.
+    #[arg(long, env = "HOURGLASS_SERVER_NAME")]
+    server_name: Option<String>,
+    /// A label of this server, `key=value` (repeat for more), used by queries to select
+    /// servers: `--label region=eu --label role=web`. In the environment, comma-separated.
+    #[arg(long = "label", env = "HOURGLASS_LABELS", value_delimiter = ',', value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// The aggregator's gRPC address: `host:port` (http://, or https:// when --tls-ca or
+    /// --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
+    #[arg(
+        long,
+        env = "HOURGLASS_AGGREGATOR",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    aggregator: String,
+    /// UDP address for DogStatsD lines; `off` disables it. Loopback by default: open it to
+    /// the network only where that is intended.
+    #[arg(
+        long,
+        env = "HOURGLASS_STATSD_LISTEN",
+        default_value = "127.0.0.1:8125"
+    )]
+    statsd_listen: String,
+    /// Path of a Unix datagram socket for DogStatsD lines (off unless given). A stale
+    /// socket file at the path is replaced.
+    #[arg(long, env = "HOURGLASS_STATSD_SOCKET")]
+    statsd_socket: Option<PathBuf>,
+    /// Address of the gRPC `Ingest` service (and the health service).
+    #[arg(
+        long,
+        env = "HOURGLASS_INGEST_LISTEN",
+        default_value = "127.0.0.1:7710"
+    )]
+    ingest_listen: SocketAddr,
+    /// Address of the admin HTTP port (/metrics, /healthz, /readyz).
+    #[arg(long, env = "HOURGLASS_ADMIN_LISTEN", default_value = "0.0.0.0:7711")]
+    admin_listen: SocketAddr,
+    /// Directory of the checkpoint; created if missing. One agent per directory.
+    #[arg(
+        long,
+        env = "HOURGLASS_DATA_DIR",
+        default_value = "./hourglass-agent-data"
+    )]
+    data_dir: PathBuf,
+    /// How often changed sketches are shipped and checkpointed [default: 10s, or the
+    /// config file's].
+    #[arg(long, env = "HOURGLASS_FLUSH_INTERVAL", value_parser = hourglass_rpc::time::parse_duration)]
+    flush_interval: Option<Duration>,
+    /// How long an hour accepts events after it ends; older events are rejected and
+    /// counted [default: 1h, or the config file's].
+    #[arg(long, env = "HOURGLASS_LATENESS", value_parser = hourglass_rpc::time::parse_duration)]
+    lateness: Option<Duration>,
+    /// Sketch kinds of metrics the config file does not list, comma-separated from
+    /// distinct, frequency, membership [default: distinct,frequency, or the config file's].
+    #[arg(long, env = "HOURGLASS_DEFAULT_KINDS", value_parser = parse_kind_list)]
+    default_kinds: Option<KindList>,
+    /// TLS and the token for --aggregator.
+    #[command(flatten)]
+    aggregator_client: hourglass_rpc::tls::ClientTlsFlags,
+    #[command(flatten)]
+    tls: hourglass_rpc::tls::ServerTlsFlags,
+    /// TOML file with per-metric settings, limits and shipping; every field has a
+    /// default, so the file is optional.
+    #[arg(long, env = "HOURGLASS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--default-kinds`: one value holding a list (clap would take a bare `Vec` for a
+/// repeated flag).
+#[derive(Debug, Clone)]
+struct KindList(Vec<Kind>);
+
+fn parse_kind_list(text: &str) -> Result<KindList, String> {
+    crate::config::parse_kinds(text).map(KindList)
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    hourglass_rpc::series::parse_pair(text).map_err(|e| e.to_string())
+}
+
+/// Runs the program with `args` as its command line, `args[0]` being the name it was
+/// called by; returns its exit status. `hourglass-agent`'s `main`, and `hourglass agent` (the
+/// same program inside the `hourglass` binary, which the container image ships alone).
+pub fn main<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    hourglass_rpc::process::run_server(cli.log_format, "hourglass-agent", |runtime| {
+        start(cli, runtime)
+    })
+}
+
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+fn hostname() -> anyhow::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for writes of its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("reading the hostname (give --server-name)");
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+/// A file-size limit (RLIMIT_FSIZE) reached must fail the checkpoint write with EFBIG,
+/// like a full disk, not kill the agent with SIGXFSZ and its unshipped sketches.
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to race.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
+fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let mut config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(d) = cli.flush_interval {
+        config.flush_interval = d;
+    }
+    if let Some(d) = cli.lateness {
+        config.lateness = d;
+    }
+    if let Some(kinds) = cli.default_kinds {
+        config.default_kinds = kinds.0;
+    }
+    let server_name = match cli.server_name {
+        Some(name) => name,
+        None => hostname()?,
+    };
+    let ingest_tls = cli.tls.settings()?;
+    let ingest_tls_config = ingest_tls
+        .as_ref()
+        .map(hourglass_rpc::tls::server_config)
+        .transpose()?;
+    tracing::info!(
+        "Ingest transport: {}",
+        hourglass_rpc::tls::ServerTls::describe(ingest_tls.as_ref())
+    );
+    let aggregator_tls = cli.aggregator_client.settings();
+    // Checked now, so a bad URL or a missing CA is one line at start, not a retry loop.
+    // `host:port` is taken too, and means http:// or https:// by the TLS flags.
+    aggregator_tls
+        .endpoint(&cli.aggregator)
+        .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?;
+    let aggregator = aggregator_tls.url(&cli.aggregator);
+    tracing::info!(
+        "shipping to {} over {}",
+        aggregator,
+        if aggregator.starts_with("https://") {
+            "TLS"
+        } else {
+            "plaintext"
+        }
+    );
+    let aggregator_authorization = cli.aggregator_client.bearer()?;
+    let agent = Agent::open(Options {
+        server_name,
+        labels: cli.labels,
+        aggregator,
+        aggregator_tls,
+        aggregator_authorization,
+        data_dir: cli.data_dir,
+        config,
+    })?;
+    tracing::info!(epoch = agent.epoch(), "agent state ready");
+    ignore_file_size_signal();
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
+        let statsd = match cli.statsd_listen.as_str() {
+            "off" | "" => None,
+            addr => Some(
+                std::net::UdpSocket::bind(addr)
+                    .with_context(|| format!("cannot listen on UDP {addr} (--statsd-listen)"))?,
+            ),
+        };
+        let statsd_unix = match &cli.statsd_socket {
+            Some(path) => {
+                // A socket file left by an earlier run would make bind fail.
+                if std::fs::symlink_metadata(path)
+                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+                {
+                    std::fs::remove_file(path).ok();
+                }
+                Some(
+                    std::os::unix::net::UnixDatagram::bind(path).with_context(|| {
+                        format!("cannot bind {} (--statsd-socket)", path.display())
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let ingest = TcpListener::bind(cli.ingest_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--ingest-listen)", cli.ingest_listen))?;
+        let admin = TcpListener::bind(cli.admin_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
+        if let Some(s) = &statsd {
+            let addr = s.local_addr()?;
+            tracing::info!("statsd listening on {addr}");
+            eprintln!("statsd listening on {addr}");
+        }
+        if let Some(path) = &cli.statsd_socket {
+            tracing::info!("statsd socket at {}", path.display());
+        }
+        for (what, listener) in [("ingest", &ingest), ("admin", &admin)] {
+            let addr = listener.local_addr()?;
+            tracing::info!("{what} listening on {addr}");
+            eprintln!("{what} listening on {addr}");
+        }
+        agent
+            .serve(
+                Listeners {
+                    statsd,
+                    statsd_unix,
+                    ingest,
+                    admin,
+                    ingest_tls: ingest_tls_config,
+                },
+                shutdown,
+            )
+            .await?;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "hourglass-agent",
+            "--default-kinds",
+            "distinct,membership",
+            "--label",
+            "region=eu",
+            "--label",
+            "role=web",
+            "--flush-interval",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.default_kinds.unwrap().0,
+            vec![Kind::Distinct, Kind::Membership]
+        );
+        assert_eq!(cli.labels.len(), 2);
+        assert_eq!(cli.flush_interval, Some(Duration::from_millis(250)));
+        assert!(Cli::try_parse_from(["hourglass-agent", "--label", "novalue"]).is_err());
+    }
+}

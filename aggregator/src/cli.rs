@@ -1,0 +1,106 @@
+//! The `hourglass-aggregator` program: parses the command line, reads the config file, opens the
+//! store, binds the two ports and runs the aggregator until SIGTERM or SIGINT.
+//!
+//! On stderr it writes exactly `grpc listening on ADDR` and `admin listening on ADDR`
+//! once it serves (scripts and tests read the ports from there), and one `error: …` line
+//! before exiting 1 when it cannot start. Logs go to stdout.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::{Aggregator, Config, Listeners};
+use anyhow::Context;
+use clap::Parser;
+use hourglass_rpc::process::{LogFormat, shutdown_signal};
+use tokio::net::TcpListener;
+
+/// The hourglass aggregator: stores the sketches agents push and answers queries by
+/// merging them.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Address of the gRPC port (Collector, Query, health, reflection).
+    #[arg(long, env = "HOURGLASS_LISTEN", default_value = "0.0.0.0:7700")]
+    listen: SocketAddr,
+    /// Address of the admin HTTP port (/metrics, /healthz, /readyz).
+    #[arg(long, env = "HOURGLASS_ADMIN_LISTEN", default_value = "0.0.0.0:7701")]
+    admin_listen: SocketAddr,
+    /// Directory of the RocksDB store; created if missing. One aggregator per directory.
+    #[arg(long, env = "HOURGLASS_DATA_DIR", default_value = "./hourglass-data")]
+    data_dir: PathBuf,
+    #[command(flatten)]
+    tls: hourglass_rpc::tls::ServerTlsFlags,
+    /// TOML file with rollup, retention, storage and limits settings; every field has a
+    /// default, so the file is optional.
+    #[arg(long, env = "HOURGLASS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format: human-readable text or one JSON object per line. The level comes from
+    /// RUST_LOG (default info).
+    #[arg(long, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// Runs the program with `args` as its command line, `args[0]` being the name it was
+/// called by; returns its exit status. `hourglass-aggregator`'s `main`, and `hourglass aggregator` (the
+/// same program inside the `hourglass` binary, which the container image ships alone).
+pub fn main<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    hourglass_rpc::process::run_server(cli.log_format, "hourglass-aggregator", |runtime| {
+        start(cli, runtime)
+    })
+}
+
+fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let mut config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    config.data_dir = cli.data_dir;
+    let tls = cli.tls.settings()?;
+    let grpc_tls = tls
+        .as_ref()
+        .map(hourglass_rpc::tls::server_config)
+        .transpose()?;
+    tracing::info!(
+        "gRPC transport: {}",
+        hourglass_rpc::tls::ServerTls::describe(tls.as_ref())
+    );
+    if tls.is_none() && !cli.listen.ip().is_loopback() {
+        tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");
+    }
+    // Opened before binding: a data dir held by another process is reported before any
+    // port is announced.
+    let aggregator = Aggregator::open(config)?;
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
+        let grpc = TcpListener::bind(cli.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--listen)", cli.listen))?;
+        let admin = TcpListener::bind(cli.admin_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
+        for (what, listener) in [("grpc", &grpc), ("admin", &admin)] {
+            let addr = listener.local_addr()?;
+            tracing::info!("{what} listening on {addr}");
+            eprintln!("{what} listening on {addr}");
+        }
+        aggregator
+            .serve(
+                Listeners {
+                    grpc,
+                    admin,
+                    grpc_tls,
+                },
+                shutdown,
+            )
+            .await?;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
