@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get, now_secs, this_hour,
+    AgentProcess, AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, free_port,
+    hourglass, http_get, now_secs, this_hour,
 };
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient, query_client::QueryClient,
@@ -145,13 +146,13 @@ fn selector(metric: &str, hours: std::ops::Range<u32>, servers: &[&str]) -> Opti
 
 /// The merged sketch of `kind` for `servers` over `hours`, as exported.
 async fn export(
-    agg: &AggregatorProcess,
+    agg: &impl AggregatorAddrs,
     metric: &str,
     kind: v1::SketchKind,
     hours: std::ops::Range<u32>,
     servers: &[&str],
 ) -> Vec<u8> {
-    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    let mut q = QueryClient::new(channel(agg.grpc()).await);
     q.export(v1::ExportRequest {
         selector: selector(metric, hours, servers),
         kind: kind as i32,
@@ -165,12 +166,12 @@ async fn export(
 }
 
 async fn distinct(
-    agg: &AggregatorProcess,
+    agg: &impl AggregatorAddrs,
     metric: &str,
     hours: std::ops::Range<u32>,
     servers: &[&str],
 ) -> v1::DistinctAnswer {
-    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    let mut q = QueryClient::new(channel(agg.grpc()).await);
     q.distinct(v1::DistinctRequest {
         selector: selector(metric, hours, servers),
     })
@@ -188,7 +189,7 @@ fn users(range: std::ops::Range<u32>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn events_over_udp_and_grpc_answer_within_their_error() {
     let dir = TempDir::new("agent-answers");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let config = fast_config(&dir, "");
     let agent = AgentProcess::start(
         "web-1",
@@ -340,12 +341,13 @@ async fn events_over_udp_and_grpc_answer_within_their_error() {
     );
     assert_eq!(http_get(agent.admin, "/readyz").0, 200);
     assert_eq!(agent.terminate().code(), Some(0));
+    agg.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_makes_a_final_flush() {
     let dir = TempDir::new("agent-term");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     // A flush interval far beyond the test: only the final flush can ship.
     let agent = AgentProcess::start(
         "web-1",
@@ -359,6 +361,7 @@ async fn sigterm_makes_a_final_flush() {
     let h = this_hour();
     let answer = distinct(&agg, "visitors", h - 1..h + 1, &["web-1"]).await;
     assert_eq!(answer.estimate.round(), 50.0, "small counts are exact");
+    agg.stop().await;
 }
 
 /// Starts a "ref" and a "fault" agent with the same config, shipping to `aggregator`.
@@ -373,7 +376,7 @@ fn pair(dir: &TempDir, aggregator: &str, extra: &[&str]) -> (AgentProcess, Agent
 }
 
 /// Requires the two servers' merged sketches of every kind to be byte-identical.
-async fn same_answers(agg: &AggregatorProcess, metric: &str, hours: std::ops::Range<u32>) {
+async fn same_answers(agg: &impl AggregatorAddrs, metric: &str, hours: std::ops::Range<u32>) {
     for kind in [v1::SketchKind::Distinct, v1::SketchKind::Frequency] {
         let a = export(agg, metric, kind, hours.clone(), &["ref"]).await;
         let b = export(agg, metric, kind, hours.clone(), &["fault"]).await;
@@ -541,7 +544,7 @@ impl v1::collector_server::Collector for Recorder {
 #[tokio::test(flavor = "multi_thread")]
 async fn duplicated_and_reordered_pushes_change_nothing() {
     let dir = TempDir::new("agent-replay");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let pushes = Arc::new(Mutex::new(Vec::new()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = format!("http://{}", listener.local_addr().unwrap());
@@ -644,12 +647,13 @@ async fn duplicated_and_reordered_pushes_change_nothing() {
     }
     drop(agent);
     server.abort();
+    agg.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn events_from_past_days_land_in_their_own_hours() {
     let dir = TempDir::new("agent-backfill");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let config = fast_config(&dir, "");
     let agent = AgentProcess::start(
         "web-1",
@@ -698,6 +702,7 @@ async fn events_from_past_days_land_in_their_own_hours() {
     let h = this_hour();
     let week = distinct(&agg, "signups", h - 24 * 7..h + 1, &[]).await;
     assert_eq!(week.estimate.round(), 120.0);
+    agg.stop().await;
 }
 
 #[test]
@@ -755,7 +760,7 @@ fn send_command_reports_what_the_agent_took() {
 #[test]
 fn every_address_flag_takes_host_port() {
     let dir = TempDir::new("agent-host-port");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let agg_hostport = agg
         .grpc
         .strip_prefix("http://")
@@ -1077,11 +1082,11 @@ async fn live_hours_beyond_the_aggregators_limit_go_in_chunks_and_cost_no_snapsh
 
 /// The distinct estimate of `metric` over `hours`, rounded; 0 before anything arrived.
 async fn distinct_or_zero(
-    agg: &AggregatorProcess,
+    agg: &impl AggregatorAddrs,
     metric: &str,
     hours: std::ops::Range<u32>,
 ) -> f64 {
-    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    let mut q = QueryClient::new(channel(agg.grpc()).await);
     match q
         .distinct(v1::DistinctRequest {
             selector: selector(metric, hours, &[]),
@@ -1121,7 +1126,7 @@ fn limit_file_size(pid: u32, bytes: u64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_disk_at_the_agent_loses_nothing_once_space_returns() {
     let dir = TempDir::new("agent-disk-full");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let data = dir.file("agent");
     let agent = AgentProcess::start("web-1", &agg.grpc, &data, &["--flush-interval", "1s"]);
     let hour = this_hour();
@@ -1179,4 +1184,5 @@ async fn a_full_disk_at_the_agent_loses_nothing_once_space_returns() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(agent.terminate().code(), Some(0));
+    agg.stop().await;
 }

@@ -2,7 +2,9 @@
 //! answers over the `Query` client and the `hourglass query` command, durability across
 //! SIGKILL, the data dir lock, the admin port and gRPC health.
 
-use crate::util::{AggregatorProcess, TempDir, hourglass, http_get, snapshot};
+use crate::util::{
+    AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, hourglass, http_get, snapshot,
+};
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, query_client::QueryClient,
 };
@@ -52,9 +54,9 @@ pub(crate) fn selector(metric: &str, hours: std::ops::Range<u32>) -> Option<v1::
 }
 
 pub(crate) async fn clients(
-    agg: &AggregatorProcess,
+    agg: &impl AggregatorAddrs,
 ) -> (CollectorClient<Channel>, QueryClient<Channel>) {
-    let channel = Channel::from_shared(agg.grpc.clone())
+    let channel = Channel::from_shared(agg.grpc().to_string())
         .expect("grpc url")
         .connect()
         .await
@@ -91,7 +93,7 @@ pub(crate) fn outcomes(results: &[v1::SnapshotResult]) -> Vec<v1::PushOutcome> {
 
 /// `hourglass query ... --json` against the aggregator, for `hours`.
 fn cli_query(
-    agg: &AggregatorProcess,
+    agg: &impl AggregatorAddrs,
     args: &[&str],
     hours: std::ops::Range<u32>,
 ) -> serde_json::Value {
@@ -101,7 +103,7 @@ fn cli_query(
     all.extend_from_slice(args);
     all.extend_from_slice(&[
         "--aggregator",
-        &agg.grpc,
+        agg.grpc(),
         "--from",
         &from,
         "--to",
@@ -114,7 +116,7 @@ fn cli_query(
 #[tokio::test]
 async fn pushed_sketches_answer_within_their_error_over_grpc_and_the_cli() {
     let dir = TempDir::new("agg-answers");
-    let agg = AggregatorProcess::start(&dir.file("data"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("data"));
     let (mut collector, mut query) = clients(&agg).await;
     let h0 = recent_hour() - 3;
     let hours = h0..h0 + 4;
@@ -411,6 +413,7 @@ async fn pushed_sketches_answer_within_their_error_over_grpc_and_the_cli() {
         .into_inner();
     assert_eq!(empty.answer.expect("answer").estimate, 0.0);
     assert_eq!(empty.coverage.expect("coverage").sketches_merged, 0);
+    agg.stop().await;
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! `hourglass demo` and `hourglass simulate`: the main job, as a user runs it.
 
-use crate::util::{AggregatorProcess, TempDir, hourglass};
+use crate::util::{InProcessAggregator, TempDir, hourglass};
 
 #[test]
 fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_data() {
@@ -65,7 +65,7 @@ fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_da
 #[test]
 fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
     let dir = TempDir::new("simulate");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let truth_file = dir.file("truth.json");
     let run = hourglass(
         &[
@@ -133,7 +133,7 @@ fn simulate_writes_the_truth_and_spawned_agents_deliver_it() {
     assert_eq!(answer["server_hours_missing"], 0, "{answer}");
     // The same seed gives the same truth.
     let again = dir.file("again.json");
-    let agg2 = AggregatorProcess::start(&dir.file("agg2"), &[]);
+    let agg2 = InProcessAggregator::start(&dir.file("agg2"));
     hourglass(
         &[
             "simulate",

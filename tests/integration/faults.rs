@@ -18,7 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::util::{AgentProcess, AggregatorProcess, TempDir, free_port, hourglass, http_get};
+use crate::util::{
+    AgentProcess, AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, free_port,
+    hourglass, http_get,
+};
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 
 /// Parts the traffic is sent in, and hours per part.
@@ -109,8 +112,8 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// One value of the aggregator's `/metrics`.
-fn agg_metric(agg: &AggregatorProcess, name: &str) -> f64 {
-    let (_, text) = http_get(agg.admin, "/metrics");
+fn agg_metric(agg: &impl AggregatorAddrs, name: &str) -> f64 {
+    let (_, text) = http_get(agg.admin(), "/metrics");
     let full = format!("hourglass_aggregator_{name} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&full))
@@ -126,13 +129,13 @@ struct Stored {
     distinct: Vec<String>,
 }
 
-fn stored(agg: &AggregatorProcess) -> Stored {
+fn stored(agg: &impl AggregatorAddrs) -> Stored {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(agg.grpc.clone())
+        let channel = tonic::transport::Channel::from_shared(agg.grpc().to_string())
             .unwrap()
             .connect()
             .await
@@ -201,7 +204,7 @@ fn reference() -> &'static Stored {
     static REFERENCE: OnceLock<Stored> = OnceLock::new();
     REFERENCE.get_or_init(|| {
         let dir = TempDir::new("faults-ref");
-        let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+        let agg = InProcessAggregator::start(&dir.file("agg"));
         let agent = start_agent(&dir, &agg.grpc, "agent");
         for p in 0..PARTS {
             send_part(&agent, p);
@@ -349,7 +352,7 @@ impl Proxy {
 #[test]
 fn lost_acknowledgements_are_retried_harmlessly() {
     let dir = TempDir::new("faults-lost-acks");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let upstream: SocketAddr = agg.grpc.trim_start_matches("http://").parse().unwrap();
     let proxy = Proxy::start(upstream);
     let agent = start_agent(&dir, &format!("http://{}", proxy.addr), "agent");
@@ -382,7 +385,7 @@ fn lost_acknowledgements_are_retried_harmlessly() {
 #[test]
 fn a_wiped_agent_rejoins_in_a_new_epoch_and_nothing_acknowledged_is_lost() {
     let dir = TempDir::new("faults-wipe");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let agent = start_agent(&dir, &agg.grpc, "agent");
     let epoch = agent.metric("epoch");
     send_part(&agent, 0);

@@ -5,7 +5,7 @@
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use crate::util::{AgentProcess, AggregatorProcess, TempDir, http_get};
+use crate::util::{AgentProcess, AggregatorProcess, InProcessAggregator, TempDir, http_get};
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient,
 };
@@ -399,7 +399,7 @@ async fn a_server_name_the_aggregator_refuses_stops_the_agent_at_start() {
     );
 
     // The aggregator's refusal of the same name names the same rule.
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let mut client = CollectorClient::new(channel(&agg.grpc).await);
     let mut push = crate::util::one_item_push("web-1", "visitors", b"u");
     push.server.as_mut().expect("server").name = long.clone();
@@ -417,6 +417,7 @@ async fn a_server_name_the_aggregator_refuses_stops_the_agent_at_start() {
         .push(push)
         .await
         .expect("a 253-byte name is accepted");
+    agg.stop().await;
 }
 
 /// Live hours are bound like snapshot hours: a declaration far ahead of the clock (or
@@ -424,7 +425,7 @@ async fn a_server_name_the_aggregator_refuses_stops_the_agent_at_start() {
 #[tokio::test(flavor = "multi_thread")]
 async fn live_hours_outside_the_accepted_hours_are_ignored_and_counted() {
     let dir = TempDir::new("robust-live-hours");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let agg = InProcessAggregator::start(&dir.file("agg"));
     let mut client = CollectorClient::new(channel(&agg.grpc).await);
     let now = crate::util::this_hour();
     let mut push = crate::util::one_item_push("web-1", "visitors", b"u");
@@ -437,4 +438,5 @@ async fn live_hours_outside_the_accepted_hours_are_ignored_and_counted() {
         metrics.contains("hourglass_aggregator_live_hours_refused_total 3"),
         "{metrics}"
     );
+    agg.stop().await;
 }

@@ -410,6 +410,197 @@ impl AgentProcess {
     }
 }
 
+/// A server run inside this test process, as mini-redis's tests run theirs: on a tokio
+/// runtime of its own in a thread, listening on `127.0.0.1:0`. Dropping it completes the
+/// server's shutdown future (it drains and closes its store or checkpoint, as on SIGTERM)
+/// and joins the thread; an error or panic of the server then fails the test. Tests that
+/// need a real process (SIGKILL, a crash, flags, logs) use [`ServiceProcess`] instead.
+pub struct ServerThread {
+    what: &'static str,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl ServerThread {
+    /// Runs `serve(ready, shutdown)` on the server's thread: it binds its listeners, sends
+    /// what the test needs of them (addresses) on `ready`, and serves until `shutdown`.
+    fn start<T, F, Fut>(what: &'static str, serve: F) -> (ServerThread, T)
+    where
+        T: Send + 'static,
+        F: FnOnce(std::sync::mpsc::SyncSender<T>, ShutdownSignal) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(what.to_string())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("runtime: {e}"))?;
+                let shutdown: ShutdownSignal = Box::pin(async move {
+                    let _ = stopped.await;
+                });
+                runtime.block_on(serve(ready_tx, shutdown))
+            })
+            .expect("spawn the server thread");
+        let ready = match ready_rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(ready) => ready,
+            Err(_) => match thread.join() {
+                Ok(Err(e)) => panic!("{what} did not start: {e}"),
+                Ok(Ok(())) => panic!("{what} stopped before it was ready"),
+                Err(_) => panic!("{what} panicked while starting"),
+            },
+        };
+        let server = ServerThread {
+            what,
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        (server, ready)
+    }
+}
+
+impl ServerThread {
+    /// Stops the server and waits for it from an async test. The wait runs off the test's
+    /// runtime, which must stay free: the server's graceful drain needs the test's client
+    /// connections (tasks of that runtime) to answer its closing handshake.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let thread = self.thread.take().expect("a running server");
+        let result = tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .expect("join the server thread");
+        check_stopped(self.what, result);
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            return; // the test already fails; the thread ends on its own
+        }
+        assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "{}: an async test ends an in-process server with `.stop().await` (a join here \
+             would block the runtime its clients' connections need to close)",
+            self.what
+        );
+        check_stopped(self.what, thread.join());
+    }
+}
+
+/// Fails the test if the server stopped with an error or a panic.
+fn check_stopped(what: &str, result: std::thread::Result<Result<(), String>>) {
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{what} stopped with an error: {e}"),
+        Err(_) => panic!("{what} panicked"),
+    }
+}
+
+/// What an in-process server waits on to shut down.
+type ShutdownSignal = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Binds `127.0.0.1:0` for a server in this process.
+async fn bind_loopback() -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind 127.0.0.1:0: {e}"))
+}
+
+/// An aggregator in this test process ([`ServerThread`]): `hourglass_aggregator::run`.
+pub struct InProcessAggregator {
+    server: ServerThread,
+    /// The gRPC address as a URL, `http://127.0.0.1:PORT`.
+    pub grpc: String,
+    /// The admin HTTP address.
+    pub admin: std::net::SocketAddr,
+}
+
+impl InProcessAggregator {
+    /// Starts an aggregator with the default configuration and its data in `data_dir`.
+    pub fn start(data_dir: &str) -> InProcessAggregator {
+        InProcessAggregator::start_with(hourglass_aggregator::Config {
+            data_dir: data_dir.into(),
+            ..Default::default()
+        })
+    }
+
+    /// Starts an aggregator with `config`.
+    pub fn start_with(config: hourglass_aggregator::Config) -> InProcessAggregator {
+        let (server, (grpc, admin)) =
+            ServerThread::start("aggregator", |ready, shutdown| async move {
+                // Opened first, as the program does: a bad config or a held data dir is the
+                // start's error, not a connection refused later.
+                let aggregator =
+                    hourglass_aggregator::Aggregator::open(config).map_err(|e| format!("{e:#}"))?;
+                let grpc = bind_loopback().await?;
+                let admin = bind_loopback().await?;
+                let addrs = (
+                    grpc.local_addr().map_err(|e| e.to_string())?,
+                    admin.local_addr().map_err(|e| e.to_string())?,
+                );
+                let _ = ready.send(addrs);
+                let listeners = hourglass_aggregator::Listeners {
+                    grpc,
+                    admin,
+                    grpc_tls: None,
+                };
+                aggregator
+                    .serve(listeners, shutdown)
+                    .await
+                    .map_err(|e| format!("{e:#}"))
+            });
+        InProcessAggregator {
+            server,
+            grpc: format!("http://{grpc}"),
+            admin,
+        }
+    }
+
+    /// Stops it from an async test ([`ServerThread::stop`]).
+    pub async fn stop(self) {
+        self.server.stop().await;
+    }
+}
+
+/// Where a running aggregator answers, whether it runs as a process or in this one.
+pub trait AggregatorAddrs {
+    /// The gRPC address as a URL.
+    fn grpc(&self) -> &str;
+    /// The admin HTTP address.
+    fn admin(&self) -> std::net::SocketAddr;
+}
+
+impl AggregatorAddrs for AggregatorProcess {
+    fn grpc(&self) -> &str {
+        &self.grpc
+    }
+    fn admin(&self) -> std::net::SocketAddr {
+        self.admin
+    }
+}
+
+impl AggregatorAddrs for InProcessAggregator {
+    fn grpc(&self) -> &str {
+        &self.grpc
+    }
+    fn admin(&self) -> std::net::SocketAddr {
+        self.admin
+    }
+}
+
 /// A minimal HTTP/1.1 GET: returns the status code and the body.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use std::io::Read;
