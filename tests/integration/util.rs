@@ -124,6 +124,21 @@ pub fn server_binary(name: &str) -> PathBuf {
     link
 }
 
+/// Sends SIGTERM to process `pid`, by the system call: a new machine need not have a
+/// `kill` program (Debian's minimal install has none; it comes with procps).
+#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+pub fn sigterm(pid: u32) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(
+        rc,
+        0,
+        "kill -TERM {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 /// A running service process (aggregator or agent), killed (SIGKILL) when dropped.
 pub struct ServiceProcess {
     child: std::process::Child,
@@ -234,11 +249,7 @@ impl ServiceProcess {
 
     /// Sends SIGTERM and waits up to 30 s for the process to exit; returns its status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM failed");
+        sigterm(self.child.id());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the process") {
