@@ -144,6 +144,45 @@ fn ignore_file_size_signal() {
 }
 
 fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let config = config(&cli)?;
+    let server_name = match &cli.server_name {
+        Some(name) => name.clone(),
+        None => hostname()?,
+    };
+    let ingest_tls = cli.tls.clone().settings()?;
+    let ingest_tls_config = ingest_tls
+        .as_ref()
+        .map(hourglass_rpc::tls::server_config)
+        .transpose()?;
+    tracing::info!(
+        "Ingest transport: {}",
+        hourglass_rpc::tls::ServerTls::describe(ingest_tls.as_ref())
+    );
+    let (aggregator, aggregator_tls) = aggregator(&cli)?;
+    let aggregator_authorization = cli.aggregator_client.bearer()?;
+    let agent = Agent::open(Options {
+        server_name,
+        labels: cli.labels.clone(),
+        aggregator,
+        aggregator_tls,
+        aggregator_authorization,
+        data_dir: cli.data_dir.clone(),
+        config,
+    })?;
+    tracing::info!(epoch = agent.epoch(), "agent state ready");
+    ignore_file_size_signal();
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
+        let listeners = bind(&cli, ingest_tls_config).await?;
+        agent.serve(listeners, shutdown).await?;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The config file's settings (or the defaults), with the flags that override them.
+fn config(cli: &Cli) -> anyhow::Result<Config> {
     let mut config = match &cli.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -154,110 +193,87 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if let Some(d) = cli.lateness {
         config.lateness = d;
     }
-    if let Some(kinds) = cli.default_kinds {
-        config.default_kinds = kinds.0;
+    if let Some(kinds) = &cli.default_kinds {
+        config.default_kinds = kinds.0.clone();
     }
-    let server_name = match cli.server_name {
-        Some(name) => name,
-        None => hostname()?,
-    };
-    let ingest_tls = cli.tls.settings()?;
-    let ingest_tls_config = ingest_tls
-        .as_ref()
-        .map(hourglass_rpc::tls::server_config)
-        .transpose()?;
-    tracing::info!(
-        "Ingest transport: {}",
-        hourglass_rpc::tls::ServerTls::describe(ingest_tls.as_ref())
-    );
-    let aggregator_tls = cli.aggregator_client.settings();
-    // Checked now, so a bad URL or a missing CA is one line at start, not a retry loop.
-    // `host:port` is taken too, and means http:// or https:// by the TLS flags.
-    aggregator_tls
-        .endpoint(&cli.aggregator)
+    Ok(config)
+}
+
+/// The aggregator's URL and the TLS to reach it, checked now, so a bad URL or a missing
+/// CA is one line at start, not a retry loop. `host:port` is taken too, and means
+/// http:// or https:// by the TLS flags.
+fn aggregator(cli: &Cli) -> anyhow::Result<(String, hourglass_rpc::tls::ClientTls)> {
+    let tls = cli.aggregator_client.settings();
+    tls.endpoint(&cli.aggregator)
         .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?;
-    let aggregator = aggregator_tls.url(&cli.aggregator);
+    let url = tls.url(&cli.aggregator);
     tracing::info!(
         "shipping to {} over {}",
-        aggregator,
-        if aggregator.starts_with("https://") {
+        url,
+        if url.starts_with("https://") {
             "TLS"
         } else {
             "plaintext"
         }
     );
-    let aggregator_authorization = cli.aggregator_client.bearer()?;
-    let agent = Agent::open(Options {
-        server_name,
-        labels: cli.labels,
-        aggregator,
-        aggregator_tls,
-        aggregator_authorization,
-        data_dir: cli.data_dir,
-        config,
-    })?;
-    tracing::info!(epoch = agent.epoch(), "agent state ready");
-    ignore_file_size_signal();
-    runtime.block_on(async move {
-        let shutdown = shutdown_signal().context("watching SIGTERM and SIGINT")?;
-        let statsd = match cli.statsd_listen.as_str() {
-            "off" | "" => None,
-            addr => Some(
-                std::net::UdpSocket::bind(addr)
-                    .with_context(|| format!("cannot listen on UDP {addr} (--statsd-listen)"))?,
-            ),
-        };
-        let statsd_unix = match &cli.statsd_socket {
-            Some(path) => {
-                // A socket file left by an earlier run would make bind fail.
-                if std::fs::symlink_metadata(path)
-                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-                {
-                    std::fs::remove_file(path).ok();
-                }
-                Some(
-                    std::os::unix::net::UnixDatagram::bind(path).with_context(|| {
-                        format!("cannot bind {} (--statsd-socket)", path.display())
-                    })?,
-                )
-            }
-            None => None,
-        };
-        let ingest = TcpListener::bind(cli.ingest_listen)
-            .await
-            .with_context(|| format!("cannot listen on {} (--ingest-listen)", cli.ingest_listen))?;
-        let admin = TcpListener::bind(cli.admin_listen)
-            .await
-            .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
-        if let Some(s) = &statsd {
-            let addr = s.local_addr()?;
-            tracing::info!("statsd listening on {addr}");
-            eprintln!("statsd listening on {addr}");
-        }
-        if let Some(path) = &cli.statsd_socket {
-            tracing::info!("statsd socket at {}", path.display());
-        }
-        for (what, listener) in [("ingest", &ingest), ("admin", &admin)] {
-            let addr = listener.local_addr()?;
-            tracing::info!("{what} listening on {addr}");
-            eprintln!("{what} listening on {addr}");
-        }
-        agent
-            .serve(
-                Listeners {
-                    statsd,
-                    statsd_unix,
-                    ingest,
-                    admin,
-                    ingest_tls: ingest_tls_config,
-                },
-                shutdown,
-            )
-            .await?;
-        anyhow::Ok(())
-    })?;
-    tracing::info!("stopped");
-    Ok(())
+    Ok((url, tls))
+}
+
+/// Binds every listener the flags ask for and announces each on stderr (`NAME listening
+/// on ADDR`, which scripts and tests read).
+async fn bind(
+    cli: &Cli,
+    ingest_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<Listeners> {
+    let statsd = match cli.statsd_listen.as_str() {
+        "off" | "" => None,
+        addr => Some(
+            std::net::UdpSocket::bind(addr)
+                .with_context(|| format!("cannot listen on UDP {addr} (--statsd-listen)"))?,
+        ),
+    };
+    let statsd_unix = match &cli.statsd_socket {
+        Some(path) => Some(bind_unix_datagram(path)?),
+        None => None,
+    };
+    let ingest = TcpListener::bind(cli.ingest_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--ingest-listen)", cli.ingest_listen))?;
+    let admin = TcpListener::bind(cli.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
+    if let Some(s) = &statsd {
+        let addr = s.local_addr()?;
+        tracing::info!("statsd listening on {addr}");
+        eprintln!("statsd listening on {addr}");
+    }
+    if let Some(path) = &cli.statsd_socket {
+        tracing::info!("statsd socket at {}", path.display());
+    }
+    for (what, listener) in [("ingest", &ingest), ("admin", &admin)] {
+        let addr = listener.local_addr()?;
+        tracing::info!("{what} listening on {addr}");
+        eprintln!("{what} listening on {addr}");
+    }
+    Ok(Listeners {
+        statsd,
+        statsd_unix,
+        ingest,
+        admin,
+        ingest_tls,
+    })
+}
+
+/// Binds the DogStatsD Unix datagram socket at `path`, replacing a socket file an earlier
+/// run left there (it would make bind fail).
+fn bind_unix_datagram(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixDatagram> {
+    if std::fs::symlink_metadata(path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    {
+        std::fs::remove_file(path).ok();
+    }
+    std::os::unix::net::UnixDatagram::bind(path)
+        .with_context(|| format!("cannot bind {} (--statsd-socket)", path.display()))
 }
 
 #[cfg(test)]

@@ -272,10 +272,14 @@ impl Config {
 
     /// Checks every field, including that every metric's sketches can be built.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field: &str, message: String| ConfigError::Invalid {
-            field: field.to_string(),
-            message,
-        };
+        self.validate_timing()?;
+        self.limits.validate()?;
+        self.shipping.validate()?;
+        self.validate_sketches()
+    }
+
+    /// The flush interval and the lateness window.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         if self.flush_interval < Duration::from_millis(100) || self.flush_interval > HOUR {
             return Err(invalid(
                 "flush_interval",
@@ -291,99 +295,11 @@ impl Config {
                 format!("is {:?}; at most 400d", self.lateness),
             ));
         }
-        let l = &self.limits;
-        let bounds: [(&str, usize, std::ops::RangeInclusive<usize>); 5] = [
-            ("limits.max_series", l.max_series, 1..=10_000_000),
-            ("limits.max_tags", l.max_tags, 0..=MAX_TAGS),
-            ("limits.max_item_len", l.max_item_len, 1..=MAX_ITEM_LEN),
-            (
-                "limits.max_metric_len",
-                l.max_metric_len,
-                1..=MAX_METRIC_LEN,
-            ),
-            (
-                "limits.max_events_per_request",
-                l.max_events_per_request,
-                1..=10_000_000,
-            ),
-        ];
-        for (field, value, range) in bounds {
-            if !range.contains(&value) {
-                return Err(invalid(
-                    field,
-                    format!(
-                        "is {value}; it must be between {} and {}",
-                        range.start(),
-                        range.end()
-                    ),
-                ));
-            }
-        }
-        let s = &self.shipping;
-        if !(1..=64).contains(&s.max_batch_mib) {
-            return Err(invalid(
-                "shipping.max_batch_mib",
-                format!("is {}; it must be between 1 and 64", s.max_batch_mib),
-            ));
-        }
-        if !(1..=10_000).contains(&s.max_snapshots_per_push) {
-            return Err(invalid(
-                "shipping.max_snapshots_per_push",
-                format!(
-                    "is {}; it must be between 1 and 10000",
-                    s.max_snapshots_per_push
-                ),
-            ));
-        }
-        if !(1..=1_000_000).contains(&s.max_live_hours_per_push) {
-            return Err(invalid(
-                "shipping.max_live_hours_per_push",
-                format!(
-                    "is {}; it must be between 1 and 1000000",
-                    s.max_live_hours_per_push
-                ),
-            ));
-        }
-        if !(1..=1 << 20).contains(&s.max_backlog_mib) {
-            return Err(invalid(
-                "shipping.max_backlog_mib",
-                format!(
-                    "is {}; it must be between 1 and 1048576 (1 TiB)",
-                    s.max_backlog_mib
-                ),
-            ));
-        }
-        let durations = [
-            ("shipping.push_timeout", s.push_timeout, HOUR),
-            (
-                "shipping.shutdown_timeout",
-                s.shutdown_timeout,
-                Duration::from_secs(600),
-            ),
-            ("shipping.backoff_max", s.backoff_max, HOUR),
-            (
-                "limits.max_future",
-                self.limits.max_future,
-                Duration::from_secs(86_400),
-            ),
-        ];
-        for (field, value, max) in durations {
-            if value > max {
-                return Err(invalid(field, format!("is {value:?}; at most {max:?}")));
-            }
-        }
-        if s.backoff_initial.is_zero() || s.backoff_max < s.backoff_initial {
-            return Err(invalid(
-                "shipping.backoff_max",
-                "must be at least shipping.backoff_initial, which must be above zero".into(),
-            ));
-        }
-        if s.push_timeout.is_zero() {
-            return Err(invalid(
-                "shipping.push_timeout",
-                "must be above zero".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// The default kinds, and that the defaults and every metric's settings make sketches.
+    fn validate_sketches(&self) -> Result<(), ConfigError> {
         if self.default_kinds.is_empty() {
             return Err(invalid(
                 "default_kinds",
@@ -460,6 +376,108 @@ impl Config {
             allowed_tags,
         })
     }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ConfigError> {
+        within("limits.max_series", self.max_series, 1..=10_000_000)?;
+        within("limits.max_tags", self.max_tags, 0..=MAX_TAGS)?;
+        within("limits.max_item_len", self.max_item_len, 1..=MAX_ITEM_LEN)?;
+        within(
+            "limits.max_metric_len",
+            self.max_metric_len,
+            1..=MAX_METRIC_LEN,
+        )?;
+        within(
+            "limits.max_events_per_request",
+            self.max_events_per_request,
+            1..=10_000_000,
+        )?;
+        at_most(
+            "limits.max_future",
+            self.max_future,
+            Duration::from_secs(86_400),
+        )
+    }
+}
+
+impl Shipping {
+    fn validate(&self) -> Result<(), ConfigError> {
+        within("shipping.max_batch_mib", self.max_batch_mib, 1..=64)?;
+        within(
+            "shipping.max_snapshots_per_push",
+            self.max_snapshots_per_push,
+            1..=10_000,
+        )?;
+        within(
+            "shipping.max_live_hours_per_push",
+            self.max_live_hours_per_push,
+            1..=1_000_000,
+        )?;
+        if !(1..=1 << 20).contains(&self.max_backlog_mib) {
+            return Err(invalid(
+                "shipping.max_backlog_mib",
+                format!(
+                    "is {}; it must be between 1 and 1048576 (1 TiB)",
+                    self.max_backlog_mib
+                ),
+            ));
+        }
+        at_most("shipping.push_timeout", self.push_timeout, HOUR)?;
+        at_most(
+            "shipping.shutdown_timeout",
+            self.shutdown_timeout,
+            Duration::from_secs(600),
+        )?;
+        at_most("shipping.backoff_max", self.backoff_max, HOUR)?;
+        if self.backoff_initial.is_zero() || self.backoff_max < self.backoff_initial {
+            return Err(invalid(
+                "shipping.backoff_max",
+                "must be at least shipping.backoff_initial, which must be above zero".into(),
+            ));
+        }
+        if self.push_timeout.is_zero() {
+            return Err(invalid(
+                "shipping.push_timeout",
+                "must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The error for `field`, saying what is wrong with its value.
+fn invalid(field: &str, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        message,
+    }
+}
+
+/// `value` of `field` must lie in `range`.
+fn within<T>(field: &str, value: T, range: std::ops::RangeInclusive<T>) -> Result<(), ConfigError>
+where
+    T: PartialOrd + std::fmt::Display,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        field,
+        format!(
+            "is {value}; it must be between {} and {}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
+/// Duration `value` of `field` must be at most `max`.
+fn at_most(field: &str, value: Duration, max: Duration) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(invalid(field, format!("is {value:?}; at most {max:?}")));
+    }
+    Ok(())
 }
 
 const HOUR: Duration = Duration::from_secs(3600);

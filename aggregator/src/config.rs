@@ -261,6 +261,87 @@ impl Default for SketchSizeLimits {
     }
 }
 
+impl LimitsConfig {
+    /// Every limit against its bounds.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
+        check(
+            (1..=1_000_000).contains(&l.max_snapshots_per_push),
+            "limits.max_snapshots_per_push",
+            l.max_snapshots_per_push,
+            "must be between 1 and 1000000",
+        )?;
+        check(
+            (1..=1_000_000).contains(&l.max_live_hours_per_push),
+            "limits.max_live_hours_per_push",
+            l.max_live_hours_per_push,
+            "must be between 1 and 1000000",
+        )?;
+        check(
+            (1..=4096).contains(&l.max_message_mib),
+            "limits.max_message_mib",
+            l.max_message_mib,
+            "must be between 1 and 4096",
+        )?;
+        for kind in hourglass_sketch::Kind::ALL {
+            let (bytes, setting) = l.max_sketch_bytes(kind);
+            // No tie to max_message_mib: a sketch larger than the message cannot arrive,
+            // so lowering the message bound needs no change here.
+            check(
+                (1 << 10..=4 << 30).contains(&bytes),
+                setting,
+                bytes >> 10,
+                "must be between 1 and 4194304 (4 GiB)",
+            )?;
+        }
+        if let Some(mib) = l.max_sketch_mib {
+            check(
+                (1..=4096).contains(&mib),
+                "limits.max_sketch_mib",
+                mib,
+                "must be between 1 and 4096",
+            )?;
+        }
+        check(
+            (1..=100_000_000).contains(&l.max_series_per_server),
+            "limits.max_series_per_server",
+            l.max_series_per_server,
+            "must be between 1 and 100000000",
+        )?;
+        check(
+            l.max_query_range >= HOUR,
+            "limits.max_query_range",
+            l.max_query_range,
+            "must be at least 1h",
+        )?;
+        check(
+            (1..=1_000_000_000).contains(&l.max_query_fanout),
+            "limits.max_query_fanout",
+            l.max_query_fanout,
+            "must be between 1 and 1000000000",
+        )?;
+        Ok(())
+    }
+}
+
+/// `Ok` when `ok`, else the error that `field` (now `value`) breaks `rule`.
+fn check(
+    ok: bool,
+    field: &'static str,
+    value: impl std::fmt::Debug,
+    rule: &'static str,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            value: format!("{value:?}"),
+            rule,
+        })
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -339,28 +420,25 @@ impl Config {
 
     /// Checks every field against its bounds.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        fn check(
-            ok: bool,
-            field: &'static str,
-            value: impl std::fmt::Debug,
-            rule: &'static str,
-        ) -> Result<(), ConfigError> {
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError::Invalid {
-                    field,
-                    value: format!("{value:?}"),
-                    rule,
-                })
-            }
-        }
         check(
             !self.data_dir.as_os_str().is_empty(),
             "data_dir",
             &self.data_dir,
             "must not be empty",
         )?;
+        self.validate_time()?;
+        let s = &self.storage;
+        check(
+            (1..=1 << 20).contains(&s.block_cache_mib),
+            "storage.block_cache_mib",
+            s.block_cache_mib,
+            "must be between 1 and 1048576",
+        )?;
+        self.limits.validate()
+    }
+
+    /// Rollups, retention and coverage: the settings in time, and how they must relate.
+    fn validate_time(&self) -> Result<(), ConfigError> {
         let r = &self.rollup;
         check(
             r.interval >= SECOND && r.interval <= DAY,
@@ -402,69 +480,6 @@ impl Config {
             "coverage.retire_after",
             self.coverage.retire_after,
             "must be at least 1h",
-        )?;
-        let s = &self.storage;
-        check(
-            (1..=1 << 20).contains(&s.block_cache_mib),
-            "storage.block_cache_mib",
-            s.block_cache_mib,
-            "must be between 1 and 1048576",
-        )?;
-        let l = &self.limits;
-        check(
-            (1..=1_000_000).contains(&l.max_snapshots_per_push),
-            "limits.max_snapshots_per_push",
-            l.max_snapshots_per_push,
-            "must be between 1 and 1000000",
-        )?;
-        check(
-            (1..=1_000_000).contains(&l.max_live_hours_per_push),
-            "limits.max_live_hours_per_push",
-            l.max_live_hours_per_push,
-            "must be between 1 and 1000000",
-        )?;
-        check(
-            (1..=4096).contains(&l.max_message_mib),
-            "limits.max_message_mib",
-            l.max_message_mib,
-            "must be between 1 and 4096",
-        )?;
-        for kind in hourglass_sketch::Kind::ALL {
-            let (bytes, setting) = l.max_sketch_bytes(kind);
-            // No tie to max_message_mib: a sketch larger than the message cannot arrive,
-            // so lowering the message bound needs no change here.
-            check(
-                (1 << 10..=4 << 30).contains(&bytes),
-                setting,
-                bytes >> 10,
-                "must be between 1 and 4194304 (4 GiB)",
-            )?;
-        }
-        if let Some(mib) = l.max_sketch_mib {
-            check(
-                (1..=4096).contains(&mib),
-                "limits.max_sketch_mib",
-                mib,
-                "must be between 1 and 4096",
-            )?;
-        }
-        check(
-            (1..=100_000_000).contains(&l.max_series_per_server),
-            "limits.max_series_per_server",
-            l.max_series_per_server,
-            "must be between 1 and 100000000",
-        )?;
-        check(
-            l.max_query_range >= HOUR,
-            "limits.max_query_range",
-            l.max_query_range,
-            "must be at least 1h",
-        )?;
-        check(
-            (1..=1_000_000_000).contains(&l.max_query_fanout),
-            "limits.max_query_fanout",
-            l.max_query_fanout,
-            "must be between 1 and 1000000000",
         )?;
         Ok(())
     }
