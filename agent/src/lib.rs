@@ -258,25 +258,13 @@ impl Agent {
 
         // Datagram receivers: one thread per socket, polling `stop_udp` between bursts.
         let stop_udp = Arc::new(AtomicBool::new(false));
-        let mut receivers = Vec::new();
-        if let Some(socket) = listeners.statsd {
-            receivers.push(start_receiver(
-                socket,
-                "statsd-udp",
-                &table,
-                &metrics,
-                &stop_udp,
-            )?);
-        }
-        if let Some(socket) = listeners.statsd_unix {
-            receivers.push(start_receiver(
-                socket,
-                "statsd-unix",
-                &table,
-                &metrics,
-                &stop_udp,
-            )?);
-        }
+        let receivers = start_receivers(
+            listeners.statsd,
+            listeners.statsd_unix,
+            &table,
+            &metrics,
+            &stop_udp,
+        )?;
 
         let admin = tokio::spawn(admin::serve(
             listeners.admin,
@@ -295,27 +283,8 @@ impl Agent {
         if let Some(position) = resume {
             shipper.resume_checkpoint(position);
         }
-        // The shipper runs until told to stop; if it ends on its own (a bug, a panic), the
-        // agent would take events it can never ship: stop everything instead.
-        let (ship_died_tx, ship_died_rx) = tokio::sync::oneshot::channel::<()>();
-        let shipping = tokio::spawn(async move {
-            let result = tokio::spawn(shipper.run(ship_stop_rx)).await;
-            let _ = ship_died_tx.send(());
-            result
-        });
+        let (shipping, ship_died_rx) = spawn_shipper(shipper, ship_stop_rx);
 
-        let service = v1::ingest_server::IngestServer::new(ingest::IngestService::new(
-            Arc::clone(&table),
-            Arc::clone(&metrics),
-            Arc::clone(&config),
-        ))
-        .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Zstd)
-        .max_decoding_message_size(MAX_INGEST_MESSAGE);
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
         let grpc_stop = {
             let stop = stopped(stop_rx.clone());
             async move {
@@ -325,39 +294,18 @@ impl Agent {
                 }
             }
         };
-        let too_large = {
-            let metrics = Arc::clone(&metrics);
-            hourglass_rpc::size_limit::SizeLimitLayer::new(
-                MAX_INGEST_MESSAGE,
-                "the agent's ingest message limit",
-                Arc::new(move |method: &str| {
-                    metrics
-                        .requests_too_large
-                        .get_or_create(&vec![("method", method.to_string())])
-                        .inc();
-                }),
-            )
-        };
-        let router = tonic::transport::Server::builder()
-            .layer(too_large)
-            .add_service(health_service)
-            .add_service(service);
-        let grpc = match listeners.ingest_tls {
-            Some(config) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        hourglass_rpc::tls::incoming(listeners.ingest, config),
-                        grpc_stop,
-                    )
-                    .await
-            }
-            None => {
-                let incoming = TcpIncoming::from(listeners.ingest).with_nodelay(Some(true));
-                router
-                    .serve_with_incoming_shutdown(incoming, grpc_stop)
-                    .await
-            }
-        };
+        let grpc = serve_ingest(
+            listeners.ingest,
+            listeners.ingest_tls,
+            ingest::IngestService::new(
+                Arc::clone(&table),
+                Arc::clone(&metrics),
+                Arc::clone(&config),
+            ),
+            Arc::clone(&metrics),
+            grpc_stop,
+        )
+        .await;
         ingesting.store(false, Ordering::Release);
         tracing::info!("stopped taking events");
         stop_udp.store(true, Ordering::Relaxed);
@@ -383,6 +331,88 @@ impl Agent {
             .map_err(task("admin server"))?
             .map_err(AgentError::Admin)?;
         Ok(())
+    }
+}
+
+/// Starts a receiver thread for each DogStatsD socket given.
+fn start_receivers(
+    udp: Option<std::net::UdpSocket>,
+    unix: Option<std::os::unix::net::UnixDatagram>,
+    table: &Arc<Mutex<Table>>,
+    metrics: &Arc<Metrics>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, AgentError> {
+    let mut receivers = Vec::new();
+    if let Some(socket) = udp {
+        receivers.push(start_receiver(socket, "statsd-udp", table, metrics, stop)?);
+    }
+    if let Some(socket) = unix {
+        receivers.push(start_receiver(socket, "statsd-unix", table, metrics, stop)?);
+    }
+    Ok(receivers)
+}
+
+/// Runs the shipper until `stop`. Its second value completes when the shipper ends,
+/// whether told to or on its own: if it ends on its own (a bug, a panic), the agent would
+/// take events it can never ship, so the caller stops everything instead.
+fn spawn_shipper(
+    shipper: shipper::Shipper,
+    stop: watch::Receiver<bool>,
+) -> (
+    tokio::task::JoinHandle<Result<(), tokio::task::JoinError>>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (died_tx, died_rx) = tokio::sync::oneshot::channel::<()>();
+    let shipping = tokio::spawn(async move {
+        let result = tokio::spawn(shipper.run(stop)).await;
+        let _ = died_tx.send(());
+        result
+    });
+    (shipping, died_rx)
+}
+
+/// Serves the gRPC `Ingest` service and health on `listener` (over TLS when `tls` is
+/// given) until `stop` completes, answering requests over the message limit with an
+/// error that says so (and counting them).
+async fn serve_ingest(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    ingest: ingest::IngestService,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let service = v1::ingest_server::IngestServer::new(ingest)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(MAX_INGEST_MESSAGE);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let too_large = hourglass_rpc::size_limit::SizeLimitLayer::new(
+        MAX_INGEST_MESSAGE,
+        "the agent's ingest message limit",
+        Arc::new(move |method: &str| {
+            metrics
+                .requests_too_large
+                .get_or_create(&vec![("method", method.to_string())])
+                .inc();
+        }),
+    );
+    let router = tonic::transport::Server::builder()
+        .layer(too_large)
+        .add_service(health_service)
+        .add_service(service);
+    match tls {
+        Some(config) => {
+            router
+                .serve_with_incoming_shutdown(hourglass_rpc::tls::incoming(listener, config), stop)
+                .await
+        }
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, stop).await
+        }
     }
 }
 

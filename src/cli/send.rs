@@ -63,24 +63,67 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     };
     let mut items: Vec<Vec<u8>> = args.items.iter().map(|i| i.clone().into_bytes()).collect();
     if let Some(path) = &args.file {
-        let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
-            Box::new(std::io::stdin().lock())
-        } else {
-            Box::new(std::io::BufReader::new(
-                std::fs::File::open(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?,
-            ))
-        };
-        for line in reader.split(b'\n') {
-            let mut line = line.with_context(|| format!("reading {}", path.display()))?;
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            if !line.is_empty() {
-                items.push(line);
-            }
+        items.extend(read_lines(path)?);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let outcome = runtime.block_on(send_all(&args, &items, time))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "sent {} events to {}: {} accepted, {} rejected",
+        items.len(),
+        args.agent,
+        outcome.accepted,
+        outcome.rejected
+    )?;
+    for r in &outcome.reasons {
+        writeln!(out, "  rejected {r}")?;
+    }
+    if outcome.rejected > 0 {
+        bail!(
+            "the agent rejected {} of {} events",
+            outcome.rejected,
+            items.len()
+        );
+    }
+    Ok(())
+}
+
+/// The non-empty lines of `path` (`-`: stdin) as items, without their line ends.
+fn read_lines(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
+        ))
+    };
+    let mut items = Vec::new();
+    for line in reader.split(b'\n') {
+        let mut line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if !line.is_empty() {
+            items.push(line);
         }
     }
+    Ok(items)
+}
+
+/// What the agent said of the events sent.
+struct Outcome {
+    accepted: u64,
+    rejected: u64,
+    /// The first ten rejections, `item N: reason` (N counted from 1 over all items).
+    reasons: Vec<String>,
+}
+
+/// Sends `items` at `time` in batches of [`BATCH`], with progress on a terminal.
+async fn send_all(args: &SendArgs, items: &[Vec<u8>], time: i64) -> anyhow::Result<Outcome> {
     let tags: Vec<v1::Tag> = args
         .tags
         .iter()
@@ -89,70 +132,51 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             value: value.clone(),
         })
         .collect();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let (accepted, rejected, reasons) = runtime.block_on(async {
-        let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
-        let mut client = IngestClient::with_interceptor(channel, super::auth(&args.tls)?)
-            .send_compressed(tonic::codec::CompressionEncoding::Zstd)
-            .max_encoding_message_size(256 << 20);
-        let (mut accepted, mut rejected, mut reasons) = (0u64, 0u64, Vec::new());
-        let mut sent = 0usize;
-        let progress =
-            items.len() > 10 * BATCH && std::io::IsTerminal::is_terminal(&std::io::stderr());
-        for (n, chunk) in items.chunks(BATCH).enumerate() {
-            let batch = v1::SeriesBatch {
-                metric: args.metric.clone(),
-                tags: tags.clone(),
-                items: chunk.iter().map(|item| item.clone().into()).collect(),
-                times_unix_seconds: vec![time],
-                weights: vec![args.weight],
-            };
-            let reply = client
-                .send(v1::IngestRequest {
-                    events: Vec::new(),
-                    batches: vec![batch],
-                })
-                .await
-                .map_err(|s| {
-                    anyhow::anyhow!("the agent at {} answered: {}", args.agent, s.message())
-                })?
-                .into_inner();
-            accepted += reply.accepted;
-            rejected += reply.rejected;
-            for r in reply.rejected_events {
-                if reasons.len() < 10 {
-                    reasons.push(format!(
-                        "item {}: {}",
-                        n * BATCH + r.index as usize + 1,
-                        r.reason
-                    ));
-                }
-            }
-            sent += chunk.len();
-            if progress {
-                eprint!("\rsent {sent} of {} events", items.len());
+    let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
+    let mut client = IngestClient::with_interceptor(channel, super::auth(&args.tls)?)
+        .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+        .max_encoding_message_size(256 << 20);
+    let mut outcome = Outcome {
+        accepted: 0,
+        rejected: 0,
+        reasons: Vec::new(),
+    };
+    let mut sent = 0usize;
+    let progress = items.len() > 10 * BATCH && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    for (n, chunk) in items.chunks(BATCH).enumerate() {
+        let batch = v1::SeriesBatch {
+            metric: args.metric.clone(),
+            tags: tags.clone(),
+            items: chunk.iter().map(|item| item.clone().into()).collect(),
+            times_unix_seconds: vec![time],
+            weights: vec![args.weight],
+        };
+        let reply = client
+            .send(v1::IngestRequest {
+                events: Vec::new(),
+                batches: vec![batch],
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("the agent at {} answered: {}", args.agent, s.message()))?
+            .into_inner();
+        outcome.accepted += reply.accepted;
+        outcome.rejected += reply.rejected;
+        for r in reply.rejected_events {
+            if outcome.reasons.len() < 10 {
+                outcome.reasons.push(format!(
+                    "item {}: {}",
+                    n * BATCH + r.index as usize + 1,
+                    r.reason
+                ));
             }
         }
+        sent += chunk.len();
         if progress {
-            eprintln!();
+            eprint!("\rsent {sent} of {} events", items.len());
         }
-        Ok::<_, anyhow::Error>((accepted, rejected, reasons))
-    })?;
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "sent {} events to {}: {accepted} accepted, {rejected} rejected",
-        items.len(),
-        args.agent
-    )?;
-    for r in &reasons {
-        writeln!(out, "  rejected {r}")?;
     }
-    if rejected > 0 {
-        bail!("the agent rejected {rejected} of {} events", items.len());
+    if progress {
+        eprintln!();
     }
-    Ok(())
+    Ok(outcome)
 }
