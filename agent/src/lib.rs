@@ -42,7 +42,6 @@ use hourglass_rpc::proto::v1;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 
 pub use config::Config;
 
@@ -403,17 +402,7 @@ async fn serve_ingest(
         .layer(too_large)
         .add_service(health_service)
         .add_service(service);
-    match tls {
-        Some(config) => {
-            router
-                .serve_with_incoming_shutdown(hourglass_rpc::tls::incoming(listener, config), stop)
-                .await
-        }
-        None => {
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            router.serve_with_incoming_shutdown(incoming, stop).await
-        }
-    }
+    hourglass_rpc::tls::serve_router(router, listener, tls, stop).await
 }
 
 /// Starts the thread that receives DogStatsD datagrams on `socket` (named `name`) into

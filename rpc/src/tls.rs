@@ -10,6 +10,7 @@
 //! TLS, their own certificate and key. An `https://` URL turns TLS on; `http://` stays
 //! plaintext for loopback development.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,6 +22,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
+use tonic::codegen::http;
 
 /// TLS material that cannot be used; the message names the file and what is wrong.
 #[derive(Debug, Error)]
@@ -290,6 +292,42 @@ pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsEr
     let mut config = builder.with_cert_resolver(Arc::new(reloading));
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then drains the accepted
+/// connections: over TLS when `tls` is given (handshakes as [`incoming`] runs them), else
+/// plain TCP with Nagle's algorithm off. The one place the agent and the aggregator start
+/// gRPC.
+pub async fn serve_router<L, ResBody>(
+    router: tonic::transport::server::Router<L>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    L: tower::Layer<tonic::service::Routes>,
+    L::Service: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
+        Into<tonic::codegen::StdError> + Send,
+    ResBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    ResBody::Error: Into<tonic::codegen::StdError>,
+{
+    match tls {
+        Some(config) => {
+            router
+                .serve_with_incoming_shutdown(incoming(listener, config), shutdown)
+                .await
+        }
+        None => {
+            let plain =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(plain, shutdown).await
+        }
+    }
 }
 
 /// Accepted TLS connections of `listener`, for `serve_with_incoming`: each handshake runs

@@ -317,53 +317,15 @@ impl CollectorService {
             .server
             .take()
             .ok_or_else(|| Status::invalid_argument("server is required"))?;
-        if let Some(principal) = &principal {
-            principal.may_push_as(&server.name)?;
-        }
-        // The agent checks the same rule at start, so an agent never runs with a name
-        // every push of which would be refused here.
-        hourglass_rpc::series::validate_server_name(&server.name)
-            .map_err(|e| Status::invalid_argument(format!("server.name: {e}")))?;
+        let labels = checked_server(&server, principal.as_ref())?;
         span.record("server", server.name.as_str());
-        let mut labels = convert::pairs(&server.labels, "server.labels")?;
-        labels.sort();
-        if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(Status::invalid_argument(format!(
-                "server.labels: label {:?} appears more than once",
-                w[0].0
-            )));
-        }
-        // Agents resend the same live hours with every push; the set is what counts.
-        let live: BTreeSet<u32> = request.live_hours.iter().copied().collect();
-        if live.len() > limits.max_live_hours_per_push {
-            return Err(Status::resource_exhausted(format!(
-                "push declares {} live hours, more than the limit of {} (limits.max_live_hours_per_push)",
-                live.len(),
-                limits.max_live_hours_per_push
-            )));
-        }
         let now = hourglass_rpc::time::since_unix_epoch().as_secs();
         let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
         // From the first hour of the oldest day hourly retention keeps (whole days, as
         // retention deletes them), so no snapshot lands in a day whose hours are gone.
         let oldest = crate::background::accepted_from(now, self.retention_hourly);
         let accepted_hours = oldest.0..=now_hour.saturating_add(1);
-        // Live hours are bound like snapshot hours: one far ahead would count a server as
-        // up for hours that have not happened, one past retention would be deleted at once.
-        let (live, refused): (Vec<u32>, Vec<u32>) =
-            live.into_iter().partition(|h| accepted_hours.contains(h));
-        if !refused.is_empty() {
-            self.metrics.live_hours_refused.inc_by(refused.len() as u64);
-            tracing::warn!(
-                server = %server.name,
-                refused = refused.len(),
-                first = %hourglass_rpc::time::format_hour(refused[0].min(u32::MAX / 2)),
-                accepted_from = %hourglass_rpc::time::format_hour(*accepted_hours.start()),
-                accepted_to = %hourglass_rpc::time::format_hour(*accepted_hours.end()),
-                "push declared live hours outside the hours accepted now; ignored"
-            );
-        }
-        let live: Vec<Hour> = live.into_iter().map(Hour).collect();
+        let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
@@ -398,7 +360,53 @@ impl CollectorService {
             tracing::error!(error = %e, "storing a push failed");
             convert::store_status(&e)
         })?;
+        self.answer(results, slots, answers, span)
+    }
 
+    /// The push's live hours as a set, bounded like snapshot hours: one far ahead would
+    /// count a server as up for hours that have not happened, one past retention would be
+    /// deleted at once. Those outside `accepted` are counted, logged and ignored; more
+    /// than the limit refuses the push.
+    fn live_hours(
+        &self,
+        declared: &[u32],
+        accepted: &std::ops::RangeInclusive<u32>,
+        server: &str,
+    ) -> Result<Vec<Hour>, Status> {
+        // Agents resend the same live hours with every push; the set is what counts.
+        let live: BTreeSet<u32> = declared.iter().copied().collect();
+        if live.len() > self.limits.max_live_hours_per_push {
+            return Err(Status::resource_exhausted(format!(
+                "push declares {} live hours, more than the limit of {} (limits.max_live_hours_per_push)",
+                live.len(),
+                self.limits.max_live_hours_per_push
+            )));
+        }
+        let (live, refused): (Vec<u32>, Vec<u32>) =
+            live.into_iter().partition(|h| accepted.contains(h));
+        if !refused.is_empty() {
+            self.metrics.live_hours_refused.inc_by(refused.len() as u64);
+            tracing::warn!(
+                server,
+                refused = refused.len(),
+                first = %hourglass_rpc::time::format_hour(refused[0].min(u32::MAX / 2)),
+                accepted_from = %hourglass_rpc::time::format_hour(*accepted.start()),
+                accepted_to = %hourglass_rpc::time::format_hour(*accepted.end()),
+                "push declared live hours outside the hours accepted now; ignored"
+            );
+        }
+        Ok(live.into_iter().map(Hour).collect())
+    }
+
+    /// The response: the store's `answers` put in the `results` slots of their snapshots
+    /// (request order), counted in the metrics and the span, rejections logged.
+    fn answer(
+        &self,
+        mut results: Vec<v1::SnapshotResult>,
+        slots: Vec<(usize, u64)>,
+        answers: Vec<Result<PutOutcome, Rejection>>,
+        span: &tracing::Span,
+    ) -> Result<v1::PushResponse, Status> {
         if answers.len() != slots.len() {
             return Err(Status::internal(format!(
                 "the store answered {} outcomes for {} snapshots",
@@ -450,4 +458,28 @@ impl CollectorService {
         }
         Ok(v1::PushResponse { results })
     }
+}
+
+/// Checks the pushing server: the principal may push as it, its name keeps the naming
+/// rule (the agent checks the same rule at start, so an agent never runs with a name
+/// every push of which would be refused here), and no label key repeats. Returns the
+/// labels, sorted.
+fn checked_server(
+    server: &v1::Server,
+    principal: Option<&crate::auth::Principal>,
+) -> Result<Vec<(String, String)>, Status> {
+    if let Some(principal) = principal {
+        principal.may_push_as(&server.name)?;
+    }
+    hourglass_rpc::series::validate_server_name(&server.name)
+        .map_err(|e| Status::invalid_argument(format!("server.name: {e}")))?;
+    let mut labels = convert::pairs(&server.labels, "server.labels")?;
+    labels.sort();
+    if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Status::invalid_argument(format!(
+            "server.labels: label {:?} appears more than once",
+            w[0].0
+        )));
+    }
+    Ok(labels)
 }

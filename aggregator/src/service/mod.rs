@@ -14,7 +14,6 @@ use hourglass_rpc::proto::v1::collector_server::CollectorServer;
 use hourglass_rpc::proto::v1::query_server::QueryServer;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
@@ -88,15 +87,6 @@ pub async fn serve(
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(hourglass_rpc::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1();
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(hourglass_rpc::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha();
-
     // Messages tonic refuses for size never reach a handler: count and name them here.
     let too_large = hourglass_rpc::size_limit::SizeLimitLayer::new(
         max_message,
@@ -117,34 +107,32 @@ pub async fn serve(
     let query = tonic::service::interceptor::InterceptedService::new(query, move |r| {
         auth.check(crate::auth::Service::Query, r)
     });
-    let mut router = builder
+    let router = builder
         .add_service(health_service)
         .add_service(collector)
         .add_service(query);
-    // Reflection is a convenience for grpcurl and friends; a descriptor set that does not
-    // load must not keep the aggregator from serving.
-    match reflection_v1 {
+    let router = with_reflection(router);
+    hourglass_rpc::tls::serve_router(router, listener, tls, shutdown).await
+}
+
+/// `router` with gRPC reflection (v1 and v1alpha) of hourglass.v1 and health. Reflection
+/// is a convenience for grpcurl and friends; a descriptor set that does not load must not
+/// keep the aggregator from serving, so it is then left out with a warning.
+fn with_reflection<L: Clone>(
+    mut router: tonic::transport::server::Router<L>,
+) -> tonic::transport::server::Router<L> {
+    let configure = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(hourglass_rpc::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    match configure().build_v1() {
         Ok(service) => router = router.add_service(service),
         Err(e) => tracing::warn!(error = %e, "gRPC reflection v1 is off"),
     }
-    match reflection_v1alpha {
+    match configure().build_v1alpha() {
         Ok(service) => router = router.add_service(service),
         Err(e) => tracing::warn!(error = %e, "gRPC reflection v1alpha is off"),
     }
-    match tls {
-        Some(config) => {
-            router
-                .serve_with_incoming_shutdown(
-                    hourglass_rpc::tls::incoming(listener, config),
-                    shutdown,
-                )
-                .await
-        }
-        None => {
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-        }
-    }
+    router
 }
