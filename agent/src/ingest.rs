@@ -347,87 +347,118 @@ impl v1::ingest_server::Ingest for IngestService {
             )));
         }
         let now = unix_now();
-        let at = |t: i64| if t == 0 { now } else { t };
         let mut stats = IngestStats::default();
-        let mut listed = Vec::new();
-        let mut refuse =
-            |stats: &mut IngestStats, index: usize, why: String, reason: &'static str| {
-                stats.reject(reason);
-                if listed.len() < MAX_LISTED_REJECTS {
-                    listed.push(v1::RejectedEvent {
-                        index: index as u32,
-                        reason: why,
-                    });
-                }
-            };
+        let mut refusals = Refusals::default();
         {
             let mut table = crate::table::lock(&self.table);
-            for (i, e) in request.events.iter().enumerate() {
-                let added = table
-                    .check(&e.item, at(e.time_unix_seconds), now)
-                    .and_then(|hour| {
-                        let id = table.resolve_tags(&e.metric, &e.tags, &mut stats)?;
-                        table.insert_at(id, hour, &e.item, e.weight);
-                        Ok(())
-                    });
-                match added {
-                    Ok(()) => stats.accepted += 1,
-                    Err(reject) => refuse(&mut stats, i, reject.to_string(), reject.reason()),
-                }
-            }
+            add_events(&mut table, &request.events, now, &mut stats, &mut refusals);
             let mut index = request.events.len();
             for batch in &request.batches {
-                let n = batch.items.len();
-                if n == 0 {
-                    continue;
-                }
-                let fits = |len: usize| len <= 1 || len == n;
-                let series = if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
-                    table
-                        .resolve_tags(&batch.metric, &batch.tags, &mut stats)
-                        .map_err(|r| (r.to_string(), r.reason()))
-                } else {
-                    Err((
-                        format!(
-                            "batch has {} times and {} weights for {n} items: each must be 0, 1 or {n}",
-                            batch.times_unix_seconds.len(),
-                            batch.weights.len()
-                        ),
-                        "bad_batch",
-                    ))
-                };
-                match series {
-                    Ok(id) => {
-                        for (j, item) in batch.items.iter().enumerate() {
-                            let time = at(one_or_each(&batch.times_unix_seconds, j));
-                            let weight = one_or_each(&batch.weights, j);
-                            match table.insert(id, time, now, item, weight) {
-                                Ok(()) => stats.accepted += 1,
-                                Err(reject) => refuse(
-                                    &mut stats,
-                                    index + j,
-                                    reject.to_string(),
-                                    reject.reason(),
-                                ),
-                            }
-                        }
-                    }
-                    // The whole batch shares the problem: every item is refused.
-                    Err((why, reason)) => {
-                        for j in 0..n {
-                            refuse(&mut stats, index + j, why.clone(), reason);
-                        }
-                    }
-                }
-                index += n;
+                add_batch(&mut table, batch, index, now, &mut stats, &mut refusals);
+                index += batch.items.len();
             }
         }
         self.metrics.ingested("ingest", &stats);
         Ok(Response::new(v1::IngestResponse {
             accepted: stats.accepted,
             rejected: stats.rejected_total(),
-            rejected_events: listed,
+            rejected_events: refusals.listed,
         }))
+    }
+}
+
+/// The events a request refused: counted by reason in the stats, the first
+/// [`MAX_LISTED_REJECTS`] listed with their index for the reply.
+#[derive(Default)]
+struct Refusals {
+    listed: Vec<v1::RejectedEvent>,
+}
+
+impl Refusals {
+    fn refuse(&mut self, stats: &mut IngestStats, index: usize, why: String, reason: &'static str) {
+        stats.reject(reason);
+        if self.listed.len() < MAX_LISTED_REJECTS {
+            self.listed.push(v1::RejectedEvent {
+                index: index as u32,
+                reason: why,
+            });
+        }
+    }
+}
+
+/// The time of an event: its own, or `now` when it gives none (zero).
+fn event_time(t: i64, now: i64) -> i64 {
+    if t == 0 { now } else { t }
+}
+
+/// Adds single events (indexes from 0) to the table.
+fn add_events(
+    table: &mut Table,
+    events: &[v1::Event],
+    now: i64,
+    stats: &mut IngestStats,
+    refusals: &mut Refusals,
+) {
+    for (i, e) in events.iter().enumerate() {
+        let added = table
+            .check(&e.item, event_time(e.time_unix_seconds, now), now)
+            .and_then(|hour| {
+                let id = table.resolve_tags(&e.metric, &e.tags, stats)?;
+                table.insert_at(id, hour, &e.item, e.weight);
+                Ok(())
+            });
+        match added {
+            Ok(()) => stats.accepted += 1,
+            Err(reject) => refusals.refuse(stats, i, reject.to_string(), reject.reason()),
+        }
+    }
+}
+
+/// Adds one batch, whose items are numbered from `first` in the request, to the table.
+/// A problem of the batch itself (its series, times or weights) refuses every item.
+fn add_batch(
+    table: &mut Table,
+    batch: &v1::SeriesBatch,
+    first: usize,
+    now: i64,
+    stats: &mut IngestStats,
+    refusals: &mut Refusals,
+) {
+    let n = batch.items.len();
+    if n == 0 {
+        return;
+    }
+    let fits = |len: usize| len <= 1 || len == n;
+    let series = if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
+        table
+            .resolve_tags(&batch.metric, &batch.tags, stats)
+            .map_err(|r| (r.to_string(), r.reason()))
+    } else {
+        Err((
+            format!(
+                "batch has {} times and {} weights for {n} items: each must be 0, 1 or {n}",
+                batch.times_unix_seconds.len(),
+                batch.weights.len()
+            ),
+            "bad_batch",
+        ))
+    };
+    let id = match series {
+        Ok(id) => id,
+        Err((why, reason)) => {
+            for j in 0..n {
+                refusals.refuse(stats, first + j, why.clone(), reason);
+            }
+            return;
+        }
+    };
+    for (j, item) in batch.items.iter().enumerate() {
+        let time = event_time(one_or_each(&batch.times_unix_seconds, j), now);
+        let weight = one_or_each(&batch.weights, j);
+        match table.insert(id, time, now, item, weight) {
+            Ok(()) => stats.accepted += 1,
+            Err(reject) => refusals.refuse(stats, first + j, reject.to_string(), reject.reason()),
+        }
     }
 }
 
