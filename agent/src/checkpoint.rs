@@ -408,7 +408,7 @@ fn write_base(
                 let Some((series, entry)) = t.get(key) else {
                     continue;
                 };
-                encode_entry(&mut buf, series, key.1, entry);
+                encode_entry(&mut buf, series, key.hour, entry);
                 written.push((key, entry.version));
             }
         }
@@ -528,10 +528,10 @@ fn write_transaction(
                     continue;
                 };
                 match entry.unsaved() {
-                    Some(true) => encode_entry(&mut buf, series, key.1, entry),
+                    Some(true) => encode_entry(&mut buf, series, key.hour, entry),
                     Some(false) => {
                         buf.push(RECORD_META);
-                        encode_key(&mut buf, series, key.1);
+                        encode_key(&mut buf, series, key.hour);
                         buf.extend_from_slice(&entry.version.to_le_bytes());
                         buf.extend_from_slice(&entry.acked.to_le_bytes());
                         buf.push(u8::from(entry.dirty));
@@ -971,7 +971,7 @@ mod tests {
                 let (s, e) = t.get(k).unwrap();
                 format!(
                     "{s}@{} v{} a{} d{} {:x}",
-                    k.1,
+                    k.hour,
                     e.version,
                     e.acked,
                     e.dirty,

@@ -29,7 +29,7 @@ use tracing::Instrument;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::metrics::{Labels, Metrics};
-use crate::table::{Dropped, Table};
+use crate::table::{Dropped, Sent, Table};
 
 /// Why a push did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -432,8 +432,8 @@ impl Shipper {
                         "the aggregator refused a whole push; its snapshots are dropped"
                     );
                     let mut t = crate::table::lock(&self.table);
-                    for &(key, version, _) in &sent {
-                        t.ack(key, version);
+                    for s in &sent {
+                        t.ack(s.key, s.version);
                     }
                     start = next;
                     continue;
@@ -559,11 +559,7 @@ impl Shipper {
     /// Records a push's results: stored and stale snapshots are acknowledged; rejected
     /// ones are logged and counted, and not sent again (the same bytes would be refused
     /// again), until the entry changes.
-    fn apply(
-        &self,
-        sent: &[((u64, u32), u64, usize)],
-        results: &[v1::SnapshotResult],
-    ) -> Result<(), PushError> {
+    fn apply(&self, sent: &[Sent], results: &[v1::SnapshotResult]) -> Result<(), PushError> {
         // An outcome this agent does not know is not an acknowledgement: nothing is
         // marked, and the push counts as failed.
         if let Some(r) = results.iter().find(|r| {
@@ -579,7 +575,12 @@ impl Shipper {
         }
         let mut t = crate::table::lock(&self.table);
         let mut at = 0;
-        for &(key, version, count) in sent {
+        for &Sent {
+            key,
+            version,
+            snapshots: count,
+        } in sent
+        {
             for r in &results[at..at + count] {
                 match v1::PushOutcome::try_from(r.outcome) {
                     Ok(v1::PushOutcome::Stored) => {
@@ -598,7 +599,7 @@ impl Shipper {
                             // entry is owed again, and the next flush gives it one.
                             t.mark_dirty(key);
                             tracing::error!(
-                                hour = key.1,
+                                hour = key.hour,
                                 sent = version,
                                 held = r.held_version,
                                 "the aggregator holds a later version than this agent gave; continuing above it and sending the entry again"
@@ -610,7 +611,7 @@ impl Shipper {
                         let series = t.get(key).map(|(s, _)| s.to_string()).unwrap_or_default();
                         tracing::error!(
                             series,
-                            hour = key.1,
+                            hour = key.hour,
                             version,
                             reason = %r.reason,
                             "the aggregator rejected a snapshot"
@@ -706,7 +707,15 @@ mod tests {
         // Two kinds an entry, so two results each. The aggregator holds version 5 of
         // "diverged" (sent before the checkpoint fell behind) and version 1 of "plain".
         let mut results = Vec::new();
-        for (i, &(_, version, count)) in sent.iter().enumerate() {
+        for (
+            i,
+            &Sent {
+                version,
+                snapshots: count,
+                ..
+            },
+        ) in sent.iter().enumerate()
+        {
             let held = if i == diverged { 5 } else { version };
             results.extend(std::iter::repeat_n(stale(held), count));
         }

@@ -31,8 +31,25 @@ pub fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
     table.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A key of the table: a series id and an hour.
-pub type Key = (u64, u32);
+/// A key of the table: a series (its id here) and an hour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// The series' id in this table.
+    pub series: u64,
+    /// The hour, counted from 1970.
+    pub hour: u32,
+}
+
+/// One entry a push carries ([`Table::encode_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The entry.
+    pub key: Key,
+    /// The version its snapshots carry.
+    pub version: u64,
+    /// How many snapshots (one per sketch kind) it put in the push.
+    pub snapshots: usize,
+}
 
 /// Why an event was not added. [`Reject::reason`] is its counter label.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -535,7 +552,7 @@ impl Table {
 
     /// Adds an item that [`Table::check`] passed to series `id` in `hour`.
     pub fn insert_at(&mut self, id: u64, hour: u32, item: &[u8], weight: u64) {
-        let entry = match self.entries.get_mut(&(id, hour)) {
+        let entry = match self.entries.get_mut(&Key { series: id, hour }) {
             Some(entry) => entry,
             None => {
                 // An hour the agent holds events for is one it ingested for, even when
@@ -545,11 +562,13 @@ impl Table {
                 }
                 let slot = self.series.get_mut(&id).expect("resolved series are held");
                 slot.hours += 1;
-                self.entries.entry((id, hour)).or_insert(Entry {
-                    sketches: slot.spec.empty.clone(),
-                    dirty: true,
-                    ..Entry::default()
-                })
+                self.entries
+                    .entry(Key { series: id, hour })
+                    .or_insert(Entry {
+                        sketches: slot.spec.empty.clone(),
+                        dirty: true,
+                        ..Entry::default()
+                    })
             }
         };
         for sketch in &mut entry.sketches {
@@ -637,7 +656,7 @@ impl Table {
             .filter(|(_, e)| e.acked < e.saved.durable)
             .map(|(k, _)| *k)
             .collect();
-        keys.sort_by_key(|&(id, hour)| (hour, id));
+        keys.sort_by_key(|k| (k.hour, k.series));
         keys
     }
 
@@ -662,14 +681,14 @@ impl Table {
         start: usize,
         max_bytes: usize,
         max_snapshots: usize,
-    ) -> (Vec<v1::Snapshot>, Vec<(Key, u64, usize)>, usize) {
+    ) -> (Vec<v1::Snapshot>, Vec<Sent>, usize) {
         let mut snapshots = Vec::new();
         let mut sent = Vec::new();
         let mut bytes = 0usize;
         let mut next = start;
         while next < keys.len() {
             let key = keys[next];
-            let (Some(entry), Some(slot)) = (self.entries.get(&key), self.series.get(&key.0))
+            let (Some(entry), Some(slot)) = (self.entries.get(&key), self.series.get(&key.series))
             else {
                 next += 1;
                 continue;
@@ -685,7 +704,7 @@ impl Table {
             for sketch in &entry.sketches {
                 snapshots.push(v1::Snapshot {
                     series: Some(slot.wire.clone()),
-                    hour: key.1,
+                    hour: key.hour,
                     epoch: self.epoch,
                     version: entry.saved.durable,
                     sketch: Some(v1::EncodedSketch {
@@ -694,7 +713,11 @@ impl Table {
                     }),
                 });
             }
-            sent.push((key, entry.saved.durable, entry.sketches.len()));
+            sent.push(Sent {
+                key,
+                version: entry.saved.durable,
+                snapshots: entry.sketches.len(),
+            });
             next += 1;
         }
         (snapshots, sent, next)
@@ -734,7 +757,7 @@ impl Table {
         let freed: Vec<Key> = self
             .entries
             .iter()
-            .filter(|(k, e)| closed(k.1) && !e.pending())
+            .filter(|(k, e)| closed(k.hour) && !e.pending())
             .map(|(k, _)| *k)
             .collect();
         let mut emptied = false;
@@ -766,16 +789,16 @@ impl Table {
         if self.entries.remove(&key).is_none() {
             return false;
         }
-        let Some(slot) = self.series.get_mut(&key.0) else {
+        let Some(slot) = self.series.get_mut(&key.series) else {
             return false;
         };
         // A checkpoint may hold it: the next one says it is gone.
-        self.removed.push((slot.series.clone(), key.1));
+        self.removed.push((slot.series.clone(), key.hour));
         slot.hours -= 1;
         if slot.hours > 0 {
             return false;
         }
-        let slot = self.series.remove(&key.0).expect("just seen");
+        let slot = self.series.remove(&key.series).expect("just seen");
         self.by_series.remove(&slot.series);
         true
     }
@@ -797,7 +820,7 @@ impl Table {
         let mut closed: Vec<(Key, u64, u64)> = self
             .entries
             .iter()
-            .filter(|(k, e)| self.is_closed(k.1) && e.pending())
+            .filter(|(k, e)| self.is_closed(k.hour) && e.pending())
             .map(|(k, e)| {
                 let bytes = e.sketches.iter().map(|s| s.size_bytes() as u64).sum();
                 (*k, bytes, e.sketches.len() as u64)
@@ -808,7 +831,7 @@ impl Table {
         if total <= max_bytes {
             return dropped;
         }
-        closed.sort_unstable_by_key(|&((id, hour), _, _)| (hour, id));
+        closed.sort_unstable_by_key(|&(key, _, _)| (key.hour, key.series));
         let mut emptied = false;
         let mut hours = BTreeSet::new();
         for (key, bytes, snapshots) in closed {
@@ -817,7 +840,7 @@ impl Table {
             }
             emptied |= self.remove_entry(key);
             total -= bytes;
-            hours.insert(key.1);
+            hours.insert(key.hour);
             dropped.entries += 1;
             dropped.snapshots += snapshots;
             dropped.bytes += bytes;
@@ -851,10 +874,10 @@ impl Table {
             if entry.pending() {
                 b.snapshots += entry.sketches.len() as u64;
                 b.bytes += bytes;
-                if self.is_closed(key.1) {
+                if self.is_closed(key.hour) {
                     b.closed_bytes += bytes;
                 }
-                b.oldest_hour = Some(b.oldest_hour.map_or(key.1, |h| h.min(key.1)));
+                b.oldest_hour = Some(b.oldest_hour.map_or(key.hour, |h| h.min(key.hour)));
             }
         }
         b
@@ -868,8 +891,8 @@ impl Table {
                 if let Sketch::Membership(b) = sketch {
                     let fill = b.fill_ratio();
                     if fill > 0.5 {
-                        let name = self.series.get(&key.0).map(|s| s.series.to_string());
-                        out.push((name.unwrap_or_default(), key.1, fill));
+                        let name = self.series.get(&key.series).map(|s| s.series.to_string());
+                        out.push((name.unwrap_or_default(), key.hour, fill));
                     }
                 }
             }
@@ -913,7 +936,10 @@ impl Table {
 
     /// The series and entry of `key`, for the checkpoint writer.
     pub fn get(&self, key: Key) -> Option<(&Series, &Entry)> {
-        Some((&self.series.get(&key.0)?.series, self.entries.get(&key)?))
+        Some((
+            &self.series.get(&key.series)?.series,
+            self.entries.get(&key)?,
+        ))
     }
 
     /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
@@ -935,7 +961,11 @@ impl Table {
             }
         };
         let slot = self.series.get_mut(&id).expect("just inserted");
-        if self.entries.insert((id, hour), entry).is_none() {
+        if self
+            .entries
+            .insert(Key { series: id, hour }, entry)
+            .is_none()
+        {
             slot.hours += 1;
         }
     }
@@ -952,7 +982,7 @@ impl Table {
     #[cfg(test)]
     pub fn entry(&self, series: &str, hour: u32) -> Option<&Entry> {
         let id = self.by_series.get(&Series::parse(series).ok()?)?;
-        self.entries.get(&(*id, hour))
+        self.entries.get(&Key { series: *id, hour })
     }
 }
 
@@ -1090,7 +1120,7 @@ mod tests {
         assert_eq!(t.assign_versions(), 1);
         t.checkpointed();
         assert_eq!(t.backlog().snapshots, 2);
-        t.ack(sent[0].0, sent[0].1);
+        t.ack(sent[0].key, sent[0].version);
         assert_eq!(
             t.unacked().len(),
             1,
@@ -1128,7 +1158,10 @@ mod tests {
         let v = t.get(keys[0]).map(|(s, _)| s.to_string()).unwrap();
         t.raise_last_version(5);
         t.mark_dirty(keys[0]);
-        t.mark_dirty((999, 1)); // not held: nothing happens
+        t.mark_dirty(Key {
+            series: 999,
+            hour: 1,
+        }); // not held: nothing happens
         assert!(t.entry(&v, hour(NOW)).unwrap().pending());
         assert_eq!(t.backlog().snapshots, 2, "one entry, two kinds");
         assert_eq!(t.assign_versions(), 1, "only the marked entry");
