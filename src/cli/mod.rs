@@ -58,7 +58,8 @@ enum Command {
     Aggregator(ServerArgs),
 }
 
-/// The command line of a server program run as a subcommand, passed to it untouched.
+/// The command line of a server program run as a subcommand. `main` hands it over before
+/// clap parses anything ([`server_command_line`]); this is what `--help` lists.
 #[derive(Debug, clap::Args)]
 struct ServerArgs {
     /// The program's flags.
@@ -76,6 +77,13 @@ impl ServerArgs {
 /// Runs the command line `args` (`args[0]` the name it was called by); returns the exit
 /// status. An error is one line on stderr: the error and its causes, no backtrace.
 pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
+    // The servers' command lines go to them untouched, before clap sees them (it would
+    // take a first `--` for itself).
+    match server_command_line(&args) {
+        Some(("hourglass-agent", line)) => return hourglass_agent::cli::main(line),
+        Some((_, line)) => return hourglass_aggregator::cli::main(line),
+        None => {}
+    }
     let done = match Cli::parse_from(args).command {
         Command::Agent(server) => {
             return hourglass_agent::cli::main(server.args("hourglass-agent"));
@@ -97,6 +105,22 @@ pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// For `hourglass agent ARGS` or `hourglass aggregator ARGS`: the server's program name
+/// and its command line, `[program, ARGS…]`, every argument as given.
+fn server_command_line(
+    args: &[std::ffi::OsString],
+) -> Option<(&'static str, Vec<std::ffi::OsString>)> {
+    let program = match args.get(1)?.to_str()? {
+        "agent" => "hourglass-agent",
+        "aggregator" => "hourglass-aggregator",
+        _ => return None,
+    };
+    let line = std::iter::once(program.into())
+        .chain(args[2..].iter().cloned())
+        .collect();
+    Some((program, line))
 }
 
 /// An error and its causes on one line: `transport error: Connection refused (os error 111)`.
@@ -151,4 +175,59 @@ async fn connect(
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the {what} at {url}: {}", error_chain(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_server_subcommand_gets_every_argument_untouched() {
+        use std::os::unix::ffi::OsStringExt;
+        let cases: Vec<Vec<OsString>> = vec![
+            os(&["--help"]),
+            os(&["-h"]),
+            os(&["--version"]),
+            os(&["-V"]),
+            os(&["help"]),
+            os(&["--data-dir", "-d"]),
+            os(&["--server-name=a", "--", "--label"]),
+            os(&["--server-name", "--"]),
+            os(&["--", "--data-dir", "x"]),
+            os(&["--"]),
+            os(&[]),
+            vec!["--data-dir".into(), OsString::from_vec(vec![b'd', 0xff])],
+        ];
+        for (sub, program) in [
+            ("agent", "hourglass-agent"),
+            ("aggregator", "hourglass-aggregator"),
+        ] {
+            for args in &cases {
+                let mut all = os(&["/usr/local/bin/hourglass", sub]);
+                all.extend(args.iter().cloned());
+                let (name, line) = server_command_line(&all).expect("a server subcommand");
+                assert_eq!(name, program);
+                assert_eq!(line[0], program);
+                assert_eq!(&line[1..], &args[..], "{sub} {args:?}");
+            }
+        }
+        assert!(server_command_line(&os(&["hourglass", "query", "agent"])).is_none());
+        assert!(server_command_line(&os(&["hourglass"])).is_none());
+    }
+
+    #[test]
+    fn the_server_subcommands_are_listed_in_help() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let help = Cli::command().render_help().to_string();
+        assert!(
+            help.contains("agent") && help.contains("aggregator"),
+            "{help}"
+        );
+    }
 }

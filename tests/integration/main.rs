@@ -6,6 +6,7 @@ mod background;
 mod demo;
 mod faults;
 mod install_deps;
+mod multicall;
 mod otel;
 mod robustness;
 mod sketch_cli;

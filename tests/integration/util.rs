@@ -459,7 +459,13 @@ impl ServerThread {
             .expect("spawn the server thread");
         let ready = match ready_rx.recv_timeout(std::time::Duration::from_secs(60)) {
             Ok(ready) => ready,
-            Err(_) => match thread.join() {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // Not joined: a server that gets going later would serve on and the join
+                // never return. Told to stop, it ends on its own if it ever starts.
+                let _ = stop.send(());
+                panic!("{what} was not ready within 60 s");
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
                 Ok(Err(e)) => panic!("{what} did not start: {e}"),
                 Ok(Ok(())) => panic!("{what} stopped before it was ready"),
                 Err(_) => panic!("{what} panicked while starting"),
