@@ -394,7 +394,9 @@ async fn serve_ingest(
         Arc::new(move |method: &str| {
             metrics
                 .requests_too_large
-                .get_or_create(&vec![("method", method.to_string())])
+                .get_or_create(&metrics::MethodLabel {
+                    method: method.to_string(),
+                })
                 .inc();
         }),
     );
@@ -481,10 +483,10 @@ fn restore(
         // Microseconds since the Unix epoch: unique per start of this server, and growing.
         (hourglass_rpc::time::since_unix_epoch().as_micros() as u64).max(1)
     };
-    let lost = |reason: &str| {
+    let lost = |reason: &'static str| {
         metrics
             .checkpoint_lost
-            .get_or_create(&vec![("reason", reason.to_string())])
+            .get_or_create(&metrics::ReasonLabel { reason })
             .inc();
     };
     match checkpoint::read(dir) {

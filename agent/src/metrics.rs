@@ -3,6 +3,7 @@
 //! Counters are added once per batch of events (a datagram burst, an Ingest call), not per
 //! event; the backlog and Bloom gauges are read from the table when `/metrics` is scraped.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,19 +14,69 @@ use std::sync::atomic::AtomicU64;
 
 use crate::table::{Backlog, IngestStats};
 
-/// Label pairs of one time series of a metric family.
-pub type Labels = Vec<(&'static str, String)>;
+/// `outcome`: `ok`, or what failed (a gRPC code's name for pushes).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome.
+    pub outcome: &'static str,
+}
+
+/// `reason`: why something was dropped or lost.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// `source`: where events came from (`statsd`, `ingest`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// The source.
+    pub source: &'static str,
+}
+
+/// `source` and `reason` of refused events.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// Where the events came from.
+    pub source: &'static str,
+    /// Why they were refused.
+    pub reason: &'static str,
+}
+
+/// `method`: a gRPC method's path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    /// The method.
+    pub method: String,
+}
+
+/// `kind` of checkpoint write: `base` or `log`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: &'static str,
+}
+
+/// `series` and `hour` of a Bloom filter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BloomLabels {
+    /// The series, as its canonical text.
+    pub series: String,
+    /// The hour, RFC 3339.
+    pub hour: String,
+}
 
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
     /// Events added to sketches, by source (`statsd`, `ingest`).
-    pub events: Family<Labels, Counter>,
+    pub events: Family<SourceLabel, Counter>,
     /// Events or lines refused, by source and reason.
-    pub rejected: Family<Labels, Counter>,
+    pub rejected: Family<RejectLabels, Counter>,
     /// Ingest requests refused before the handler ran because the message was larger
     /// than the ingest limit, by gRPC method.
-    pub requests_too_large: Family<Labels, Counter>,
+    pub requests_too_large: Family<MethodLabel, Counter>,
     /// StatsD lines of types hourglass does not count.
     pub unsupported: Counter,
     /// Datagrams received.
@@ -49,20 +100,20 @@ pub struct Metrics {
     pub live_hours_dropped: Counter,
     /// Snapshots the agent dropped without the aggregator having them, by reason
     /// (`backlog_full`: beyond `shipping.max_backlog_mib`).
-    pub snapshots_dropped: Family<Labels, Counter>,
+    pub snapshots_dropped: Family<ReasonLabel, Counter>,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
-    pub pushes: Family<Labels, Counter>,
+    pub pushes: Family<OutcomeLabel, Counter>,
     /// Push latency, seconds.
     pub push_seconds: Histogram,
     /// Flushes, by outcome.
-    pub flushes: Family<Labels, Counter>,
+    pub flushes: Family<OutcomeLabel, Counter>,
     /// Checkpoints written, by outcome.
-    pub checkpoints: Family<Labels, Counter>,
+    pub checkpoints: Family<OutcomeLabel, Counter>,
     /// Bytes of the checkpoint on disk (base and log) after the last successful write.
     pub checkpoint_bytes: Gauge,
     /// Bytes written by successful checkpoints, by kind (`base`: a whole new base;
     /// `log`: a transaction of what changed).
-    pub checkpoint_written: Family<Labels, Counter>,
+    pub checkpoint_written: Family<KindLabel, Counter>,
     /// Unix time of the last successful checkpoint, 0 before the first.
     pub last_checkpoint: Gauge,
     /// Snapshots pushed while the checkpoint was failing, at the versions an earlier
@@ -71,7 +122,7 @@ pub struct Metrics {
     /// Entries whose latest version no successful checkpoint holds yet.
     pub awaiting_checkpoint: Gauge,
     /// Starts without a usable checkpoint, by reason (`missing`, `corrupt`).
-    pub checkpoint_lost: Family<Labels, Counter>,
+    pub checkpoint_lost: Family<ReasonLabel, Counter>,
     /// The current epoch.
     pub epoch: Gauge<u64, AtomicU64>,
     /// Unix time of the last successful push, 0 before the first.
@@ -94,7 +145,7 @@ pub struct Metrics {
     /// Bytes of all sketches held.
     pub sketch_bytes: Gauge,
     /// Fill ratio of Bloom filters more than half full, by series and hour.
-    pub bloom_fill: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub bloom_fill: Family<BloomLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -303,7 +354,7 @@ impl Metrics {
     pub fn ingested(&self, source: &'static str, stats: &IngestStats) {
         if stats.accepted > 0 {
             self.events
-                .get_or_create(&vec![("source", source.to_string())])
+                .get_or_create(&SourceLabel { source })
                 .inc_by(stats.accepted);
         }
         for (reason, n) in &stats.rejected {
@@ -317,10 +368,7 @@ impl Metrics {
     /// Counts refusals.
     pub fn reject(&self, source: &'static str, reason: &'static str, n: u64) {
         self.rejected
-            .get_or_create(&vec![
-                ("source", source.to_string()),
-                ("reason", reason.to_string()),
-            ])
+            .get_or_create(&RejectLabels { source, reason })
             .inc_by(n);
     }
 
@@ -340,10 +388,10 @@ impl Metrics {
         self.bloom_fill.clear();
         for (series, hour, fill) in blooms {
             self.bloom_fill
-                .get_or_create(&vec![
-                    ("series", series.clone()),
-                    ("hour", hourglass_rpc::time::format_hour(*hour)),
-                ])
+                .get_or_create(&BloomLabels {
+                    series: series.clone(),
+                    hour: hourglass_rpc::time::format_hour(*hour),
+                })
                 .set(*fill);
         }
     }

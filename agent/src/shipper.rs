@@ -28,7 +28,7 @@ use tracing::Instrument;
 
 use crate::checkpoint;
 use crate::config::Config;
-use crate::metrics::{Labels, Metrics};
+use crate::metrics::{KindLabel, Metrics, OutcomeLabel, ReasonLabel};
 use crate::table::{Dropped, Sent, Table};
 
 /// Why a push did not complete.
@@ -229,7 +229,7 @@ impl Shipper {
         span.record("outcome", outcome);
         self.metrics
             .flushes
-            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get_or_create(&OutcomeLabel { outcome })
             .inc();
     }
 
@@ -244,7 +244,9 @@ impl Shipper {
         if dropped.entries > 0 {
             self.metrics
                 .snapshots_dropped
-                .get_or_create(&vec![("reason", "backlog_full".to_string())])
+                .get_or_create(&ReasonLabel {
+                    reason: "backlog_full",
+                })
                 .inc_by(dropped.snapshots);
             match &mut self.backlog_episode {
                 Some(episode) => {
@@ -319,7 +321,7 @@ impl Shipper {
             writer.write(&table)
         })
         .await;
-        let outcome: Labels = match result {
+        let outcome = match result {
             Ok(Ok(written)) => {
                 span.record("bytes", written.bytes);
                 span.record("full", written.full);
@@ -327,10 +329,9 @@ impl Shipper {
                 m.checkpoint_bytes
                     .set(i64::try_from(written.on_disk).unwrap_or(i64::MAX));
                 m.checkpoint_written
-                    .get_or_create(&vec![(
-                        "kind",
-                        if written.full { "base" } else { "log" }.to_string(),
-                    )])
+                    .get_or_create(&KindLabel {
+                        kind: if written.full { "base" } else { "log" },
+                    })
                     .inc_by(written.bytes);
                 m.last_checkpoint.set(unix_now());
                 if self.failed_checkpoints > 0 {
@@ -340,20 +341,22 @@ impl Shipper {
                     );
                 }
                 self.failed_checkpoints = 0;
-                vec![("outcome", "ok".into())]
+                "ok"
             }
             Ok(Err(e)) => {
                 self.checkpoint_failed(&e);
-                vec![("outcome", "error".into())]
+                "error"
             }
             Err(e) => {
                 self.checkpoint_failed(&e);
-                vec![("outcome", "error".into())]
+                "error"
             }
         };
-        let ok = outcome[0].1 == "ok";
-        self.metrics.checkpoints.get_or_create(&outcome).inc();
-        ok
+        self.metrics
+            .checkpoints
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        outcome == "ok"
     }
 
     /// Logs a failed checkpoint: loudly the first of a run of failures, quietly the rest
@@ -540,10 +543,9 @@ impl Shipper {
             .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
         self.metrics
             .pushes
-            .get_or_create(&vec![(
-                "outcome",
-                hourglass_rpc::proto::code_label(code).to_string(),
-            )])
+            .get_or_create(&OutcomeLabel {
+                outcome: hourglass_rpc::proto::code_label(code),
+            })
             .inc();
         self.metrics.snapshots_sent.inc_by(count as u64);
         if self.failed_checkpoints > 0 {
@@ -782,7 +784,9 @@ mod tests {
         let dropped = s
             .metrics
             .snapshots_dropped
-            .get_or_create(&vec![("reason", "backlog_full".to_string())])
+            .get_or_create(&ReasonLabel {
+                reason: "backlog_full",
+            })
             .get();
         assert_eq!(
             dropped,
@@ -999,10 +1003,10 @@ mod full_disk {
         assert_eq!((loaded.entries.len(), loaded.last_version), (22, 2));
     }
 
-    fn checkpoints(s: &Shipper, outcome: &str) -> u64 {
+    fn checkpoints(s: &Shipper, outcome: &'static str) -> u64 {
         s.metrics
             .checkpoints
-            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get_or_create(&OutcomeLabel { outcome })
             .get()
     }
 }
