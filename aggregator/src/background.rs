@@ -192,7 +192,7 @@ pub async fn run(
             Ok(Ok(report)) => {
                 metrics.rollup_days.inc_by(report.days);
                 metrics.rollups_written.inc_by(report.rollups);
-                let deleted = |what: &str| vec![("what", what.to_string())];
+                let deleted = |what| crate::metrics::WhatLabel { what };
                 metrics
                     .retention_deleted
                     .get_or_create(&deleted("hourly"))
@@ -250,7 +250,7 @@ pub async fn run(
         };
         metrics
             .rollup_passes
-            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get_or_create(&crate::metrics::OutcomeLabel { outcome })
             .inc();
     }
 }

@@ -5,6 +5,7 @@
 //! they cost nothing between scrapes.
 
 use crate::store::StoreStats;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,43 +13,107 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Label pairs of one time series of a metric family.
-type Labels = Vec<(&'static str, String)>;
+/// `outcome`: `ok`, or the gRPC code's name (or `error` for a background pass).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome.
+    pub outcome: &'static str,
+}
+
+/// `reason`: the rule a snapshot broke.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The rule.
+    pub reason: &'static str,
+}
+
+/// `method`: a gRPC method's path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    /// The method.
+    pub method: String,
+}
+
+/// `method` of a query (`distinct`, `frequency`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueryLabel {
+    /// The query method.
+    pub method: &'static str,
+}
+
+/// `method` and `outcome` of a query.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueryOutcomeLabels {
+    /// The query method.
+    pub method: &'static str,
+    /// `ok`, or the gRPC code's name.
+    pub outcome: &'static str,
+}
+
+/// `bound`: the setting that refused a query.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BoundLabel {
+    /// The setting.
+    pub bound: &'static str,
+}
+
+/// `what` retention deleted: `hourly` rows or `rollups`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    /// What was deleted.
+    pub what: &'static str,
+}
+
+/// `cf`: a RocksDB column family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CfLabel {
+    /// The column family.
+    pub cf: String,
+}
+
+/// `cf` and `what` of a RocksDB size.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CfSizeLabels {
+    /// The column family.
+    pub cf: String,
+    /// Which size (`sst`, `live_data`, `memtable`, `pending_compaction`).
+    pub what: &'static str,
+}
 
 /// Every metric the aggregator exports.
 pub struct Metrics {
     registry: Registry,
     /// Push RPCs answered, by outcome (`ok` or the gRPC code).
-    pub pushes: Family<Labels, Counter>,
+    pub pushes: Family<OutcomeLabel, Counter>,
     /// Snapshots stored (newer than held).
     pub snapshots_stored: Counter,
     /// Snapshots acknowledged as stale.
     pub snapshots_stale: Counter,
     /// Snapshots rejected, by the rule they broke.
-    pub snapshots_rejected: Family<Labels, Counter>,
+    pub snapshots_rejected: Family<ReasonLabel, Counter>,
     /// Live hours declared outside the hours accepted now (a broken agent clock, or
     /// hours past retention), ignored.
     pub live_hours_refused: Counter,
     /// Requests refused before any handler ran because the message was larger than
     /// `limits.max_message_mib`, by gRPC method.
-    pub requests_too_large: Family<Labels, Counter>,
+    pub requests_too_large: Family<MethodLabel, Counter>,
     /// Query RPCs answered, by method and outcome.
-    pub queries: Family<Labels, Counter>,
+    pub queries: Family<QueryOutcomeLabels, Counter>,
     /// Queries refused by a bound, by the setting (`limits.max_query_range`,
     /// `limits.max_query_fanout`).
-    pub queries_refused: Family<Labels, Counter>,
+    pub queries_refused: Family<BoundLabel, Counter>,
     /// Push latency in seconds, from request to reply.
     pub push_seconds: Histogram,
     /// Query latency in seconds, by method.
-    pub query_seconds: Family<Labels, Histogram>,
+    pub query_seconds: Family<QueryLabel, Histogram>,
     /// Rollup passes run, by outcome.
-    pub rollup_passes: Family<Labels, Counter>,
+    pub rollup_passes: Family<OutcomeLabel, Counter>,
     /// Days whose rollups were (re)built.
     pub rollup_days: Counter,
     /// Rollup sketches written.
     pub rollups_written: Counter,
     /// Hourly rows and rollups deleted by retention, by what.
-    pub retention_deleted: Family<Labels, Counter>,
+    pub retention_deleted: Family<WhatLabel, Counter>,
     /// Days found whose rows do not merge (recorded as conflicts, not rolled up).
     pub rollup_conflicts: Counter,
     /// Rows that arrived in a day whose hours retention had deleted; not rolled up.
@@ -67,9 +132,9 @@ pub struct Metrics {
     /// Servers in the registry.
     pub servers: Gauge,
     /// RocksDB sizes per column family, by `cf` and `what`.
-    pub store_bytes: Family<Labels, Gauge>,
+    pub store_bytes: Family<CfSizeLabels, Gauge>,
     /// RocksDB estimated keys per column family.
-    pub store_keys: Family<Labels, Gauge>,
+    pub store_keys: Family<CfLabel, Gauge>,
     /// Bytes in the RocksDB block cache.
     pub block_cache_bytes: Gauge,
     /// Compactions running.
@@ -260,29 +325,26 @@ impl Metrics {
     }
 
     /// Counts one finished query.
-    pub fn query_done(&self, method: &'static str, outcome: &str, seconds: f64) {
+    pub fn query_done(&self, method: &'static str, outcome: &'static str, seconds: f64) {
         self.queries
-            .get_or_create(&vec![
-                ("method", method.to_string()),
-                ("outcome", outcome.to_string()),
-            ])
+            .get_or_create(&QueryOutcomeLabels { method, outcome })
             .inc();
         self.query_seconds
-            .get_or_create(&vec![("method", method.to_string())])
+            .get_or_create(&QueryLabel { method })
             .observe(seconds);
     }
 
     /// Counts one query refused by the bound `setting`.
     pub fn query_refused(&self, setting: &'static str) {
         self.queries_refused
-            .get_or_create(&vec![("bound", setting.to_string())])
+            .get_or_create(&BoundLabel { bound: setting })
             .inc();
     }
 
     /// Counts one rejected snapshot under the rule it broke.
     pub fn rejected(&self, rule: &'static str) {
         self.snapshots_rejected
-            .get_or_create(&vec![("reason", rule.to_string())])
+            .get_or_create(&ReasonLabel { reason: rule })
             .inc();
     }
 
@@ -292,7 +354,10 @@ impl Metrics {
         self.series.set(clamp(series as u64));
         self.servers.set(clamp(servers as u64));
         for cf in &stats.column_families {
-            let bytes = |what: &str| vec![("cf", cf.name.to_string()), ("what", what.to_string())];
+            let bytes = |what: &'static str| CfSizeLabels {
+                cf: cf.name.to_string(),
+                what,
+            };
             self.store_bytes
                 .get_or_create(&bytes("sst"))
                 .set(clamp(cf.sst_bytes));
@@ -306,7 +371,9 @@ impl Metrics {
                 .get_or_create(&bytes("pending_compaction"))
                 .set(clamp(cf.pending_compaction_bytes));
             self.store_keys
-                .get_or_create(&vec![("cf", cf.name.to_string())])
+                .get_or_create(&CfLabel {
+                    cf: cf.name.to_string(),
+                })
                 .set(clamp(cf.estimated_keys));
         }
         self.block_cache_bytes
@@ -339,7 +406,7 @@ mod tests {
         m.rejected("sketch.kind");
         m.query_done("distinct", "ok", 0.01);
         m.pushes
-            .get_or_create(&vec![("outcome", "ok".into())])
+            .get_or_create(&OutcomeLabel { outcome: "ok" })
             .inc();
         let text = m.encode();
         assert!(

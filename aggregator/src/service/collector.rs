@@ -279,7 +279,7 @@ impl Collector for CollectorService {
         };
         self.metrics
             .pushes
-            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .get_or_create(&crate::metrics::OutcomeLabel { outcome })
             .inc();
         self.metrics
             .push_seconds

@@ -94,7 +94,9 @@ pub async fn serve(
         Arc::new(move |method: &str| {
             metrics
                 .requests_too_large
-                .get_or_create(&vec![("method", method.to_string())])
+                .get_or_create(&crate::metrics::MethodLabel {
+                    method: method.to_string(),
+                })
                 .inc();
         }),
     );
