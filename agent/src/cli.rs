@@ -204,8 +204,7 @@ fn config(cli: &Cli) -> anyhow::Result<Config> {
 /// http:// or https:// by the TLS flags.
 fn aggregator(cli: &Cli) -> anyhow::Result<(String, hourglass_rpc::tls::ClientTls)> {
     let tls = cli.aggregator_client.settings();
-    tls.endpoint(&cli.aggregator)
-        .map_err(|e| anyhow::anyhow!("--aggregator: {e}"))?;
+    tls.endpoint(&cli.aggregator).context("--aggregator")?;
     let url = tls.url(&cli.aggregator);
     tracing::info!(
         "shipping to {} over {}",

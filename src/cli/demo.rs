@@ -241,6 +241,19 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
     let mut q = QueryClient::new(channel);
     let start = u(&truth["start_hour"]) as u32;
     let end = u(&truth["end_hour"]) as u32;
+    let mut out = distinct_report(&q, truth, start, end).await?;
+    out.push_str(&top_pages_report(&mut q, truth, start, end).await?);
+    out.push_str(&membership_report(&mut q, truth, start, end).await?);
+    Ok(out)
+}
+
+/// Unique visitors per day, for the whole range and per region, beside the truth.
+async fn distinct_report(
+    q: &QueryClient<tonic::transport::Channel>,
+    truth: &Value,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<String> {
     let mut out = String::new();
     let days = truth["days"].as_array().cloned().unwrap_or_default();
     out.push_str(&format!(
@@ -299,6 +312,17 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
         grouped(coverage.server_hours_missing)
     ));
 
+    Ok(out)
+}
+
+/// The top 10 pages with their bounds, beside the truth.
+async fn top_pages_report(
+    q: &mut QueryClient<tonic::transport::Channel>,
+    truth: &Value,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
     let top = q
         .top_k(v1::TopKRequest {
             selector: selector(PAGES, start, end, &[]),
@@ -344,6 +368,17 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
         ));
     }
 
+    Ok(out)
+}
+
+/// Membership of the probe users, beside whether they were seen.
+async fn membership_report(
+    q: &mut QueryClient<tonic::transport::Channel>,
+    truth: &Value,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
     out.push_str("\nWas this user seen? (Bloom filters: \"maybe\" can be a false positive, \"no\" is certain)\n");
     for probe in truth["membership"].as_array().cloned().unwrap_or_default() {
         let item = probe["item"].as_str().unwrap_or("").to_string();

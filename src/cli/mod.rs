@@ -8,6 +8,7 @@ mod send;
 mod simulate;
 mod sketch;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// hourglass: count distinct things, frequencies and membership across a fleet, with the
@@ -169,7 +170,7 @@ async fn connect(
     let endpoint = tls
         .settings()
         .endpoint(url)
-        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
+        .with_context(|| flag.to_string())?
         .connect_timeout(std::time::Duration::from_secs(5));
     endpoint
         .connect()

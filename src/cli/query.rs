@@ -213,8 +213,7 @@ async fn ask(
                     )
                 })
                 .collect();
-            let text = render(&header, &total, &groups, distinct_text);
-            (with_groups(total, groups), text)
+            answered(&header, total, groups, distinct_text)
         }
         Question::Frequency => {
             let r = client
@@ -237,8 +236,7 @@ async fn ask(
                     )
                 })
                 .collect();
-            let text = render(&header, &total, &groups, frequency_text);
-            (with_groups(total, groups), text)
+            answered(&header, total, groups, frequency_text)
         }
         Question::Topk => {
             let r = client
@@ -255,8 +253,7 @@ async fn ask(
                 .iter()
                 .map(|g| (g.key.clone(), topk_value(&g.items, g.coverage.as_ref())))
                 .collect();
-            let text = render(&header, &total, &groups, topk_text);
-            (with_groups(total, groups), text)
+            answered(&header, total, groups, topk_text)
         }
         Question::Membership => {
             let r = client
@@ -278,8 +275,7 @@ async fn ask(
                     )
                 })
                 .collect();
-            let text = render(&header, &total, &groups, membership_text);
-            (with_groups(total, groups), text)
+            answered(&header, total, groups, membership_text)
         }
     })
 }
@@ -364,6 +360,17 @@ fn membership_value(a: Option<&v1::MembershipAnswer>, c: Option<&v1::Coverage>) 
     });
     coverage_fields(&mut v, c);
     v
+}
+
+/// An answer's JSON (the total with its groups) and its text under `header`.
+fn answered(
+    header: &str,
+    total: Value,
+    groups: Vec<(String, Value)>,
+    text: fn(&Value) -> String,
+) -> (Value, String) {
+    let text = render(header, &total, &groups, text);
+    (with_groups(total, groups), text)
 }
 
 fn with_groups(mut total: Value, groups: Vec<(String, Value)>) -> Value {
