@@ -196,158 +196,181 @@ impl Metrics {
             bloom_fill: Family::default(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        m.register_ingest(&mut registry);
+        m.register_shipping(&mut registry);
+        m.register_checkpoint(&mut registry);
+        m.register_state(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// Registers the ingest families: events, refusals, lines and tags.
+    fn register_ingest(&self, r: &mut Registry) {
         r.register(
             "events",
             "Events added to sketches, by source",
-            m.events.clone(),
+            self.events.clone(),
         );
         r.register(
             "rejected",
             "Events and lines refused, by source and reason",
-            m.rejected.clone(),
+            self.rejected.clone(),
         );
         r.register(
             "requests_too_large",
             "Ingest requests refused for a message larger than the ingest limit, by method",
-            m.requests_too_large.clone(),
+            self.requests_too_large.clone(),
         );
         r.register(
             "unsupported_lines",
             "StatsD lines of types hourglass does not count",
-            m.unsupported.clone(),
+            self.unsupported.clone(),
         );
-        r.register("datagrams", "Datagrams received", m.datagrams.clone());
+        r.register("datagrams", "Datagrams received", self.datagrams.clone());
         r.register(
             "dropped_tags",
             "Tags dropped because the metric does not allow their key",
-            m.dropped_tags.clone(),
+            self.dropped_tags.clone(),
         );
+    }
+
+    /// Registers the shipping families: snapshots, pushes and flushes.
+    fn register_shipping(&self, r: &mut Registry) {
         r.register(
             "snapshots_sent",
             "Snapshots sent in pushes",
-            m.snapshots_sent.clone(),
+            self.snapshots_sent.clone(),
         );
         r.register(
             "snapshots_acked",
             "Snapshots the aggregator stored or already held",
-            m.snapshots_acked.clone(),
+            self.snapshots_acked.clone(),
         );
         r.register(
             "snapshots_rejected",
             "Snapshots the aggregator refused (reasons are logged)",
-            m.snapshots_rejected.clone(),
+            self.snapshots_rejected.clone(),
         );
         r.register(
             "snapshots_retried",
             "Snapshots sent again after a failed push",
-            m.snapshots_retried.clone(),
+            self.snapshots_retried.clone(),
         );
         r.register(
             "version_divergence",
             "Stale replies naming a later version than the agent gave",
-            m.version_divergence.clone(),
+            self.version_divergence.clone(),
         );
         r.register(
             "live_hours_dropped",
             "Live hours dropped because the aggregator refused them for good (reasons are logged)",
-            m.live_hours_dropped.clone(),
+            self.live_hours_dropped.clone(),
         );
         r.register(
             "snapshots_dropped",
             "Snapshots dropped by the agent without the aggregator having them, by reason",
-            m.snapshots_dropped.clone(),
+            self.snapshots_dropped.clone(),
         );
-        r.register("pushes", "Push RPCs, by outcome", m.pushes.clone());
+        r.register("pushes", "Push RPCs, by outcome", self.pushes.clone());
         r.register(
             "push_duration_seconds",
             "Push latency",
-            m.push_seconds.clone(),
+            self.push_seconds.clone(),
         );
-        r.register("flushes", "Flushes, by outcome", m.flushes.clone());
+        r.register("flushes", "Flushes, by outcome", self.flushes.clone());
+    }
+
+    /// Registers the checkpoint families and the epoch.
+    fn register_checkpoint(&self, r: &mut Registry) {
         r.register(
             "checkpoints",
             "Checkpoints written, by outcome",
-            m.checkpoints.clone(),
+            self.checkpoints.clone(),
         );
         r.register(
             "checkpoint_bytes",
             "Size of the checkpoint on disk, base and log",
-            m.checkpoint_bytes.clone(),
+            self.checkpoint_bytes.clone(),
         );
         r.register(
             "checkpoint_written_bytes",
             "Bytes written by successful checkpoints, by kind (base, log)",
-            m.checkpoint_written.clone(),
+            self.checkpoint_written.clone(),
         );
         r.register(
             "last_checkpoint_timestamp_seconds",
             "Unix time of the last successful checkpoint",
-            m.last_checkpoint.clone(),
+            self.last_checkpoint.clone(),
         );
         r.register(
             "snapshots_sent_checkpoint_failing",
             "Snapshots pushed while the checkpoint was failing, at versions an earlier checkpoint holds",
-            m.snapshots_sent_checkpoint_failing.clone(),
+            self.snapshots_sent_checkpoint_failing.clone(),
         );
         r.register(
             "awaiting_checkpoint_entries",
             "Entries whose latest version no successful checkpoint holds yet (not pushed until one does)",
-            m.awaiting_checkpoint.clone(),
+            self.awaiting_checkpoint.clone(),
         );
         r.register(
             "checkpoint_lost",
             "Starts without a usable checkpoint (a new epoch), by reason",
-            m.checkpoint_lost.clone(),
+            self.checkpoint_lost.clone(),
         );
-        r.register("epoch", "The epoch of the agent's state", m.epoch.clone());
+        r.register(
+            "epoch",
+            "The epoch of the agent's state",
+            self.epoch.clone(),
+        );
+    }
+
+    /// Registers the state read from the table: the epoch, the backlog, series, entries and Bloom fill.
+    fn register_state(&self, r: &mut Registry) {
         r.register(
             "last_push_timestamp_seconds",
             "Unix time of the last successful push",
-            m.last_push.clone(),
+            self.last_push.clone(),
         );
         r.register(
             "pending_snapshots",
             "Snapshots not yet acknowledged by the aggregator",
-            m.pending_snapshots.clone(),
+            self.pending_snapshots.clone(),
         );
         r.register(
             "pending_bytes",
             "Bytes of sketches not yet acknowledged",
-            m.pending_bytes.clone(),
+            self.pending_bytes.clone(),
         );
         r.register(
             "backlog_bytes",
             "Bytes of unacknowledged sketches of closed hours (bounded by shipping.max_backlog_mib)",
-            m.backlog_bytes.clone(),
+            self.backlog_bytes.clone(),
         );
         r.register(
             "backlog_max_bytes",
             "shipping.max_backlog_mib in bytes",
-            m.backlog_max_bytes.clone(),
+            self.backlog_max_bytes.clone(),
         );
         r.register(
             "oldest_unacked_hour_timestamp_seconds",
             "Start of the oldest hour with something unacknowledged, 0 if none",
-            m.oldest_unacked_hour.clone(),
+            self.oldest_unacked_hour.clone(),
         );
-        r.register("active_series", "Series held", m.active_series.clone());
+        r.register("active_series", "Series held", self.active_series.clone());
         r.register(
             "open_entries",
             "Open (series, hour) entries",
-            m.open_entries.clone(),
+            self.open_entries.clone(),
         );
         r.register(
             "sketch_bytes",
             "Bytes of all sketches held",
-            m.sketch_bytes.clone(),
+            self.sketch_bytes.clone(),
         );
         r.register(
             "bloom_fill_ratio",
             "Fill ratio of Bloom filters more than half full",
-            m.bloom_fill.clone(),
+            self.bloom_fill.clone(),
         );
-        Metrics { registry, ..m }
     }
 
     /// Adds a batch's counts.

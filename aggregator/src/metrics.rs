@@ -191,137 +191,155 @@ impl Metrics {
             delayed_write_rate: Gauge::default(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
-        r.register("pushes", "Push RPCs answered, by outcome", m.pushes.clone());
+        m.register_requests(&mut registry);
+        m.register_background(&mut registry);
+        m.register_store(&mut registry);
+        m.registry = registry;
+        m
+    }
+
+    /// Registers the request families: pushes, snapshots, queries and their latencies.
+    fn register_requests(&self, r: &mut Registry) {
+        r.register(
+            "pushes",
+            "Push RPCs answered, by outcome",
+            self.pushes.clone(),
+        );
         r.register(
             "snapshots_stored",
             "Snapshots stored because they were newer than the version held",
-            m.snapshots_stored.clone(),
+            self.snapshots_stored.clone(),
         );
         r.register(
             "snapshots_stale",
             "Snapshots acknowledged and ignored because a newer or equal version is held",
-            m.snapshots_stale.clone(),
+            self.snapshots_stale.clone(),
         );
         r.register(
             "snapshots_rejected",
             "Snapshots refused, by the rule they broke",
-            m.snapshots_rejected.clone(),
+            self.snapshots_rejected.clone(),
         );
         r.register(
             "live_hours_refused",
             "Live hours a push declared outside the hours accepted now (retention.hourly back, one hour ahead); ignored",
-            m.live_hours_refused.clone(),
+            self.live_hours_refused.clone(),
         );
         r.register(
             "queries_refused",
             "Queries refused by a bound, by the setting that sets it",
-            m.queries_refused.clone(),
+            self.queries_refused.clone(),
         );
         r.register(
             "requests_too_large",
             "Requests refused for a message larger than limits.max_message_mib, by method",
-            m.requests_too_large.clone(),
+            self.requests_too_large.clone(),
         );
         r.register(
             "queries",
             "Query RPCs answered, by method and outcome",
-            m.queries.clone(),
+            self.queries.clone(),
         );
         r.register(
             "push_duration_seconds",
             "Time to answer a push, including the WAL sync",
-            m.push_seconds.clone(),
+            self.push_seconds.clone(),
         );
         r.register(
             "query_duration_seconds",
             "Time to answer a query, by method",
-            m.query_seconds.clone(),
+            self.query_seconds.clone(),
         );
+    }
+
+    /// Registers the background families: rollups and retention.
+    fn register_background(&self, r: &mut Registry) {
         r.register(
             "rollup_passes",
             "Background rollup and retention passes, by outcome",
-            m.rollup_passes.clone(),
+            self.rollup_passes.clone(),
         );
         r.register(
             "rollup_days",
             "Series-days whose rollups were built or rebuilt",
-            m.rollup_days.clone(),
+            self.rollup_days.clone(),
         );
         r.register(
             "rollups_written",
             "Daily rollup sketches written",
-            m.rollups_written.clone(),
+            self.rollups_written.clone(),
         );
         r.register(
             "retention_deleted",
             "Rows deleted by retention, by table",
-            m.retention_deleted.clone(),
+            self.retention_deleted.clone(),
         );
         r.register(
             "rollup_conflicts",
             "Days found whose hourly rows do not merge (a metric's parameters changed within the day, or a row is unreadable): not rolled up, rows kept, queries over them refused with the cause",
-            m.rollup_conflicts.clone(),
+            self.rollup_conflicts.clone(),
         );
         r.register(
             "rollup_late_rows_dropped",
             "Rows that arrived in a day whose hours retention had already deleted; not rolled up, deleted with the day",
-            m.rollup_late_rows_dropped.clone(),
+            self.rollup_late_rows_dropped.clone(),
         );
         r.register(
             "conflicted_days",
             "Series-days whose rollups cannot be built (see rollup_conflicts)",
-            m.conflicted_days.clone(),
+            self.conflicted_days.clone(),
         );
         r.register(
             "retention_held_days",
             "Series-days past retention.hourly whose hourly rows are kept: not rolled up yet, or in conflict",
-            m.retention_held_days.clone(),
+            self.retention_held_days.clone(),
         );
         r.register(
             "rollup_lag_seconds",
             "Seconds since the oldest closed day still waiting for rollups was closed",
-            m.rollup_lag_seconds.clone(),
+            self.rollup_lag_seconds.clone(),
         );
         r.register(
             "last_rollup_pass_timestamp_seconds",
             "Unix time at which the last successful rollup pass ended",
-            m.last_rollup_pass.clone(),
+            self.last_rollup_pass.clone(),
         );
-        r.register("series", "Series in the dictionary", m.series.clone());
-        r.register("servers", "Servers in the registry", m.servers.clone());
+    }
+
+    /// Registers the storage families: series and servers held, RocksDB sizes, cache, compactions and stalls.
+    fn register_store(&self, r: &mut Registry) {
+        r.register("series", "Series in the dictionary", self.series.clone());
+        r.register("servers", "Servers in the registry", self.servers.clone());
         r.register(
             "store_bytes",
             "RocksDB bytes per column family: sst, live data, memtable, pending compaction",
-            m.store_bytes.clone(),
+            self.store_bytes.clone(),
         );
         r.register(
             "store_estimated_keys",
             "RocksDB estimated keys per column family",
-            m.store_keys.clone(),
+            self.store_keys.clone(),
         );
         r.register(
             "block_cache_usage_bytes",
             "Bytes held in the RocksDB block cache",
-            m.block_cache_bytes.clone(),
+            self.block_cache_bytes.clone(),
         );
         r.register(
             "running_compactions",
             "RocksDB compactions running",
-            m.running_compactions.clone(),
+            self.running_compactions.clone(),
         );
         r.register(
             "write_stopped",
             "1 while RocksDB stops writes",
-            m.write_stopped.clone(),
+            self.write_stopped.clone(),
         );
         r.register(
             "delayed_write_rate_bytes",
             "Rate RocksDB delays writes to, 0 when not delaying",
-            m.delayed_write_rate.clone(),
+            self.delayed_write_rate.clone(),
         );
-        m.registry = registry;
-        m
     }
 
     /// Counts one finished query.
