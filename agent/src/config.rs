@@ -328,7 +328,7 @@ impl Config {
     }
 
     /// What series of `metric` keep; an error names the parameter that cannot be used.
-    pub fn spec_for(&self, metric: &str) -> Result<MetricSpec, String> {
+    pub(crate) fn spec_for(&self, metric: &str) -> Result<MetricSpec, String> {
         let m = self.metrics.get(metric);
         let d = &self.defaults;
         let get =

@@ -137,16 +137,36 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A token of `[auth]` that cannot be used: names the token and what is wrong with it,
+/// never its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("auth token {token:?}: {problem}")]
+pub struct AuthError {
+    /// The token's name.
+    pub token: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl AuthError {
+    fn new(token: &str, problem: impl Into<String>) -> AuthError {
+        AuthError {
+            token: token.to_string(),
+            problem: problem.into(),
+        }
+    }
+}
+
 impl Auth {
     /// Reads every token's value; an error names the token and the source, never the value.
-    pub fn load(config: &AuthConfig) -> Result<Auth, String> {
+    pub fn load(config: &AuthConfig) -> Result<Auth, AuthError> {
         let mut tokens: Vec<Token> = Vec::new();
         let mut certificates = Vec::new();
         for t in &config.tokens {
             if t.role == Role::Agent && t.servers.is_empty() {
-                return Err(format!(
-                    "auth token {:?}: an agent token needs servers (globs it may push as)",
-                    t.name
+                return Err(AuthError::new(
+                    &t.name,
+                    "an agent token needs servers (globs it may push as)",
                 ));
             }
             let principal = Principal {
@@ -156,41 +176,31 @@ impl Auth {
             };
             let value = match (&t.file, &t.env, &t.client_cert_cn) {
                 (Some(path), None, None) => std::fs::read_to_string(path).map_err(|e| {
-                    format!(
-                        "auth token {:?}: cannot read {}: {e}",
-                        t.name,
-                        path.display()
-                    )
+                    AuthError::new(&t.name, format!("cannot read {}: {e}", path.display()))
                 })?,
                 (None, Some(var), None) => std::env::var(var).map_err(|_| {
-                    format!(
-                        "auth token {:?}: environment variable {var} is not set",
-                        t.name
-                    )
+                    AuthError::new(&t.name, format!("environment variable {var} is not set"))
                 })?,
                 (None, None, Some(cn)) => {
                     certificates.push((cn.clone(), principal));
                     continue;
                 }
                 _ => {
-                    return Err(format!(
-                        "auth token {:?}: give exactly one of file, env and client_cert_cn",
-                        t.name
+                    return Err(AuthError::new(
+                        &t.name,
+                        "give exactly one of file, env and client_cert_cn",
                     ));
                 }
             };
             let value = value.trim().as_bytes().to_vec();
             if value.len() < 16 {
-                return Err(format!(
-                    "auth token {:?}: shorter than 16 bytes; use a long random token",
-                    t.name
+                return Err(AuthError::new(
+                    &t.name,
+                    "shorter than 16 bytes; use a long random token",
                 ));
             }
             if tokens.iter().any(|k| same(&k.value, &value)) {
-                return Err(format!(
-                    "auth token {:?}: the same value as another token",
-                    t.name
-                ));
+                return Err(AuthError::new(&t.name, "the same value as another token"));
             }
             tokens.push(Token { value, principal });
         }
@@ -332,7 +342,11 @@ mod tests {
 
     #[test]
     fn bad_token_config_is_named_without_values() {
-        let bad = |text: &str| Auth::load(&toml::from_str(text).unwrap()).unwrap_err();
+        let bad = |text: &str| {
+            Auth::load(&toml::from_str(text).unwrap())
+                .unwrap_err()
+                .to_string()
+        };
         assert!(
             bad("[[tokens]]\nname = \"x\"\nrole = \"query\"\n")
                 .contains("exactly one of file, env and client_cert_cn")

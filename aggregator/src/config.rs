@@ -402,7 +402,7 @@ impl Config {
     }
 
     /// Parses TOML text; the error is the parser's message.
-    pub fn from_toml(text: &str) -> Result<Config, String> {
+    fn from_toml(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
     }
 

@@ -76,7 +76,7 @@ pub enum AggregatorError {
     Config(#[from] config::ConfigError),
     /// The `[auth]` section could not be loaded (a token file, a certificate).
     #[error("config: {0}")]
-    Auth(String),
+    Auth(#[from] auth::AuthError),
     /// The store could not be opened, flushed or closed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -111,7 +111,7 @@ impl Aggregator {
         for warning in config.deprecations() {
             tracing::warn!("config: {warning}");
         }
-        let auth = auth::Auth::load(&config.auth).map_err(AggregatorError::Auth)?;
+        let auth = auth::Auth::load(&config.auth)?;
         if auth.enabled() {
             tracing::info!(
                 tokens = config.auth.tokens.len(),

@@ -154,29 +154,46 @@ pub fn deserialize_duration<'de, D: serde::Deserializer<'de>>(
     parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
+/// Why a duration does not parse; each message quotes the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Digits only, or nothing at all.
+    #[error("duration {0:?} has no unit: add ms, s, m, h or d")]
+    NoUnit(String),
+    /// The text does not start with a whole number (or it overflows 64 bits).
+    #[error("duration {0:?} must start with a whole number")]
+    NotANumber(String),
+    /// A unit other than ms, s, m, h and d.
+    #[error("duration {0:?}: unit must be ms, s, m, h or d")]
+    BadUnit(String),
+    /// More milliseconds than 64 bits hold.
+    #[error("duration {0:?} is too long")]
+    TooLong(String),
+}
+
 /// Parses a duration as a whole number and one unit: `250ms`, `90s`, `15m`, `1h`, `35d`.
 /// Used by both processes' flags and config files.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, DurationError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration {text:?} has no unit: add ms, s, m, h or d"))?;
+        .ok_or_else(|| DurationError::NoUnit(text.to_string()))?;
     let (digits, unit) = text.split_at(split);
     let amount: u64 = digits
         .parse()
-        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+        .map_err(|_| DurationError::NotANumber(text.to_string()))?;
     let millis_per = match unit {
         "ms" => 1,
         "s" => 1000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("duration {text:?}: unit must be ms, s, m, h or d")),
+        _ => return Err(DurationError::BadUnit(text.to_string())),
     };
     amount
         .checked_mul(millis_per)
         .map(std::time::Duration::from_millis)
-        .ok_or_else(|| format!("duration {text:?} is too long"))
+        .ok_or_else(|| DurationError::TooLong(text.to_string()))
 }
 
 #[cfg(test)]

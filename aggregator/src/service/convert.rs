@@ -111,7 +111,7 @@ pub fn pairs(tags: &[v1::Tag], field: &str) -> Result<Vec<(String, String)>, Sta
 }
 
 /// The kind of a wire enum value, or why it is not one.
-pub fn kind(value: i32, field: &str) -> Result<Kind, String> {
+pub(crate) fn kind(value: i32, field: &str) -> Result<Kind, String> {
     let wire = v1::SketchKind::try_from(value)
         .map_err(|_| format!("{field} {value} is not a known sketch kind"))?;
     Kind::try_from(wire).map_err(|_| format!("{field} is unspecified"))
