@@ -316,21 +316,31 @@ impl Agent {
         stopper.abort();
         drop(stop_rx);
         let admin = admin.await;
-        let task = |what| {
-            move |e: tokio::task::JoinError| AgentError::Task {
-                what,
-                detail: e.to_string(),
-            }
-        };
-        grpc.map_err(AgentError::Grpc)?;
-        shipped
-            .map_err(task("shipping"))?
-            .map_err(task("shipping"))?;
-        admin
-            .map_err(task("admin server"))?
-            .map_err(AgentError::Admin)?;
-        Ok(())
+        stopped_cleanly(grpc, shipped, admin)
     }
+}
+
+/// The agent's end: an error of the gRPC server, the shipping task or the admin server,
+/// in that order, or `Ok` when all three stopped cleanly.
+fn stopped_cleanly(
+    grpc: Result<(), tonic::transport::Error>,
+    shipped: Result<Result<(), tokio::task::JoinError>, tokio::task::JoinError>,
+    admin: Result<std::io::Result<()>, tokio::task::JoinError>,
+) -> Result<(), AgentError> {
+    let task = |what| {
+        move |e: tokio::task::JoinError| AgentError::Task {
+            what,
+            detail: e.to_string(),
+        }
+    };
+    grpc.map_err(AgentError::Grpc)?;
+    shipped
+        .map_err(task("shipping"))?
+        .map_err(task("shipping"))?;
+    admin
+        .map_err(task("admin server"))?
+        .map_err(AgentError::Admin)?;
+    Ok(())
 }
 
 /// Starts a receiver thread for each DogStatsD socket given.

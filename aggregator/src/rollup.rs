@@ -21,8 +21,8 @@
 //!   counted, logged, and deleted with the day.
 
 use crate::keys::{Day, DayKey, ServerId};
-use crate::planner::{DayParts, QueryError, merge_day};
-use crate::store::Store;
+use crate::planner::{DayParts, DaySketches, QueryError, merge_day};
+use crate::store::{DirtyDay, Store};
 use std::collections::HashMap;
 
 /// What one pass of the builder did.
@@ -65,32 +65,7 @@ pub fn build_dirty_days(
             per_server: true,
         };
         if store.is_day_expired(mark.series, mark.day)? {
-            // Rebuilt from what is left, the day would hold only the late rows: keep the
-            // rollups as they are (rewritten, to record the mark as built).
-            let mut late = 0u64;
-            store.scan_hourly(mark.series, mark.day.hours(), &mut |_, _| {
-                late += 1;
-                true
-            })?;
-            let mut kept = Vec::new();
-            store.scan_rollups(
-                mark.series,
-                mark.day..mark.day.next(),
-                &mut |key, sketch| {
-                    kept.push((key, sketch.to_vec()));
-                    true
-                },
-            )?;
-            tracing::warn!(
-                series = %name,
-                day = %hourglass_rpc::time::format_day(mark.day.0),
-                rows = late,
-                "snapshots arrived for a day whose hours retention had deleted; the day's rollups are kept and these rows are not rolled up"
-            );
-            report.late_rows_dropped += late;
-            if !store.replace_rollups(mark.series, mark.day, kept, mark.mark)? {
-                report.raced += 1;
-            }
+            keep_expired_day(store, name, &mark, &mut report)?;
             continue;
         }
         let day = match merge_day(store, name, mark.series, mark.day.hours(), &|_| true, both) {
@@ -110,26 +85,7 @@ pub fn build_dirty_days(
             }
             Err(e) => return Err(e),
         };
-        let mut rollups: Vec<(DayKey, Vec<u8>)> = day
-            .per_server
-            .iter()
-            .map(|(server, sketch)| {
-                let key = DayKey {
-                    series: mark.series,
-                    day: mark.day,
-                    server: *server,
-                };
-                (key, sketch.encode())
-            })
-            .collect();
-        if let Some(all) = &day.all {
-            let key = DayKey {
-                series: mark.series,
-                day: mark.day,
-                server: ServerId::ALL,
-            };
-            rollups.push((key, all.encode()));
-        }
+        let rollups = day_rollups(&mark, &day);
         report.rollups += rollups.len() as u64;
         report.days += 1;
         if !store.replace_rollups(mark.series, mark.day, rollups, mark.mark)? {
@@ -137,4 +93,65 @@ pub fn build_dirty_days(
         }
     }
     Ok(report)
+}
+
+/// A dirty day whose hours retention already deleted: rebuilt from what is left, it would
+/// hold only the late rows, so its rollups are kept as they are (rewritten, to record the
+/// mark as built) and the late rows counted and logged.
+fn keep_expired_day(
+    store: &dyn Store,
+    name: &impl std::fmt::Display,
+    mark: &DirtyDay,
+    report: &mut RollupReport,
+) -> Result<(), QueryError> {
+    let mut late = 0u64;
+    store.scan_hourly(mark.series, mark.day.hours(), &mut |_, _| {
+        late += 1;
+        true
+    })?;
+    let mut kept = Vec::new();
+    store.scan_rollups(
+        mark.series,
+        mark.day..mark.day.next(),
+        &mut |key, sketch| {
+            kept.push((key, sketch.to_vec()));
+            true
+        },
+    )?;
+    tracing::warn!(
+        series = %name,
+        day = %hourglass_rpc::time::format_day(mark.day.0),
+        rows = late,
+        "snapshots arrived for a day whose hours retention had deleted; the day's rollups are kept and these rows are not rolled up"
+    );
+    report.late_rows_dropped += late;
+    if !store.replace_rollups(mark.series, mark.day, kept, mark.mark)? {
+        report.raced += 1;
+    }
+    Ok(())
+}
+
+/// The encoded rollups of a merged day: one per server, and the whole day's.
+fn day_rollups(mark: &DirtyDay, day: &DaySketches) -> Vec<(DayKey, Vec<u8>)> {
+    let mut rollups: Vec<(DayKey, Vec<u8>)> = day
+        .per_server
+        .iter()
+        .map(|(server, sketch)| {
+            let key = DayKey {
+                series: mark.series,
+                day: mark.day,
+                server: *server,
+            };
+            (key, sketch.encode())
+        })
+        .collect();
+    if let Some(all) = &day.all {
+        let key = DayKey {
+            series: mark.series,
+            day: mark.day,
+            server: ServerId::ALL,
+        };
+        rollups.push((key, all.encode()));
+    }
+    rollups
 }
