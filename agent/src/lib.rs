@@ -245,14 +245,7 @@ impl Agent {
             resume,
             _lock,
         } = self;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let stopper = tokio::spawn(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        });
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
+        let stop = hourglass_rpc::process::Stop::new(shutdown);
         let ingesting = Arc::new(AtomicBool::new(true));
 
         // Datagram receivers: one thread per socket, polling `stop_udp` between bursts.
@@ -272,7 +265,7 @@ impl Agent {
                 metrics: Arc::clone(&metrics),
                 ingesting: Arc::clone(&ingesting),
             },
-            stopped(stop_rx.clone()),
+            stop.stopped(),
         ));
 
         // The shipper's own stop comes after ingest has stopped, so its final flush sees
@@ -285,10 +278,10 @@ impl Agent {
         let (shipping, ship_died_rx) = spawn_shipper(shipper, ship_stop_rx);
 
         let grpc_stop = {
-            let stop = stopped(stop_rx.clone());
+            let stopped = stop.stopped();
             async move {
                 tokio::select! {
-                    _ = stop => {}
+                    _ = stopped => {}
                     _ = ship_died_rx => tracing::error!("the shipping task ended on its own; stopping"),
                 }
             }
@@ -313,8 +306,7 @@ impl Agent {
         }
         let _ = ship_stop_tx.send(true);
         let shipped = shipping.await;
-        stopper.abort();
-        drop(stop_rx);
+        stop.release();
         let admin = admin.await;
         stopped_cleanly(grpc, shipped, admin)
     }

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use hourglass_rpc::time::{since_unix_epoch, unix_now};
 
-use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
 use crate::config::Config;
@@ -163,21 +162,22 @@ pub fn run_pass(
     })
 }
 
-/// Runs a pass every `config.rollup.interval` until `shutdown` flips to true; a pass in
+/// Runs a pass every `config.rollup.interval` until `shutdown` completes; a pass in
 /// progress is finished first so no rebuild is left half done.
 pub async fn run(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     config: Config,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let mut shutdown = std::pin::pin!(shutdown);
     let mut ticks = tokio::time::interval(config.rollup.interval);
     // After a long pass, run the next one an interval later rather than back to back.
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            () = &mut shutdown => break,
         }
         let now = since_unix_epoch().as_secs();
         let bounds = PassBounds::at(now, &config);

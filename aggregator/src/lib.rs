@@ -50,7 +50,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub use config::Config;
 
@@ -144,23 +143,15 @@ impl Aggregator {
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
         // One signal, many listeners: the gRPC server, the admin server and the
-        // background task each wait on their own receiver.
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let stopper = tokio::spawn(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        });
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            // An error means the sender is gone, which only happens once we stop anyway.
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
+        // background task each wait on their own.
+        let stop = hourglass_rpc::process::Stop::new(shutdown);
 
         let dyn_store: Arc<dyn Store> = store.clone();
         let background = tokio::spawn(background::run(
             Arc::clone(&dyn_store),
             Arc::clone(&metrics),
             config.clone(),
-            stop_rx.clone(),
+            stop.stopped(),
         ));
         let admin = tokio::spawn(admin::serve(
             listeners.admin,
@@ -169,15 +160,15 @@ impl Aggregator {
                 metrics: Arc::clone(&metrics),
                 grpc_serving: Arc::clone(&grpc_serving),
             },
-            stopped(stop_rx.clone()),
+            stop.stopped(),
         ));
 
         grpc_serving.store(true, Ordering::Release);
         let grpc_stop = {
-            let rx = stop_rx.clone();
+            let stopped = stop.stopped();
             let serving = Arc::clone(&grpc_serving);
             async move {
-                stopped(rx).await;
+                stopped.await;
                 // Not ready from the moment draining starts, so no new traffic is sent.
                 serving.store(false, Ordering::Release);
                 tracing::info!("shutting down: draining RPCs in flight");
@@ -199,8 +190,7 @@ impl Aggregator {
         .await;
         grpc_serving.store(false, Ordering::Release);
         // If gRPC failed on its own, stop the rest too.
-        stopper.abort();
-        drop(stop_rx);
+        stop.release();
         let (admin, background) = tokio::join!(admin, background);
         grpc.map_err(AggregatorError::Grpc)?;
         admin

@@ -219,3 +219,37 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
         }
     })
 }
+
+/// One shutdown, many waiters: a server's tasks (gRPC, admin, background) each wait on
+/// their own [`Stop::stopped`].
+pub struct Stop {
+    rx: tokio::sync::watch::Receiver<bool>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Stop {
+    /// Starts watching `shutdown`. Must be called inside a Tokio runtime.
+    pub fn new(shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Stop {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let watcher = tokio::spawn(async move {
+            shutdown.await;
+            let _ = tx.send(true);
+        });
+        Stop { rx, watcher }
+    }
+
+    /// Completes when shutdown has begun, or when [`Stop::release`] ended the watch.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            // An error means the sender is gone: the watch ended, so stop anyway.
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Ends the watch, which completes every [`Stop::stopped`] still waiting: for a server
+    /// whose main task ended on its own, so the others stop too.
+    pub fn release(self) {
+        self.watcher.abort();
+    }
+}
