@@ -499,37 +499,7 @@ fn restore(
                 this: options.server_name.clone(),
             })
         }
-        Ok(Some(loaded)) => {
-            let mut table = Table::new(Arc::clone(config), loaded.epoch);
-            table.raise_last_version(loaded.last_version);
-            if let Some(hour) = loaded.closed_through {
-                table.close_through(hour);
-            }
-            let entries = loaded.entries.len();
-            let (transactions, torn_bytes, resume) =
-                (loaded.transactions, loaded.torn_bytes, loaded.resume);
-            for (series, hour, entry) in loaded.entries {
-                table.restore(series, hour, entry);
-            }
-            for hour in loaded.live_hours {
-                table.mark_live(hour);
-            }
-            tracing::info!(
-                epoch = table.epoch(),
-                entries,
-                log_transactions = transactions,
-                "restored the checkpoint; continuing its epoch"
-            );
-            if torn_bytes > 0 {
-                // An append the agent was killed in: its fsync never returned, so no push
-                // carried what it held.
-                tracing::warn!(
-                    torn_bytes,
-                    "ignored the unfinished last transaction of the checkpoint log"
-                );
-            }
-            Ok((table, resume))
-        }
+        Ok(Some(loaded)) => Ok(continue_epoch(config, loaded)),
         Ok(None) => {
             let epoch = new_epoch();
             lost("missing");
@@ -558,6 +528,43 @@ fn restore(
             Ok((Table::new(Arc::clone(config), epoch), None))
         }
     }
+}
+
+/// The table of a checkpoint of this server: its epoch, versions, closed hours, entries
+/// and live hours, continued; with where its log can be appended to.
+fn continue_epoch(
+    config: &Arc<Config>,
+    loaded: checkpoint::Loaded,
+) -> (Table, Option<checkpoint::LogPosition>) {
+    let mut table = Table::new(Arc::clone(config), loaded.epoch);
+    table.raise_last_version(loaded.last_version);
+    if let Some(hour) = loaded.closed_through {
+        table.close_through(hour);
+    }
+    let entries = loaded.entries.len();
+    let (transactions, torn_bytes, resume) =
+        (loaded.transactions, loaded.torn_bytes, loaded.resume);
+    for (series, hour, entry) in loaded.entries {
+        table.restore(series, hour, entry);
+    }
+    for hour in loaded.live_hours {
+        table.mark_live(hour);
+    }
+    tracing::info!(
+        epoch = table.epoch(),
+        entries,
+        log_transactions = transactions,
+        "restored the checkpoint; continuing its epoch"
+    );
+    if torn_bytes > 0 {
+        // An append the agent was killed in: its fsync never returned, so no push
+        // carried what it held.
+        tracing::warn!(
+            torn_bytes,
+            "ignored the unfinished last transaction of the checkpoint log"
+        );
+    }
+    (table, resume)
 }
 
 #[cfg(test)]

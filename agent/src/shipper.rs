@@ -424,20 +424,7 @@ impl Shipper {
                     continue;
                 }
                 Err(status) if refused_for_good(status.code()) => {
-                    // The aggregator refuses this batch as a whole (too large, too many
-                    // snapshots, malformed): sending it again would be refused again, and
-                    // stopping here would hold every later batch back for good.
-                    self.metrics.snapshots_rejected.inc_by(count as u64);
-                    tracing::error!(
-                        code = ?status.code(),
-                        message = status.message(),
-                        snapshots = count,
-                        "the aggregator refused a whole push; its snapshots are dropped"
-                    );
-                    let mut t = crate::table::lock(&self.table);
-                    for s in &sent {
-                        t.ack(s.key, s.version);
-                    }
+                    self.drop_refused(&sent, count, &status);
                     start = next;
                     continue;
                 }
@@ -461,6 +448,24 @@ impl Shipper {
             start = next;
         }
         self.push_live_hours(&live[live_at..]).await
+    }
+
+    /// The aggregator refused a batch as a whole (too large, too many snapshots,
+    /// malformed): sending it again would be refused again, and stopping there would hold
+    /// every later batch back for good. Its snapshots are dropped: counted, logged and
+    /// acknowledged.
+    fn drop_refused(&self, sent: &[Sent], count: usize, status: &tonic::Status) {
+        self.metrics.snapshots_rejected.inc_by(count as u64);
+        tracing::error!(
+            code = ?status.code(),
+            message = status.message(),
+            snapshots = count,
+            "the aggregator refused a whole push; its snapshots are dropped"
+        );
+        let mut t = crate::table::lock(&self.table);
+        for s in sent {
+            t.ack(s.key, s.version);
+        }
     }
 
     /// Pushes `hours` in pushes of live hours alone, at most `live_chunk` each. One refused

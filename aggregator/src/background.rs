@@ -190,53 +190,7 @@ pub async fn run(
         .await;
         let outcome = match result {
             Ok(Ok(report)) => {
-                metrics.rollup_days.inc_by(report.days);
-                metrics.rollups_written.inc_by(report.rollups);
-                let deleted = |what| crate::metrics::WhatLabel { what };
-                metrics
-                    .retention_deleted
-                    .get_or_create(&deleted("hourly"))
-                    .inc_by(report.hourly_deleted);
-                metrics
-                    .retention_deleted
-                    .get_or_create(&deleted("rollups"))
-                    .inc_by(report.rollups_deleted);
-                metrics.rollup_conflicts.inc_by(report.conflicts);
-                metrics
-                    .rollup_late_rows_dropped
-                    .inc_by(report.late_rows_dropped);
-                metrics
-                    .conflicted_days
-                    .set(i64::try_from(report.conflicted_days).unwrap_or(i64::MAX));
-                metrics
-                    .retention_held_days
-                    .set(i64::try_from(report.held_days).unwrap_or(i64::MAX));
-                metrics
-                    .rollup_lag_seconds
-                    .set(i64::try_from(report.lag_seconds).unwrap_or(i64::MAX));
-                metrics.last_rollup_pass.set(unix_now());
-                let busy =
-                    report.days + report.hourly_deleted + report.rollups_deleted + report.conflicts
-                        > 0;
-                if busy {
-                    tracing::info!(
-                        days = report.days,
-                        rollups = report.rollups,
-                        raced = report.raced,
-                        hourly_deleted = report.hourly_deleted,
-                        rollups_deleted = report.rollups_deleted,
-                        conflicts = report.conflicts,
-                        held_days = report.held_days,
-                        lag_seconds = report.lag_seconds,
-                        elapsed = ?started.elapsed(),
-                        "rollup pass"
-                    );
-                } else {
-                    tracing::debug!(
-                        lag_seconds = report.lag_seconds,
-                        "rollup pass: nothing to do"
-                    );
-                }
+                record_pass(&metrics, &report, started.elapsed());
                 "ok"
             }
             Ok(Err(e)) => {
@@ -252,6 +206,55 @@ pub async fn run(
             .rollup_passes
             .get_or_create(&crate::metrics::OutcomeLabel { outcome })
             .inc();
+    }
+}
+
+/// Counts a finished pass in the metrics and logs it (at info when it did something).
+fn record_pass(metrics: &Metrics, report: &PassReport, elapsed: std::time::Duration) {
+    metrics.rollup_days.inc_by(report.days);
+    metrics.rollups_written.inc_by(report.rollups);
+    let deleted = |what| crate::metrics::WhatLabel { what };
+    metrics
+        .retention_deleted
+        .get_or_create(&deleted("hourly"))
+        .inc_by(report.hourly_deleted);
+    metrics
+        .retention_deleted
+        .get_or_create(&deleted("rollups"))
+        .inc_by(report.rollups_deleted);
+    metrics.rollup_conflicts.inc_by(report.conflicts);
+    metrics
+        .rollup_late_rows_dropped
+        .inc_by(report.late_rows_dropped);
+    metrics
+        .conflicted_days
+        .set(i64::try_from(report.conflicted_days).unwrap_or(i64::MAX));
+    metrics
+        .retention_held_days
+        .set(i64::try_from(report.held_days).unwrap_or(i64::MAX));
+    metrics
+        .rollup_lag_seconds
+        .set(i64::try_from(report.lag_seconds).unwrap_or(i64::MAX));
+    metrics.last_rollup_pass.set(unix_now());
+    let busy = report.days + report.hourly_deleted + report.rollups_deleted + report.conflicts > 0;
+    if busy {
+        tracing::info!(
+            days = report.days,
+            rollups = report.rollups,
+            raced = report.raced,
+            hourly_deleted = report.hourly_deleted,
+            rollups_deleted = report.rollups_deleted,
+            conflicts = report.conflicts,
+            held_days = report.held_days,
+            lag_seconds = report.lag_seconds,
+            elapsed = ?elapsed,
+            "rollup pass"
+        );
+    } else {
+        tracing::debug!(
+            lag_seconds = report.lag_seconds,
+            "rollup pass: nothing to do"
+        );
     }
 }
 
