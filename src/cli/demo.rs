@@ -59,53 +59,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         bail!("--agents, --days and --events-per-hour must each be at least 1");
     }
     let dir = &args.data_dir;
-    if args.fresh && dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let truth_path = dir.join("truth.json");
-    let stored: Option<Value> =
-        match std::fs::read(&truth_path) {
-            Ok(bytes) => Some(serde_json::from_slice(&bytes).with_context(|| {
-                format!("{} is damaged; run with --fresh", truth_path.display())
-            })?),
-            Err(_) => None,
-        };
-    if stored.is_none() && dir.join("aggregator").exists() {
-        // An earlier run stopped before its traffic was complete: its data is partial.
-        std::fs::remove_dir_all(dir.join("aggregator")).ok();
-        std::fs::remove_dir_all(dir.join("agents")).ok();
-    }
-
+    let stored = prepare_data_dir(dir, args.fresh, &truth_path)?;
     let say = |text: String| eprintln!("demo: {text}");
     let config = dir.join("aggregator.toml");
     // Rollups of the closed simulated days are built within seconds.
     std::fs::write(&config, "[rollup]\ninterval = \"2s\"\n")?;
-    let agg_args: Vec<String> = [
-        "--listen",
-        &args.listen,
-        "--admin-listen",
-        &args.admin_listen,
-        "--data-dir",
-        &dir.join("aggregator").to_string_lossy(),
-        "--config",
-        &config.to_string_lossy(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let (mut aggregator, addrs) = simulate::start_service(
-        "aggregator",
-        &agg_args,
-        &["grpc", "admin"],
-        &dir.join("aggregator.log"),
-    )
-    .with_context(|| {
-        format!(
-            "starting the aggregator on {} (is another one running? try --listen)",
-            args.listen
-        )
-    })?;
+    let (mut aggregator, addrs) = start_aggregator(&args, dir, &config)?;
     let url = format!("http://{}", addrs[0]);
     say(format!(
         "aggregator serving on {url} (admin http://{}), data in {}",
@@ -143,6 +103,63 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     stop(&mut aggregator);
     say("stopped".into());
     Ok(())
+}
+
+/// Makes the data dir (emptied first with `fresh`) and reads the truth an earlier run
+/// stored in it; a run that stopped before its traffic was complete leaves partial data,
+/// which is removed.
+fn prepare_data_dir(dir: &Path, fresh: bool, truth_path: &Path) -> anyhow::Result<Option<Value>> {
+    if fresh && dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stored: Option<Value> =
+        match std::fs::read(truth_path) {
+            Ok(bytes) => Some(serde_json::from_slice(&bytes).with_context(|| {
+                format!("{} is damaged; run with --fresh", truth_path.display())
+            })?),
+            Err(_) => None,
+        };
+    if stored.is_none() && dir.join("aggregator").exists() {
+        // An earlier run stopped before its traffic was complete: its data is partial.
+        std::fs::remove_dir_all(dir.join("aggregator")).ok();
+        std::fs::remove_dir_all(dir.join("agents")).ok();
+    }
+    Ok(stored)
+}
+
+/// Starts the demo's aggregator (`hourglass aggregator`) with its data and log in `dir`;
+/// returns the process and its gRPC and admin addresses.
+fn start_aggregator(
+    args: &DemoArgs,
+    dir: &Path,
+    config: &Path,
+) -> anyhow::Result<(std::process::Child, Vec<String>)> {
+    let agg_args: Vec<String> = [
+        "--listen",
+        &args.listen,
+        "--admin-listen",
+        &args.admin_listen,
+        "--data-dir",
+        &dir.join("aggregator").to_string_lossy(),
+        "--config",
+        &config.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    simulate::start_service(
+        "aggregator",
+        &agg_args,
+        &["grpc", "admin"],
+        &dir.join("aggregator.log"),
+    )
+    .with_context(|| {
+        format!(
+            "starting the aggregator on {} (is another one running? try --listen)",
+            args.listen
+        )
+    })
 }
 
 fn simulate_week(

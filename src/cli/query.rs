@@ -192,92 +192,111 @@ async fn ask(
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let grpc = |s| explain(s, &args.aggregator);
-    let header = describe_selection(args);
-    Ok(match args.question {
-        Question::Distinct => {
-            let r = client
-                .distinct(v1::DistinctRequest {
-                    selector: Some(selector),
-                })
+    let selector = Some(selector);
+    let reply = match args.question {
+        Question::Distinct => Reply::Distinct(
+            client
+                .distinct(v1::DistinctRequest { selector })
                 .await
                 .map_err(grpc)?
-                .into_inner();
-            let total = distinct_value(r.answer.as_ref(), r.coverage.as_ref());
-            let groups: Vec<(String, Value)> = r
-                .groups
-                .iter()
-                .map(|g| {
-                    (
-                        g.key.clone(),
-                        distinct_value(g.answer.as_ref(), g.coverage.as_ref()),
-                    )
-                })
-                .collect();
-            answered(&header, total, groups, distinct_text)
-        }
-        Question::Frequency => {
-            let r = client
+                .into_inner(),
+        ),
+        Question::Frequency => Reply::Frequency(
+            client
                 .frequency(v1::FrequencyRequest {
-                    selector: Some(selector),
+                    selector,
                     item: item.clone(),
                 })
                 .await
                 .map_err(grpc)?
-                .into_inner();
-            let name = String::from_utf8_lossy(&item).into_owned();
-            let total = frequency_value(&name, r.answer.as_ref(), r.coverage.as_ref());
-            let groups: Vec<(String, Value)> = r
-                .groups
-                .iter()
-                .map(|g| {
-                    (
-                        g.key.clone(),
-                        frequency_value(&name, g.answer.as_ref(), g.coverage.as_ref()),
-                    )
-                })
-                .collect();
-            answered(&header, total, groups, frequency_text)
-        }
-        Question::Topk => {
-            let r = client
+                .into_inner(),
+        ),
+        Question::Topk => Reply::Topk(
+            client
                 .top_k(v1::TopKRequest {
-                    selector: Some(selector),
+                    selector,
                     k: args.k,
                 })
                 .await
                 .map_err(grpc)?
-                .into_inner();
-            let total = topk_value(&r.items, r.coverage.as_ref());
-            let groups: Vec<(String, Value)> = r
-                .groups
-                .iter()
-                .map(|g| (g.key.clone(), topk_value(&g.items, g.coverage.as_ref())))
-                .collect();
-            answered(&header, total, groups, topk_text)
-        }
-        Question::Membership => {
-            let r = client
+                .into_inner(),
+        ),
+        Question::Membership => Reply::Membership(
+            client
                 .membership(v1::MembershipRequest {
-                    selector: Some(selector),
+                    selector,
                     item: item.clone(),
                 })
                 .await
                 .map_err(grpc)?
-                .into_inner();
-            let total = membership_value(r.answer.as_ref(), r.coverage.as_ref());
-            let groups: Vec<(String, Value)> = r
-                .groups
-                .iter()
-                .map(|g| {
-                    (
-                        g.key.clone(),
-                        membership_value(g.answer.as_ref(), g.coverage.as_ref()),
-                    )
-                })
-                .collect();
-            answered(&header, total, groups, membership_text)
+                .into_inner(),
+        ),
+    };
+    Ok(present(&describe_selection(args), reply, &item))
+}
+
+/// The aggregator's reply to one question.
+enum Reply {
+    Distinct(v1::DistinctResponse),
+    Frequency(v1::FrequencyResponse),
+    Topk(v1::TopKResponse),
+    Membership(v1::MembershipResponse),
+}
+
+/// A reply as JSON (the total with its groups) and as text under `header`; `item` is
+/// the one asked about, for frequency.
+fn present(header: &str, reply: Reply, item: &[u8]) -> (Value, String) {
+    match reply {
+        Reply::Distinct(r) => {
+            let total = distinct_value(r.answer.as_ref(), r.coverage.as_ref());
+            let groups = keyed(&r.groups, |g| {
+                (
+                    &g.key,
+                    distinct_value(g.answer.as_ref(), g.coverage.as_ref()),
+                )
+            });
+            answered(header, total, groups, distinct_text)
         }
-    })
+        Reply::Frequency(r) => {
+            let name = String::from_utf8_lossy(item).into_owned();
+            let total = frequency_value(&name, r.answer.as_ref(), r.coverage.as_ref());
+            let groups = keyed(&r.groups, |g| {
+                (
+                    &g.key,
+                    frequency_value(&name, g.answer.as_ref(), g.coverage.as_ref()),
+                )
+            });
+            answered(header, total, groups, frequency_text)
+        }
+        Reply::Topk(r) => {
+            let total = topk_value(&r.items, r.coverage.as_ref());
+            let groups = keyed(&r.groups, |g| {
+                (&g.key, topk_value(&g.items, g.coverage.as_ref()))
+            });
+            answered(header, total, groups, topk_text)
+        }
+        Reply::Membership(r) => {
+            let total = membership_value(r.answer.as_ref(), r.coverage.as_ref());
+            let groups = keyed(&r.groups, |g| {
+                (
+                    &g.key,
+                    membership_value(g.answer.as_ref(), g.coverage.as_ref()),
+                )
+            });
+            answered(header, total, groups, membership_text)
+        }
+    }
+}
+
+/// Each group's key and value.
+fn keyed<G>(groups: &[G], entry: impl Fn(&G) -> (&String, Value)) -> Vec<(String, Value)> {
+    groups
+        .iter()
+        .map(|g| {
+            let (key, value) = entry(g);
+            (key.clone(), value)
+        })
+        .collect()
 }
 
 fn describe_selection(args: &QueryArgs) -> String {

@@ -470,31 +470,7 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
             let visits = traffic.visits(server, hour);
             let region = REGIONS[server % REGIONS.len()];
             truth.add(&names[server], region, hour, &visits);
-            let base = i64::from(hour) * 3600;
-            let times: Vec<i64> = visits.iter().map(|v| base + i64::from(v.2)).collect();
-            let request = v1::IngestRequest {
-                events: Vec::new(),
-                batches: vec![
-                    v1::SeriesBatch {
-                        metric: VISITORS.into(),
-                        items: visits
-                            .iter()
-                            .map(|v| user_name(v.0).into_bytes().into())
-                            .collect(),
-                        times_unix_seconds: times.clone(),
-                        ..Default::default()
-                    },
-                    v1::SeriesBatch {
-                        metric: PAGES.into(),
-                        items: visits
-                            .iter()
-                            .map(|v| page_name(v.1).into_bytes().into())
-                            .collect(),
-                        times_unix_seconds: times,
-                        ..Default::default()
-                    },
-                ],
-            };
+            let request = hour_request(hour, &visits);
             let mut client = client.clone();
             // One task per agent: the agents work on their hour at the same time.
             calls.push(tokio::spawn(async move { client.send(request).await }));
@@ -534,6 +510,36 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
     }
     eprintln!();
     Ok(truth)
+}
+
+/// The Ingest request of one server's visits in `hour`: the visitors and the pages they
+/// viewed, as two batches with the visits' own times.
+fn hour_request(hour: u32, visits: &[(u32, u32, u32)]) -> v1::IngestRequest {
+    let base = i64::from(hour) * 3600;
+    let times: Vec<i64> = visits.iter().map(|v| base + i64::from(v.2)).collect();
+    v1::IngestRequest {
+        events: Vec::new(),
+        batches: vec![
+            v1::SeriesBatch {
+                metric: VISITORS.into(),
+                items: visits
+                    .iter()
+                    .map(|v| user_name(v.0).into_bytes().into())
+                    .collect(),
+                times_unix_seconds: times.clone(),
+                ..Default::default()
+            },
+            v1::SeriesBatch {
+                metric: PAGES.into(),
+                items: visits
+                    .iter()
+                    .map(|v| page_name(v.1).into_bytes().into())
+                    .collect(),
+                times_unix_seconds: times,
+                ..Default::default()
+            },
+        ],
+    }
 }
 
 /// Runs `hourglass simulate`.
