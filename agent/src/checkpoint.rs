@@ -85,7 +85,7 @@ pub fn path(data_dir: &Path) -> PathBuf {
 }
 
 /// The checkpoint's log file in `data_dir`.
-pub fn log_path(data_dir: &Path) -> PathBuf {
+pub(crate) fn log_path(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint.log")
 }
 
@@ -95,7 +95,7 @@ const TMP_PREFIX: &str = "checkpoint.tmp-";
 /// Removes the temporary files a checkpoint writer left when the agent was killed
 /// mid-write; returns how many. Only for a data dir this process holds the lock of: no
 /// writer of another agent can be using them.
-pub fn remove_leftovers(data_dir: &Path) -> std::io::Result<usize> {
+pub(crate) fn remove_leftovers(data_dir: &Path) -> std::io::Result<usize> {
     let mut removed = 0;
     for entry in std::fs::read_dir(data_dir)? {
         let entry = entry?;
@@ -251,7 +251,7 @@ impl Writer {
     /// from [`read`]), instead of writing a whole base first: the table must hold exactly
     /// what was read. The unfinished transaction of a crash, if any, is cut off first, so
     /// nothing is appended after it.
-    pub fn resume(&mut self, position: LogPosition) -> Result<(), CheckpointError> {
+    pub(crate) fn resume(&mut self, position: LogPosition) -> Result<(), CheckpointError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -280,7 +280,7 @@ impl Writer {
     }
 
     /// Writes a whole new base, then a new empty log after it.
-    pub fn write_full(&mut self, table: &Mutex<Table>) -> Result<Written, CheckpointError> {
+    pub(crate) fn write_full(&mut self, table: &Mutex<Table>) -> Result<Written, CheckpointError> {
         // A name of its own: a writer still running from a flush that was given up on can
         // never write into this one's file.
         static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -599,7 +599,11 @@ pub fn read(data_dir: &Path) -> Result<Option<Loaded>, CheckpointError> {
 
 /// Applies the log `log` to `loaded`, the base of checksum `base_sum`; false if the log
 /// names another base (one left from before the last compaction), and changes nothing.
-pub fn apply_log(loaded: &mut Loaded, base_sum: u64, log: &[u8]) -> Result<bool, CheckpointError> {
+pub(crate) fn apply_log(
+    loaded: &mut Loaded,
+    base_sum: u64,
+    log: &[u8],
+) -> Result<bool, CheckpointError> {
     let corrupt = |what: String| CheckpointError::Corrupt(format!("checkpoint log: {what}"));
     if log.len() < LOG_HEADER || &log[..4] != LOG_MAGIC {
         return Err(corrupt(

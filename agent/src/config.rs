@@ -318,12 +318,12 @@ impl Config {
     }
 
     /// The batch byte bound in bytes.
-    pub fn max_batch_bytes(&self) -> usize {
+    pub(crate) fn max_batch_bytes(&self) -> usize {
         self.shipping.max_batch_mib << 20
     }
 
     /// The backlog bound in bytes.
-    pub fn max_backlog_bytes(&self) -> u64 {
+    pub(crate) fn max_backlog_bytes(&self) -> u64 {
         self.shipping.max_backlog_mib << 20
     }
 
@@ -483,7 +483,7 @@ fn at_most(field: &str, value: Duration, max: Duration) -> Result<(), ConfigErro
 const HOUR: Duration = Duration::from_secs(3600);
 
 /// Parses `distinct,frequency,membership` (as given to `--default-kinds`).
-pub fn parse_kinds(text: &str) -> Result<Vec<Kind>, String> {
+pub(crate) fn parse_kinds(text: &str) -> Result<Vec<Kind>, String> {
     text.split(',')
         .map(|name| parse_kind(name.trim()))
         .collect()

@@ -164,7 +164,7 @@ impl DatagramSocket for std::os::unix::net::UnixDatagram {
 /// Asks for a large receive buffer (forcing past `rmem_max` when privileged) and a read
 /// timeout, so the receiving thread sees `stop` in time; returns the buffer granted.
 #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
-pub fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
+pub(crate) fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
     let fd = socket.fd();
     let size = RECEIVE_BUFFER as libc::c_int;
     let set = |opt| {
@@ -217,7 +217,7 @@ pub fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
 
 /// Receives datagrams on `socket` until `stop`, up to [`DATAGRAMS_PER_CALL`] per
 /// `recvmmsg` call, and hands each burst to `handler`. Runs on its own thread.
-pub fn receive_loop(
+pub(crate) fn receive_loop(
     socket: impl DatagramSocket,
     mut handler: StatsdHandler,
     stop: Arc<AtomicBool>,

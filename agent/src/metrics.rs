@@ -374,7 +374,7 @@ impl Metrics {
     }
 
     /// Adds a batch's counts.
-    pub fn ingested(&self, source: &'static str, stats: &IngestStats) {
+    pub(crate) fn ingested(&self, source: &'static str, stats: &IngestStats) {
         if stats.accepted > 0 {
             self.events
                 .get_or_create(&SourceLabel { source })
@@ -396,7 +396,7 @@ impl Metrics {
     }
 
     /// Sets the gauges read from the table.
-    pub fn set_table(&self, backlog: &Backlog, blooms: &[(String, u32, f64)]) {
+    pub(crate) fn set_table(&self, backlog: &Backlog, blooms: &[(String, u32, f64)]) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.pending_snapshots.set(clamp(backlog.snapshots));
         self.pending_bytes.set(clamp(backlog.bytes));

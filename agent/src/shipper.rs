@@ -113,7 +113,7 @@ impl Shipper {
     /// Appends the next checkpoints to the log the agent's state was read from, at
     /// `position`, instead of writing a whole base first. If that cannot be done, the
     /// first checkpoint writes a base, as for a new data dir.
-    pub fn resume_checkpoint(&self, position: checkpoint::LogPosition) {
+    pub(crate) fn resume_checkpoint(&self, position: checkpoint::LogPosition) {
         let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(e) = writer.resume(position) {
             tracing::warn!(error = %e, "cannot append to the checkpoint log read at start; the first checkpoint writes a new base");

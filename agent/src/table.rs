@@ -166,7 +166,7 @@ impl Entry {
 
     /// Whether a checkpoint must write this entry again: its sketches (`Some(true)`), or
     /// only its version, acknowledgement and flag (`Some(false)`).
-    pub fn unsaved(&self) -> Option<bool> {
+    pub(crate) fn unsaved(&self) -> Option<bool> {
         if self.saved.content > self.saved.through {
             Some(true)
         } else if self.saved.meta > self.saved.through {
@@ -368,7 +368,7 @@ impl Table {
     }
 
     /// The series of a DogStatsD line: `tags` as sent (`k:v,k2:v2`).
-    pub fn resolve_statsd(
+    pub(crate) fn resolve_statsd(
         &mut self,
         metric: &str,
         tags: &str,
@@ -386,7 +386,7 @@ impl Table {
     }
 
     /// The series of an Ingest event.
-    pub fn resolve_tags(
+    pub(crate) fn resolve_tags(
         &mut self,
         metric: &str,
         tags: &[v1::Tag],
@@ -495,7 +495,7 @@ impl Table {
     }
 
     /// Checks an event's time against the open hours: its hour, or why not.
-    pub fn hour_for(&self, time: i64, now: i64) -> Result<u32, Reject> {
+    pub(crate) fn hour_for(&self, time: i64, now: i64) -> Result<u32, Reject> {
         let lateness = i64::try_from(self.config.lateness.as_secs()).unwrap_or(i64::MAX);
         let future = i64::try_from(self.config.limits.max_future.as_secs()).unwrap_or(i64::MAX);
         if time > now.saturating_add(future) {
@@ -527,12 +527,12 @@ impl Table {
     }
 
     /// Every hour up to this one is closed for good, if any is.
-    pub fn closed_through(&self) -> Option<u32> {
+    pub(crate) fn closed_through(&self) -> Option<u32> {
         self.closed_through
     }
 
     /// Closes every hour up to `hour` for good (when restoring a checkpoint).
-    pub fn close_through(&mut self, hour: u32) {
+    pub(crate) fn close_through(&mut self, hour: u32) {
         self.closed_through = Some(self.closed_through.map_or(hour, |c| c.max(hour)));
     }
 
@@ -551,7 +551,7 @@ impl Table {
     }
 
     /// Adds an item that [`Table::check`] passed to series `id` in `hour`.
-    pub fn insert_at(&mut self, id: u64, hour: u32, item: &[u8], weight: u64) {
+    pub(crate) fn insert_at(&mut self, id: u64, hour: u32, item: &[u8], weight: u64) {
         let entry = match self.entries.get_mut(&Key { series: id, hour }) {
             Some(entry) => entry,
             None => {
@@ -599,7 +599,7 @@ impl Table {
     }
 
     /// Forgets live hours the aggregator acknowledged.
-    pub fn live_hours_acked(&mut self, hours: &[u32]) {
+    pub(crate) fn live_hours_acked(&mut self, hours: &[u32]) {
         for h in hours {
             self.live_hours.remove(h);
         }
@@ -607,19 +607,19 @@ impl Table {
 
     /// Forgets live hours the aggregator refused for good (the caller counts them), so
     /// they are not sent again every flush.
-    pub fn drop_live_hours(&mut self, hours: &[u32]) {
+    pub(crate) fn drop_live_hours(&mut self, hours: &[u32]) {
         for h in hours {
             self.live_hours.remove(h);
         }
     }
 
     /// The highest version given to any entry of this epoch.
-    pub fn last_version(&self) -> u64 {
+    pub(crate) fn last_version(&self) -> u64 {
         self.last_version
     }
 
     /// Raises the version counter to at least `version` (when restoring a checkpoint).
-    pub fn raise_last_version(&mut self, version: u64) {
+    pub(crate) fn raise_last_version(&mut self, version: u64) {
         self.last_version = self.last_version.max(version);
     }
 
@@ -629,7 +629,7 @@ impl Table {
     /// that is freed and made again for the same hour (a clock stepped back, a lateness
     /// raised across a restart) still gets a version above any the aggregator holds for
     /// it, so its snapshot is stored, not taken for a stale duplicate.
-    pub fn assign_versions(&mut self) -> usize {
+    pub(crate) fn assign_versions(&mut self) -> usize {
         let mut changed = 0;
         let version = self.last_version + 1;
         for entry in self.entries.values_mut() {
@@ -649,7 +649,7 @@ impl Table {
     /// Entries the aggregator has not acknowledged at the version the last successful
     /// checkpoint holds, oldest hour first: what a push may send. A version no checkpoint
     /// holds waits, since a restarted agent could give it to other content.
-    pub fn unacked(&self) -> Vec<Key> {
+    pub(crate) fn unacked(&self) -> Vec<Key> {
         let mut keys: Vec<Key> = self
             .entries
             .iter()
@@ -675,7 +675,7 @@ impl Table {
     /// the older version, as an event taken between a checkpoint and the push after it
     /// always has (docs/FORMAT.md), and it is replaced at the aggregator once a checkpoint
     /// holds the entry's newer version.
-    pub fn encode_batch(
+    pub(crate) fn encode_batch(
         &self,
         keys: &[Key],
         start: usize,
@@ -726,7 +726,7 @@ impl Table {
     /// Marks `key` changed, so the next flush gives it a new version and sends it again
     /// (when the aggregator holds a later version of it than this agent gave, with other
     /// content). Nothing happens if the table does not hold `key`.
-    pub fn mark_dirty(&mut self, key: Key) {
+    pub(crate) fn mark_dirty(&mut self, key: Key) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.dirty = true;
             entry.saved.meta = self.generation;
@@ -734,7 +734,7 @@ impl Table {
     }
 
     /// Records that the aggregator holds `version` of `key` (or a newer one).
-    pub fn ack(&mut self, key: Key, version: u64) {
+    pub(crate) fn ack(&mut self, key: Key, version: u64) {
         if let Some(entry) = self.entries.get_mut(&key)
             && version > entry.acked
         {
@@ -745,7 +745,7 @@ impl Table {
 
     /// Frees the entries of closed hours whose final snapshot is acknowledged, and the
     /// series left without hours. Returns how many entries were freed.
-    pub fn free_closed(&mut self, now: i64) -> usize {
+    pub(crate) fn free_closed(&mut self, now: i64) -> usize {
         let lateness = i64::try_from(self.config.lateness.as_secs()).unwrap_or(i64::MAX);
         let closed =
             |hour: u32| ((i64::from(hour) + 1) * SECONDS_PER_HOUR).saturating_add(lateness) <= now;
@@ -816,7 +816,7 @@ impl Table {
     ///
     /// An hour dropped from is taken out of the live hours still to be declared, so the
     /// aggregator counts it missing rather than complete; the caller counts the drop.
-    pub fn enforce_backlog(&mut self, max_bytes: u64) -> Dropped {
+    pub(crate) fn enforce_backlog(&mut self, max_bytes: u64) -> Dropped {
         let mut closed: Vec<(Key, u64, u64)> = self
             .entries
             .iter()
@@ -884,7 +884,7 @@ impl Table {
     }
 
     /// Bloom filters more than half full: (series, hour, fill ratio).
-    pub fn bloom_fill_above_half(&self) -> Vec<(String, u32, f64)> {
+    pub(crate) fn bloom_fill_above_half(&self) -> Vec<(String, u32, f64)> {
         let mut out = Vec::new();
         for (key, entry) in &self.entries {
             for sketch in &entry.sketches {
@@ -902,7 +902,7 @@ impl Table {
 
     /// Starts a checkpoint: returns the generation it holds the changes of (every change
     /// from now on is stamped with the next), and how many removals it records.
-    pub fn begin_checkpoint(&mut self) -> (u64, usize) {
+    pub(crate) fn begin_checkpoint(&mut self) -> (u64, usize) {
         let generation = self.generation;
         self.generation += 1;
         (generation, self.removed.len())
@@ -914,7 +914,7 @@ impl Table {
     }
 
     /// Entries the next checkpoint must write again, in no order.
-    pub fn unsaved_keys(&self) -> Vec<Key> {
+    pub(crate) fn unsaved_keys(&self) -> Vec<Key> {
         self.entries
             .iter()
             .filter(|(_, e)| e.unsaved().is_some())
@@ -924,7 +924,12 @@ impl Table {
 
     /// A checkpoint begun at `generation` is durable: it holds the `written` entries at
     /// the given versions, and the first `removals` removals.
-    pub fn checkpoint_done(&mut self, generation: u64, written: &[(Key, u64)], removals: usize) {
+    pub(crate) fn checkpoint_done(
+        &mut self,
+        generation: u64,
+        written: &[(Key, u64)],
+        removals: usize,
+    ) {
         for &(key, version) in written {
             if let Some(entry) = self.entries.get_mut(&key) {
                 entry.saved.durable = entry.saved.durable.max(version);
@@ -944,7 +949,7 @@ impl Table {
 
     /// Puts back an entry read from a checkpoint. Restored entries are sent again unless
     /// the checkpoint shows the aggregator had their current state.
-    pub fn restore(&mut self, series: Series, hour: u32, mut entry: Entry) {
+    pub(crate) fn restore(&mut self, series: Series, hour: u32, mut entry: Entry) {
         self.raise_last_version(entry.version);
         // The checkpoint it came from holds it as it is.
         entry.saved = Saved {
@@ -972,7 +977,7 @@ impl Table {
 
     /// Marks every entry as a successful checkpoint would, for tests of what follows one.
     #[cfg(test)]
-    pub fn checkpointed(&mut self) {
+    pub(crate) fn checkpointed(&mut self) {
         let (generation, removals) = self.begin_checkpoint();
         let written: Vec<(Key, u64)> = self.entries.iter().map(|(k, e)| (*k, e.version)).collect();
         self.checkpoint_done(generation, &written, removals);

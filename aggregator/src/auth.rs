@@ -82,7 +82,7 @@ pub struct Principal {
 
 impl Principal {
     /// Whether it may push as `server`; the error names the token and the server.
-    pub fn may_push_as(&self, server: &str) -> Result<(), Status> {
+    pub(crate) fn may_push_as(&self, server: &str) -> Result<(), Status> {
         match self.role {
             Role::Admin => Ok(()),
             Role::Agent if self.servers.iter().any(|g| crate::glob::matches(g, server)) => Ok(()),

@@ -83,7 +83,7 @@ impl PassBounds {
 
 /// The oldest day whose hourly rows retention keeps at `now` (seconds since the epoch):
 /// the day holding `now − retention`. The collector accepts snapshots from its first hour.
-pub fn hourly_retention_day(now: u64, retention: Duration) -> Day {
+pub(crate) fn hourly_retention_day(now: u64, retention: Duration) -> Day {
     let hour = u32::try_from(now.saturating_sub(retention.as_secs()) / 3600).unwrap_or(u32::MAX);
     Hour(hour).day()
 }
@@ -92,13 +92,13 @@ pub fn hourly_retention_day(now: u64, retention: Duration) -> Day {
 /// hour of the oldest day retention will still keep an hour from now. The hour of margin
 /// covers a push validated just before a day leaves retention and stored just after the
 /// pass that deletes it: its day is never one a pass running meanwhile deletes.
-pub fn accepted_from(now: u64, retention: Duration) -> Hour {
+pub(crate) fn accepted_from(now: u64, retention: Duration) -> Hour {
     hourly_retention_day(now.saturating_add(3600), retention).first_hour()
 }
 
 /// Runs one pass: rollups first (so a day is rolled up before its hours age out), then
 /// retention. Blocking: call it from a blocking thread.
-pub fn run_pass(
+pub(crate) fn run_pass(
     store: &dyn Store,
     bounds: PassBounds,
     days_per_pass: usize,

@@ -205,13 +205,13 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     /// [`LimitsConfig::max_message_mib`] in bytes.
-    pub fn max_message_bytes(&self) -> usize {
+    pub(crate) fn max_message_bytes(&self) -> usize {
         self.max_message_mib.saturating_mul(1 << 20)
     }
 
     /// The largest encoded sketch of `kind` accepted, in bytes, and the setting that
     /// says so.
-    pub fn max_sketch_bytes(&self, kind: hourglass_sketch::Kind) -> (usize, &'static str) {
+    pub(crate) fn max_sketch_bytes(&self, kind: hourglass_sketch::Kind) -> (usize, &'static str) {
         if let Some(mib) = self.max_sketch_mib {
             return (mib.saturating_mul(1 << 20), "limits.max_sketch_mib");
         }
@@ -233,7 +233,7 @@ impl LimitsConfig {
     }
 
     /// [`LimitsConfig::max_query_range`] in whole hours.
-    pub fn max_query_hours(&self) -> u64 {
+    pub(crate) fn max_query_hours(&self) -> u64 {
         self.max_query_range.as_secs() / 3600
     }
 }
@@ -407,7 +407,7 @@ impl Config {
     }
 
     /// Settings still read but replaced, each with what replaces it: for a warning at start.
-    pub fn deprecations(&self) -> Vec<String> {
+    pub(crate) fn deprecations(&self) -> Vec<String> {
         let mut out = Vec::new();
         if let Some(mib) = self.limits.max_sketch_mib {
             out.push(format!(
@@ -485,7 +485,7 @@ impl Config {
     }
 
     /// The RocksDB options this configuration asks for.
-    pub fn store_options(&self) -> StoreOptions {
+    pub(crate) fn store_options(&self) -> StoreOptions {
         StoreOptions {
             sync_writes: self.storage.sync_writes,
             block_cache_bytes: self.storage.block_cache_mib << 20,

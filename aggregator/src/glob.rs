@@ -81,11 +81,6 @@ fn match_set(pattern: &[char], start: usize, c: char) -> Option<(bool, usize)> {
     None
 }
 
-/// Whether a pattern has any glob syntax (otherwise it names one server exactly).
-pub fn is_glob(pattern: &str) -> bool {
-    pattern.contains(['*', '?', '['])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

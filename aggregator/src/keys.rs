@@ -66,21 +66,9 @@ pub struct ServerId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Epoch(pub u64);
 
-const SECONDS_PER_HOUR: u64 = 3600;
 const HOURS_PER_DAY: u32 = 24;
 
 impl Hour {
-    /// The hour containing `seconds` since the Unix epoch. Hours past `u32::MAX` (the year
-    /// 491 970 and later) saturate: no real timestamp gets there.
-    pub fn of_unix_seconds(seconds: u64) -> Hour {
-        Hour(u32::try_from(seconds / SECONDS_PER_HOUR).unwrap_or(u32::MAX))
-    }
-
-    /// Seconds since the Unix epoch at the start of this hour.
-    pub fn start_unix_seconds(self) -> u64 {
-        u64::from(self.0) * SECONDS_PER_HOUR
-    }
-
     /// The UTC day this hour belongs to.
     pub fn day(self) -> Day {
         Day(self.0 / HOURS_PER_DAY)
@@ -192,7 +180,7 @@ impl HourKey {
     }
 
     /// The smallest key of `(series, hour)`: server 0, epoch 0.
-    pub fn first_of(series: SeriesId, hour: Hour) -> HourKey {
+    pub(crate) fn first_of(series: SeriesId, hour: Hour) -> HourKey {
         HourKey {
             series,
             hour,
@@ -202,7 +190,8 @@ impl HourKey {
     }
 
     /// The largest key of `(series, hour)`: every server and epoch sorts at or before it.
-    pub fn last_of(series: SeriesId, hour: Hour) -> HourKey {
+    #[cfg(test)]
+    pub(crate) fn last_of(series: SeriesId, hour: Hour) -> HourKey {
         HourKey {
             series,
             hour,
@@ -216,7 +205,7 @@ impl HourKey {
 /// all servers and epochs: exactly the keys `k` with `k.series == series` and
 /// `hours.start <= k.hour < hours.end`. Both bounds are 8-byte prefixes, which compare
 /// before every 20-byte key they prefix, so the range needs no "last key" arithmetic.
-pub fn hour_range_bounds(series: SeriesId, hours: Range<Hour>) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn hour_range_bounds(series: SeriesId, hours: Range<Hour>) -> ([u8; 8], [u8; 8]) {
     (
         hour_prefix(series, hours.start),
         hour_prefix(series, hours.end),
@@ -225,12 +214,12 @@ pub fn hour_range_bounds(series: SeriesId, hours: Range<Hour>) -> ([u8; 8], [u8;
 
 /// Half-open byte bounds `[start, end)` of the rollup keys of `series` in `days`, across
 /// all servers including [`ServerId::ALL`].
-pub fn day_range_bounds(series: SeriesId, days: Range<Day>) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn day_range_bounds(series: SeriesId, days: Range<Day>) -> ([u8; 8], [u8; 8]) {
     (day_prefix(series, days.start), day_prefix(series, days.end))
 }
 
 /// `series | hour`: the prefix RocksDB's prefix extractor takes from an hourly key.
-pub fn hour_prefix(series: SeriesId, hour: Hour) -> [u8; PREFIX_LEN] {
+pub(crate) fn hour_prefix(series: SeriesId, hour: Hour) -> [u8; PREFIX_LEN] {
     let mut out = [0u8; PREFIX_LEN];
     out[0..4].copy_from_slice(&series.0.to_be_bytes());
     out[4..8].copy_from_slice(&hour.0.to_be_bytes());
@@ -238,7 +227,7 @@ pub fn hour_prefix(series: SeriesId, hour: Hour) -> [u8; PREFIX_LEN] {
 }
 
 /// `series | day`: the first 8 bytes of a rollup key.
-pub fn day_prefix(series: SeriesId, day: Day) -> [u8; 8] {
+pub(crate) fn day_prefix(series: SeriesId, day: Day) -> [u8; 8] {
     let mut out = [0u8; 8];
     out[0..4].copy_from_slice(&series.0.to_be_bytes());
     out[4..8].copy_from_slice(&day.0.to_be_bytes());
@@ -329,28 +318,28 @@ pub mod meta {
     pub const SERVER_SERIES: &[u8] = b"sseries/";
 
     /// `prefix | id`: the dictionary keys by id (`series/id/`, `server/id/`).
-    pub fn by_id(prefix: &[u8], id: u32) -> Vec<u8> {
+    pub(crate) fn by_id(prefix: &[u8], id: u32) -> Vec<u8> {
         [prefix, &id.to_be_bytes()].concat()
     }
 
     /// `prefix | name`: the dictionary keys by name (`series/name/`, `server/name/`).
-    pub fn by_name(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    pub(crate) fn by_name(prefix: &[u8], name: &[u8]) -> Vec<u8> {
         [prefix, name].concat()
     }
 
     /// `prefix | day | series`: dirty, built, conflict and expired keys. Day first, so
     /// "every such day before D" is one range.
-    pub fn day_series(prefix: &[u8], series: SeriesId, day: Day) -> Vec<u8> {
+    pub(crate) fn day_series(prefix: &[u8], series: SeriesId, day: Day) -> Vec<u8> {
         [prefix, &day.0.to_be_bytes(), &series.0.to_be_bytes()].concat()
     }
 
     /// `prefix | day`: where a [`day_series`] family's keys of `day` begin.
-    pub fn day_start(prefix: &[u8], day: Day) -> Vec<u8> {
+    pub(crate) fn day_start(prefix: &[u8], day: Day) -> Vec<u8> {
         [prefix, &day.0.to_be_bytes()].concat()
     }
 
     /// The (series, day) of a [`day_series`] key of `prefix`; none if it is not one.
-    pub fn day_series_fields(prefix: &[u8], key: &[u8]) -> Option<(SeriesId, Day)> {
+    pub(crate) fn day_series_fields(prefix: &[u8], key: &[u8]) -> Option<(SeriesId, Day)> {
         let fields: [u8; 8] = key.strip_prefix(prefix)?.try_into().ok()?;
         let day = Day(u32::from_be_bytes([
             fields[0], fields[1], fields[2], fields[3],
@@ -363,7 +352,7 @@ pub mod meta {
 
     /// `prefix | server`: where one server's keys of a per-server family begin
     /// (`live/`, `liveday/`, `sseries/`).
-    pub fn server_start(prefix: &[u8], server: ServerId) -> Vec<u8> {
+    pub(crate) fn server_start(prefix: &[u8], server: ServerId) -> Vec<u8> {
         [prefix, &server.0.to_be_bytes()].concat()
     }
 
@@ -373,17 +362,17 @@ pub mod meta {
     }
 
     /// `liveday/<server><day>`.
-    pub fn live_day(server: ServerId, day: Day) -> Vec<u8> {
+    pub(crate) fn live_day(server: ServerId, day: Day) -> Vec<u8> {
         [LIVE_DAY, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
     }
 
     /// `sseries/<server><day>`: where a server's series index of `day` begins.
-    pub fn server_series_from(server: ServerId, day: Day) -> Vec<u8> {
+    pub(crate) fn server_series_from(server: ServerId, day: Day) -> Vec<u8> {
         [SERVER_SERIES, &server.0.to_be_bytes(), &day.0.to_be_bytes()].concat()
     }
 
     /// `sseries/<server><day><series>`.
-    pub fn server_series(server: ServerId, day: Day, series: SeriesId) -> Vec<u8> {
+    pub(crate) fn server_series(server: ServerId, day: Day, series: SeriesId) -> Vec<u8> {
         [
             SERVER_SERIES,
             &server.0.to_be_bytes(),
@@ -523,9 +512,8 @@ mod tests {
 
     #[test]
     fn hours_and_days() {
-        // 2023-11-14T22:13:20Z
-        let hour = Hour::of_unix_seconds(1_700_000_000);
-        assert_eq!(hour, Hour(472_222));
+        // 2023-11-14T22:00Z
+        let hour = Hour(472_222);
         assert_eq!(hour.day(), Day(19_675));
         assert_eq!(hour.day().first_hour(), Hour(472_200));
         assert_eq!(hour.day().hours(), Hour(472_200)..Hour(472_224));
@@ -533,6 +521,5 @@ mod tests {
         assert_eq!(Hour(23).day(), Day(0));
         assert_eq!(Hour(24).day(), Day(1));
         assert_eq!(Day(u32::MAX).first_hour(), Hour(u32::MAX));
-        assert_eq!(Hour::of_unix_seconds(u64::MAX), Hour(u32::MAX));
     }
 }

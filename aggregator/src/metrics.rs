@@ -343,7 +343,7 @@ impl Metrics {
     }
 
     /// Counts one finished query.
-    pub fn query_done(&self, method: &'static str, outcome: &'static str, seconds: f64) {
+    pub(crate) fn query_done(&self, method: &'static str, outcome: &'static str, seconds: f64) {
         self.queries
             .get_or_create(&QueryOutcomeLabels { method, outcome })
             .inc();
@@ -353,7 +353,7 @@ impl Metrics {
     }
 
     /// Counts one query refused by the bound `setting`.
-    pub fn query_refused(&self, setting: &'static str) {
+    pub(crate) fn query_refused(&self, setting: &'static str) {
         self.queries_refused
             .get_or_create(&BoundLabel { bound: setting })
             .inc();
@@ -367,7 +367,7 @@ impl Metrics {
     }
 
     /// Sets the storage gauges from a fresh reading.
-    pub fn set_store(&self, stats: &StoreStats, series: usize, servers: usize) {
+    pub(crate) fn set_store(&self, stats: &StoreStats, series: usize, servers: usize) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.series.set(clamp(series as u64));
         self.servers.set(clamp(servers as u64));

@@ -80,7 +80,7 @@ fn otlp_provider(service: &str) -> Option<opentelemetry_sdk::trace::SdkTracerPro
 /// Logs to stdout in `format`, at the levels of `RUST_LOG` (default `info`), and exports
 /// spans over OTLP as `service` when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Call it inside
 /// a Tokio runtime, and keep the guard.
-pub fn init_logging(format: LogFormat, service: &str) -> Telemetry {
+pub(crate) fn init_logging(format: LogFormat, service: &str) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a terminal: escape codes in a log file or collector are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());

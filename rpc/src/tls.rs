@@ -108,7 +108,7 @@ impl ServerTls {
     /// The settings of `--tls-cert`, `--tls-key` and `--tls-client-ca`: `None` for
     /// plaintext, an error if only one of the certificate and key is given, or a client
     /// CA without them.
-    pub fn from_flags(
+    pub(crate) fn from_flags(
         cert: Option<PathBuf>,
         key: Option<PathBuf>,
         client_ca: Option<PathBuf>,
@@ -480,7 +480,7 @@ impl ClientTls {
 /// The bearer token of a client: the contents of `file` if given (surrounding whitespace
 /// trimmed), else the `HOURGLASS_TOKEN` environment variable, else none. Tokens never come
 /// from a command-line flag, where `ps` would show them.
-pub fn read_token(file: Option<&Path>) -> Result<Option<String>, TlsError> {
+pub(crate) fn read_token(file: Option<&Path>) -> Result<Option<String>, TlsError> {
     let token = match file {
         Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
             TlsError(format!(

@@ -235,7 +235,7 @@ pub struct DayParts {
 
 /// Merges the hourly rows of `series` in `hours` (within one day) the way rollups are
 /// built: the single definition of the merge order (module docs).
-pub fn merge_day(
+pub(crate) fn merge_day(
     store: &dyn Store,
     series: &SeriesName,
     series_id: SeriesId,
@@ -341,7 +341,7 @@ impl<'a> Planner<'a> {
     }
 
     /// Refuses selections that would merge more than `max` series × servers × groups.
-    pub fn limit_fanout(mut self, max: u64) -> Planner<'a> {
+    pub(crate) fn limit_fanout(mut self, max: u64) -> Planner<'a> {
         self.max_fanout = max;
         self
     }
@@ -654,7 +654,7 @@ fn merge_servers(
 }
 
 /// The days a range of hours touches, each with the hours of it inside the range.
-pub fn days_of(hours: &Range<Hour>) -> impl Iterator<Item = (Day, Range<Hour>)> + use<> {
+pub(crate) fn days_of(hours: &Range<Hour>) -> impl Iterator<Item = (Day, Range<Hour>)> + use<> {
     let (start, end) = (hours.start, hours.end);
     let first = start.day().0;
     let last = if end.0 == 0 {

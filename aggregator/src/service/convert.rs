@@ -119,7 +119,7 @@ pub(crate) fn kind(value: i32, field: &str) -> Result<Kind, String> {
 
 /// The gRPC status for a planner error: the caller's mistake, a mismatch in stored data,
 /// or a fault of ours.
-pub fn query_status(e: &QueryError) -> Status {
+pub(crate) fn query_status(e: &QueryError) -> Status {
     let message = e.to_string();
     match e {
         QueryError::UnknownMetric { .. }
@@ -137,7 +137,7 @@ pub fn query_status(e: &QueryError) -> Status {
 }
 
 /// The gRPC status for a storage error.
-pub fn store_status(e: &StoreError) -> Status {
+pub(crate) fn store_status(e: &StoreError) -> Status {
     match e {
         StoreError::IdsExhausted { .. } => Status::resource_exhausted(e.to_string()),
         _ => Status::internal(e.to_string()),

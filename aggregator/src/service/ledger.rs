@@ -56,7 +56,7 @@ impl SeriesLedger {
     /// here; other servers do not wait), loading them from `store` first if this is the
     /// server's first push since the start. Series last seen before `oldest` no longer
     /// count.
-    pub fn with_server<T>(
+    pub(crate) fn with_server<T>(
         &self,
         store: &dyn Store,
         server: ServerId,
@@ -82,7 +82,13 @@ impl ServerSeries {
     /// series. A series it holds only moves its last day on; a new one is counted if it
     /// fits, after series whose last day is before `oldest` (gone with retention) are
     /// dropped.
-    pub fn admit(&mut self, series: SeriesId, day: Day, oldest: Day, limit: usize) -> Admission {
+    pub(crate) fn admit(
+        &mut self,
+        series: SeriesId,
+        day: Day,
+        oldest: Day,
+        limit: usize,
+    ) -> Admission {
         if let Some(last) = self.held.get_mut(&series) {
             *last = (*last).max(day);
             return Admission::Held;
@@ -97,7 +103,7 @@ impl ServerSeries {
     }
 
     /// Whether one more new series would be refused (after retention's drop).
-    pub fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
+    pub(crate) fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
         if self.held.len() >= limit && oldest > self.swept {
             self.held.retain(|_, last| *last >= oldest);
             self.swept = oldest;

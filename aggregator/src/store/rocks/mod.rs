@@ -1182,13 +1182,13 @@ pub(super) mod testing {
     use super::*;
 
     /// Writes raw bytes under a raw key of a column family, bypassing every check.
-    pub fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {
+    pub(crate) fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {
         store.db.put_cf(store.cf(cf), key, value).unwrap();
     }
 
     /// Deletes every `meta` key of the series-per-server index, as in a store written
     /// before the index existed.
-    pub fn drop_server_series_index(store: &RocksStore) {
+    pub(crate) fn drop_server_series_index(store: &RocksStore) {
         let meta = store.cf(CF_META);
         store
             .db
