@@ -965,7 +965,7 @@ async fn live_hours_beyond_the_aggregators_limit_go_in_chunks_and_cost_no_snapsh
     let dir = TempDir::new("agent-live-chunks");
     let agg_config = dir.file("aggregator.toml");
     std::fs::write(&agg_config, "[limits]\nmax_live_hours_per_push = 3\n").expect("write config");
-    let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &agg_config]);
+    let agg = InProcessAggregator::start_from_file(&dir.file("agg"), &agg_config);
     let auto_config = fast_config(&dir, "");
     let set_config = dir.file("agent-set.toml");
     std::fs::write(
@@ -1078,6 +1078,7 @@ async fn live_hours_beyond_the_aggregators_limit_go_in_chunks_and_cost_no_snapsh
         0.0,
         "set to the aggregator's limit: never refused"
     );
+    agg.stop().await;
 }
 
 /// The distinct estimate of `metric` over `hours`, rounded; 0 before anything arrived.

@@ -421,7 +421,7 @@ async fn a_bad_snapshot_is_rejected_alone_and_bad_requests_name_the_field() {
     let dir = TempDir::new("agg-reject");
     let config = dir.file("aggregator.toml");
     std::fs::write(&config, "[limits]\nmax_snapshots_per_push = 5\n").expect("write config");
-    let agg = AggregatorProcess::start(&dir.file("data"), &["--config", &config]);
+    let agg = InProcessAggregator::start_from_file(&dir.file("data"), &config);
     let (mut collector, mut query) = clients(&agg).await;
     let h = recent_hour();
     let good = || snapshot("visitors", h, 1, v1::SketchKind::Distinct, hll_of(0..10));
@@ -545,6 +545,7 @@ async fn a_bad_snapshot_is_rejected_alone_and_bad_requests_name_the_field() {
         .await
         .expect_err("visitors keeps no membership sketches");
     assert_eq!(wrong_kind.code(), tonic::Code::NotFound);
+    agg.stop().await;
 }
 
 #[tokio::test]

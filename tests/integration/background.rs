@@ -1,13 +1,13 @@
-//! The aggregator's background work (rollups and retention) as a process sees it: each
-//! scenario pushes days in the past over gRPC, lets the real background pass run (every
-//! second), changes retention by restarting the process on the same data dir, and ends
-//! in queries whose answers are checked against the exact truth.
+//! The aggregator's background work (rollups and retention): each scenario pushes days in
+//! the past over gRPC to an aggregator run in this process from a config file, lets the
+//! real background pass run (every second), changes retention by restarting it on the
+//! same data dir, and ends in queries whose answers are checked against the exact truth.
 //!
 //! Days are counted back from today (UTC): `day(n)` is the first hour of the day `n`
 //! days ago. Days 3 and more back are closed whatever the hour (lateness is 1 h).
 
 use crate::aggregator::{clients, hll_of, outcomes, push, selector, server};
-use crate::util::{AggregatorProcess, TempDir, http_get, snapshot, this_hour};
+use crate::util::{InProcessAggregator, TempDir, http_get, snapshot, this_hour};
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, query_client::QueryClient,
 };
@@ -24,27 +24,26 @@ fn day(n: u32) -> u32 {
 
 /// Starts an aggregator on `dir` with a background pass every second and `retention`
 /// (a `retention.hourly` duration), plus `extra` TOML.
-fn start(dir: &TempDir, retention: &str, extra: &str) -> AggregatorProcess {
+fn start(dir: &TempDir, retention: &str, extra: &str) -> InProcessAggregator {
     let config = dir.file("aggregator.toml");
     std::fs::write(
         &config,
         format!("[rollup]\ninterval = \"1s\"\n[retention]\nhourly = \"{retention}\"\n{extra}"),
     )
     .expect("write config");
-    AggregatorProcess::start(&dir.file("data"), &["--config", &config])
+    let mut config =
+        hourglass_aggregator::Config::from_file(std::path::Path::new(&config)).expect("config");
+    config.data_dir = dir.file("data").into();
+    InProcessAggregator::start_with(config)
 }
 
-/// SIGTERM, and the exit status checked, on a blocking thread: this test's runtime must
-/// stay free to close its gRPC connections, or the server's drain waits for them.
-async fn stop(agg: AggregatorProcess) {
-    let status = tokio::task::spawn_blocking(move || agg.terminate())
-        .await
-        .expect("terminate");
-    assert_eq!(status.code(), Some(0), "{status:?}");
+/// Stops it (drain, background pass finished, store closed), failing on an error.
+async fn stop(agg: InProcessAggregator) {
+    agg.stop().await;
 }
 
 /// The value of the first sample of `metric` (full name, labels included) on /metrics.
-fn metric(agg: &AggregatorProcess, name: &str) -> f64 {
+fn metric(agg: &InProcessAggregator, name: &str) -> f64 {
     let (status, body) = http_get(agg.admin, "/metrics");
     assert_eq!(status, 200, "{body}");
     body.lines()
@@ -52,14 +51,14 @@ fn metric(agg: &AggregatorProcess, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Waits up to 60 s for `done`, then fails saying `what`, with the process's logs.
-fn wait_for(agg: &AggregatorProcess, what: &str, mut done: impl FnMut() -> bool) {
+/// Waits up to 60 s for `done`, then fails saying `what`, with the aggregator's metrics.
+fn wait_for(agg: &InProcessAggregator, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
         assert!(
             Instant::now() < deadline,
-            "{what} did not happen within 60s; logs:\n{}",
-            agg.logs()
+            "{what} did not happen within 60s; metrics:\n{}",
+            http_get(agg.admin, "/metrics").1
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -67,7 +66,7 @@ fn wait_for(agg: &AggregatorProcess, what: &str, mut done: impl FnMut() -> bool)
 
 /// Waits for two complete background passes after now, so everything dirty before now
 /// was rolled up and retention ran on it.
-fn two_passes(agg: &AggregatorProcess) {
+fn two_passes(agg: &InProcessAggregator) {
     let name = "hourglass_aggregator_rollup_passes_total{outcome=\"ok\"}";
     let start = metric(agg, name);
     wait_for(agg, "two background passes", || {

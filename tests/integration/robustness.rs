@@ -210,7 +210,7 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
         "[limits]\nmax_message_mib = 1\n[limits.max_sketch_kib]\ndistinct = 2\n",
     )
     .unwrap();
-    let agg = AggregatorProcess::start(&dir.file("agg"), &["--config", &config]);
+    let agg = InProcessAggregator::start_from_file(&dir.file("agg"), &config);
     let mut collector =
         CollectorClient::new(channel(&agg.grpc).await).max_encoding_message_size(64 << 20);
     let server = Some(v1::Server {
@@ -292,6 +292,7 @@ async fn oversized_and_out_of_range_pushes_are_refused_and_the_aggregator_serves
     assert!(metrics.contains(r#"reason="sketch.data""#), "{metrics}");
     assert!(metrics.contains(r#"reason="sketch.size""#), "{metrics}");
     assert_eq!(http_get(agg.admin, "/readyz").0, 200);
+    agg.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -554,6 +554,15 @@ impl InProcessAggregator {
         })
     }
 
+    /// Starts an aggregator with the config file at `config` (as `--config` reads it) and
+    /// its data in `data_dir`.
+    pub fn start_from_file(data_dir: &str, config: &str) -> InProcessAggregator {
+        let mut config = hourglass_aggregator::Config::from_file(std::path::Path::new(config))
+            .expect("read the aggregator's config file");
+        config.data_dir = data_dir.into();
+        InProcessAggregator::start_with(config)
+    }
+
     /// Starts an aggregator with `config`.
     pub fn start_with(config: hourglass_aggregator::Config) -> InProcessAggregator {
         let (server, (grpc, admin)) =
