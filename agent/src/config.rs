@@ -274,7 +274,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_timing()?;
         self.limits.validate()?;
-        self.shipping.validate()?;
+        self.shipping.validate_bounds()?;
+        // Checked between the shipping bounds and their relations, as it always was, so
+        // a config with several mistakes names the same one first.
+        at_most(
+            "limits.max_future",
+            self.limits.max_future,
+            Duration::from_secs(86_400),
+        )?;
+        self.shipping.validate_relations()?;
         self.validate_sketches()
     }
 
@@ -392,17 +400,13 @@ impl Limits {
             "limits.max_events_per_request",
             self.max_events_per_request,
             1..=10_000_000,
-        )?;
-        at_most(
-            "limits.max_future",
-            self.max_future,
-            Duration::from_secs(86_400),
         )
     }
 }
 
 impl Shipping {
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Each shipping setting within its bounds.
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
         within("shipping.max_batch_mib", self.max_batch_mib, 1..=64)?;
         within(
             "shipping.max_snapshots_per_push",
@@ -429,7 +433,11 @@ impl Shipping {
             self.shutdown_timeout,
             Duration::from_secs(600),
         )?;
-        at_most("shipping.backoff_max", self.backoff_max, HOUR)?;
+        at_most("shipping.backoff_max", self.backoff_max, HOUR)
+    }
+
+    /// How the shipping settings must relate: backoff bounds in order, a push timeout.
+    fn validate_relations(&self) -> Result<(), ConfigError> {
         if self.backoff_initial.is_zero() || self.backoff_max < self.backoff_initial {
             return Err(invalid(
                 "shipping.backoff_max",
@@ -608,5 +616,21 @@ mod tests {
             vec![Kind::Distinct, Kind::Membership]
         );
         assert!(parse_kinds("distinct,").is_err());
+    }
+
+    /// limits.max_future is checked after the shipping bounds and before their relations,
+    /// as it always was: with two fields wrong, the same one is named first.
+    #[test]
+    fn max_future_is_checked_after_the_shipping_bounds_as_before() {
+        let c: Config =
+            toml::from_str("[limits]\nmax_future = \"2d\"\n[shipping]\nmax_batch_mib = 0\n")
+                .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("shipping.max_batch_mib"), "{e}");
+        let c: Config =
+            toml::from_str("[limits]\nmax_future = \"2d\"\n[shipping]\npush_timeout = \"2h\"\n")
+                .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("shipping.push_timeout"), "{e}");
     }
 }

@@ -253,3 +253,41 @@ impl Stop {
         self.watcher.abort();
     }
 }
+
+#[cfg(test)]
+mod stop_tests {
+    use super::Stop;
+    use std::time::Duration;
+
+    /// release() ends every stopped() still waiting, though shutdown never comes.
+    #[tokio::test]
+    async fn release_completes_every_stopped() {
+        let stop = Stop::new(std::future::pending::<()>());
+        let a = tokio::spawn(stop.stopped());
+        let b = stop.stopped();
+        stop.release();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            a.await.unwrap();
+            b.await;
+        })
+        .await
+        .expect("stopped() completes after release()");
+    }
+
+    /// Shutdown completes every stopped(), made before or after it.
+    #[tokio::test]
+    async fn shutdown_completes_every_stopped() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = Stop::new(async move {
+            let _ = rx.await;
+        });
+        let before = stop.stopped();
+        tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), before)
+            .await
+            .expect("stopped() completes on shutdown");
+        tokio::time::timeout(Duration::from_secs(5), stop.stopped())
+            .await
+            .expect("a later stopped() completes at once");
+    }
+}

@@ -742,3 +742,44 @@ fn a_bad_config_file_fails_naming_the_field() {
         );
     }
 }
+
+/// A push refused for its server labels is logged inside the push span, which has
+/// recorded the server's name by then: the "push refused" line names the server.
+#[tokio::test]
+async fn a_push_refused_for_its_labels_is_logged_with_the_server_name() {
+    let dir = TempDir::new("agg-review-labels");
+    let agg = AggregatorProcess::start(&dir.file("data"), &[]);
+    let (mut collector, _) = clients(&agg).await;
+    let h = recent_hour();
+    let status = collector
+        .push(v1::PushRequest {
+            server: server("web-review-7", &[("a", "1"), ("a", "2")]),
+            snapshots: vec![snapshot(
+                "visitors",
+                h,
+                1,
+                v1::SketchKind::Distinct,
+                hll_of(0..10),
+            )],
+            live_hours: vec![h],
+        })
+        .await
+        .expect_err("a repeated label key is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let line = loop {
+        let logs = agg.logs();
+        if let Some(line) = logs.lines().find(|l| l.contains("push refused")) {
+            break line.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal logged:\n{logs}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        line.contains("web-review-7"),
+        "the refusal does not name the server: {line}"
+    );
+}

@@ -317,8 +317,9 @@ impl CollectorService {
             .server
             .take()
             .ok_or_else(|| Status::invalid_argument("server is required"))?;
-        let labels = checked_server(&server, principal.as_ref())?;
+        checked_server(&server, principal.as_ref())?;
         span.record("server", server.name.as_str());
+        let labels = checked_labels(&server)?;
         let now = hourglass_rpc::time::since_unix_epoch().as_secs();
         let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
         // From the first hour of the oldest day hourly retention keeps (whole days, as
@@ -460,19 +461,23 @@ impl CollectorService {
     }
 }
 
-/// Checks the pushing server: the principal may push as it, its name keeps the naming
+/// Checks the pushing server: the principal may push as it, and its name keeps the naming
 /// rule (the agent checks the same rule at start, so an agent never runs with a name
-/// every push of which would be refused here), and no label key repeats. Returns the
-/// labels, sorted.
+/// every push of which would be refused here).
 fn checked_server(
     server: &v1::Server,
     principal: Option<&crate::auth::Principal>,
-) -> Result<Vec<(String, String)>, Status> {
+) -> Result<(), Status> {
     if let Some(principal) = principal {
         principal.may_push_as(&server.name)?;
     }
     hourglass_rpc::series::validate_server_name(&server.name)
         .map_err(|e| Status::invalid_argument(format!("server.name: {e}")))?;
+    Ok(())
+}
+
+/// The server's labels, sorted; an error if a label key repeats.
+fn checked_labels(server: &v1::Server) -> Result<Vec<(String, String)>, Status> {
     let mut labels = convert::pairs(&server.labels, "server.labels")?;
     labels.sort();
     if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
