@@ -134,7 +134,7 @@ pub struct Loaded {
     /// Live hours not yet reported.
     pub live_hours: Vec<u32>,
     /// The entries.
-    pub entries: Vec<(Series, u32, Entry)>,
+    pub entries: Vec<SavedEntry>,
     /// Log transactions applied over the base.
     pub transactions: usize,
     /// Bytes at the end of the log that an unfinished transaction left (a crash during an
@@ -621,7 +621,7 @@ pub(crate) fn apply_log(
     }
     let mut entries: BTreeMap<(String, u32), (Series, Entry)> = std::mem::take(&mut loaded.entries)
         .into_iter()
-        .map(|(series, hour, entry)| ((series.to_string(), hour), (series, entry)))
+        .map(|e| ((e.series.to_string(), e.hour), (e.series, e.entry)))
         .collect();
     let mut at = LOG_HEADER;
     let mut transaction = Vec::new();
@@ -658,7 +658,11 @@ pub(crate) fn apply_log(
     loaded.torn_bytes = log.len() - committed_at;
     loaded.entries = entries
         .into_iter()
-        .map(|((_, hour), (series, entry))| (series, hour, entry))
+        .map(|((_, hour), (series, entry))| SavedEntry {
+            series,
+            hour,
+            entry,
+        })
         .collect();
     Ok(true)
 }
@@ -687,8 +691,8 @@ fn apply_transaction(
                 entries.remove(&(series.to_string(), hour));
             }
             RECORD_ENTRY => {
-                let (series, hour, entry) = decode_entry(&mut r)?;
-                entries.insert((series.to_string(), hour), (series, entry));
+                let e = decode_entry(&mut r)?;
+                entries.insert((e.series.to_string(), e.hour), (e.series, e.entry));
             }
             RECORD_META => {
                 let (series, hour) = decode_key(&mut r)?;
@@ -730,7 +734,7 @@ fn decode_key(r: &mut Reader<'_>) -> Result<(Series, u32), CheckpointError> {
     Ok((series, r.u32()?))
 }
 
-fn decode_entry(r: &mut Reader<'_>) -> Result<(Series, u32, Entry), CheckpointError> {
+fn decode_entry(r: &mut Reader<'_>) -> Result<SavedEntry, CheckpointError> {
     let (series, hour) = decode_key(r)?;
     let version = r.u64()?;
     let acked = r.u64()?;
@@ -751,7 +755,22 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<(Series, u32, Entry), CheckpointEr
         dirty,
         ..Entry::default()
     };
-    Ok((series, hour, entry))
+    Ok(SavedEntry {
+        series,
+        hour,
+        entry,
+    })
+}
+
+/// One (series, hour) entry as a checkpoint holds it.
+#[derive(Debug)]
+pub struct SavedEntry {
+    /// The series.
+    pub series: Series,
+    /// The hour.
+    pub hour: u32,
+    /// Its sketches, version and acknowledgement.
+    pub entry: Entry,
 }
 
 /// Decodes a checkpoint's bytes.
@@ -946,7 +965,8 @@ mod tests {
         let mut entries: Vec<String> = loaded
             .entries
             .iter()
-            .map(|(s, h, e)| {
+            .map(|saved| {
+                let (s, h, e) = (&saved.series, saved.hour, &saved.entry);
                 format!(
                     "{s}@{h} v{} a{} d{} {:x}",
                     e.version,
@@ -1108,8 +1128,8 @@ mod tests {
         if let Some(hour) = loaded.closed_through {
             t.close_through(hour);
         }
-        for (series, hour, entry) in loaded.entries {
-            t.restore(series, hour, entry);
+        for e in loaded.entries {
+            t.restore(e.series, e.hour, e.entry);
         }
         for hour in loaded.live_hours {
             t.mark_live(hour);
@@ -1275,7 +1295,12 @@ mod tests {
         assert_eq!(loaded.live_hours, vec![(NOW / 3600) as u32]);
         assert_eq!(loaded.entries.len(), 3);
         let t = table.lock().unwrap();
-        for (series, hour, entry) in &loaded.entries {
+        for SavedEntry {
+            series,
+            hour,
+            entry,
+        } in &loaded.entries
+        {
             let held = t.entry(&series.to_string(), *hour).unwrap();
             assert_eq!((entry.version, entry.acked, entry.dirty), (1, 0, false));
             assert_eq!(entry.sketches, held.sketches);

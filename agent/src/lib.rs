@@ -544,8 +544,8 @@ fn continue_epoch(
     let entries = loaded.entries.len();
     let (transactions, torn_bytes, resume) =
         (loaded.transactions, loaded.torn_bytes, loaded.resume);
-    for (series, hour, entry) in loaded.entries {
-        table.restore(series, hour, entry);
+    for e in loaded.entries {
+        table.restore(e.series, e.hour, e.entry);
     }
     for hour in loaded.live_hours {
         table.mark_live(hour);

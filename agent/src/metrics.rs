@@ -12,7 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use crate::table::{Backlog, IngestStats};
+use crate::table::{Backlog, BloomFill, IngestStats};
 
 /// `outcome`: `ok`, or what failed (a gRPC code's name for pushes).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -396,7 +396,7 @@ impl Metrics {
     }
 
     /// Sets the gauges read from the table.
-    pub(crate) fn set_table(&self, backlog: &Backlog, blooms: &[(String, u32, f64)]) {
+    pub(crate) fn set_table(&self, backlog: &Backlog, blooms: &[BloomFill]) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.pending_snapshots.set(clamp(backlog.snapshots));
         self.pending_bytes.set(clamp(backlog.bytes));
@@ -409,13 +409,13 @@ impl Metrics {
         self.open_entries.set(clamp(backlog.entries));
         self.sketch_bytes.set(clamp(backlog.sketch_bytes));
         self.bloom_fill.clear();
-        for (series, hour, fill) in blooms {
+        for b in blooms {
             self.bloom_fill
                 .get_or_create(&BloomLabels {
-                    series: series.clone(),
-                    hour: hourglass_rpc::time::format_hour(*hour),
+                    series: b.series.clone(),
+                    hour: hourglass_rpc::time::format_hour(b.hour),
                 })
-                .set(*fill);
+                .set(b.fill);
         }
     }
 
@@ -451,7 +451,11 @@ mod tests {
                 oldest_hour: Some(10),
                 ..Backlog::default()
             },
-            &[("pages".into(), 10, 0.75)],
+            &[BloomFill {
+                series: "pages".into(),
+                hour: 10,
+                fill: 0.75,
+            }],
         );
         let text = m.encode();
         for want in [

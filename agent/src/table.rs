@@ -40,6 +40,17 @@ pub struct Key {
     pub hour: u32,
 }
 
+/// A Bloom filter more than half full ([`Table::bloom_fill_above_half`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BloomFill {
+    /// The series, as its canonical text.
+    pub series: String,
+    /// The hour.
+    pub hour: u32,
+    /// The fraction of its bits set.
+    pub fill: f64,
+}
+
 /// One entry a push carries ([`Table::encode_batch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sent {
@@ -884,7 +895,7 @@ impl Table {
     }
 
     /// Bloom filters more than half full: (series, hour, fill ratio).
-    pub(crate) fn bloom_fill_above_half(&self) -> Vec<(String, u32, f64)> {
+    pub(crate) fn bloom_fill_above_half(&self) -> Vec<BloomFill> {
         let mut out = Vec::new();
         for (key, entry) in &self.entries {
             for sketch in &entry.sketches {
@@ -892,7 +903,11 @@ impl Table {
                     let fill = b.fill_ratio();
                     if fill > 0.5 {
                         let name = self.series.get(&key.series).map(|s| s.series.to_string());
-                        out.push((name.unwrap_or_default(), key.hour, fill));
+                        out.push(BloomFill {
+                            series: name.unwrap_or_default(),
+                            hour: key.hour,
+                            fill,
+                        });
                     }
                 }
             }

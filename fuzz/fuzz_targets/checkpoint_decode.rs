@@ -23,9 +23,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(loaded) = checkpoint::decode(&bytes) else {
         return;
     };
-    for (series, _hour, entry) in &loaded.entries {
-        hourglass_fuzz::check_series(series);
-        for sketch in &entry.sketches {
+    for saved in &loaded.entries {
+        hourglass_fuzz::check_series(&saved.series);
+        for sketch in &saved.entry.sketches {
             hourglass_fuzz::check_sketch(sketch);
         }
     }

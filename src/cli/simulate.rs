@@ -145,7 +145,7 @@ impl Zipf {
     }
 }
 
-/// The visits of one server-hour: (user, page, second of the hour) each.
+/// The traffic of the plan: the [`Visit`]s of every server-hour, made from its seed.
 pub struct Traffic {
     plan: Plan,
     region_users: Zipf,
@@ -166,7 +166,7 @@ impl Traffic {
     }
 
     /// The visits of `server` in `hour`, the same for the same seed.
-    pub fn visits(&self, server: usize, hour: u32) -> Vec<(u32, u32, u32)> {
+    pub fn visits(&self, server: usize, hour: u32) -> Vec<Visit> {
         let mut rng = Rng(self.plan.seed
             ^ (u64::from(hour) << 20)
             ^ (server as u64).wrapping_mul(0x9E37_79B9));
@@ -185,10 +185,21 @@ impl Traffic {
                 };
                 let page = self.pages.sample(&mut rng);
                 let second = (rng.next() % 3600) as u32;
-                (user, page, second)
+                Visit { user, page, second }
             })
             .collect()
     }
+}
+
+/// One visit: who viewed which page, when in the hour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Visit {
+    /// The user's number ([`user_name`]).
+    pub user: u32,
+    /// The page's number ([`page_name`]).
+    pub page: u32,
+    /// The second of the hour.
+    pub second: u32,
 }
 
 /// The name of user `u` as sent.
@@ -214,13 +225,13 @@ pub struct Truth {
 }
 
 impl Truth {
-    fn add(&mut self, server: &str, region: &'static str, hour: u32, visits: &[(u32, u32, u32)]) {
+    fn add(&mut self, server: &str, region: &'static str, hour: u32, visits: &[Visit]) {
         let day = hourglass_rpc::time::day_of(hour);
         let d = self.days.entry(day).or_default();
         let dr = self.day_regions.entry((day, region)).or_default();
         let r = self.regions.entry(region).or_default();
         let s = self.servers.entry(server.to_string()).or_default();
-        for &(user, page, _) in visits {
+        for &Visit { user, page, .. } in visits {
             d.insert(user);
             dr.insert(user);
             r.insert(user);
@@ -514,9 +525,9 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
 
 /// The Ingest request of one server's visits in `hour`: the visitors and the pages they
 /// viewed, as two batches with the visits' own times.
-fn hour_request(hour: u32, visits: &[(u32, u32, u32)]) -> v1::IngestRequest {
+fn hour_request(hour: u32, visits: &[Visit]) -> v1::IngestRequest {
     let base = i64::from(hour) * 3600;
-    let times: Vec<i64> = visits.iter().map(|v| base + i64::from(v.2)).collect();
+    let times: Vec<i64> = visits.iter().map(|v| base + i64::from(v.second)).collect();
     v1::IngestRequest {
         events: Vec::new(),
         batches: vec![
@@ -524,7 +535,7 @@ fn hour_request(hour: u32, visits: &[(u32, u32, u32)]) -> v1::IngestRequest {
                 metric: VISITORS.into(),
                 items: visits
                     .iter()
-                    .map(|v| user_name(v.0).into_bytes().into())
+                    .map(|v| user_name(v.user).into_bytes().into())
                     .collect(),
                 times_unix_seconds: times.clone(),
                 ..Default::default()
@@ -533,7 +544,7 @@ fn hour_request(hour: u32, visits: &[(u32, u32, u32)]) -> v1::IngestRequest {
                 metric: PAGES.into(),
                 items: visits
                     .iter()
-                    .map(|v| page_name(v.1).into_bytes().into())
+                    .map(|v| page_name(v.page).into_bytes().into())
                     .collect(),
                 times_unix_seconds: times,
                 ..Default::default()
