@@ -202,7 +202,7 @@ struct Log {
 
 /// Writes the checkpoints of one data dir: a log transaction of what changed, or a whole
 /// new base when there is no log to append to (a new data dir, or a start that could
-/// not [resume](Writer::resume) the log it read) or the log has grown larger than the
+/// not resume the log it read) or the log has grown larger than the
 /// base.
 pub struct Writer {
     dir: PathBuf,
@@ -215,7 +215,7 @@ pub struct Writer {
 
 impl Writer {
     /// A writer of `data_dir`'s checkpoint for `server`; its first checkpoint is a base
-    /// unless it [resumes](Writer::resume) a log.
+    /// unless it resumes a log.
     pub fn new(data_dir: &Path, server: &str) -> Writer {
         Writer {
             dir: data_dir.to_path_buf(),

@@ -40,7 +40,7 @@ pub struct Key {
     pub hour: u32,
 }
 
-/// A Bloom filter more than half full ([`Table::bloom_fill_above_half`]).
+/// A Bloom filter more than half full, as the table reports it for the admin port.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BloomFill {
     /// The series, as its canonical text.
@@ -51,7 +51,7 @@ pub struct BloomFill {
     pub fill: f64,
 }
 
-/// One entry a push carries ([`Table::encode_batch`]).
+/// One entry a push carries, as the table encodes a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sent {
     /// The entry.

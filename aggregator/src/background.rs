@@ -5,7 +5,7 @@
 //! (now − `retention.hourly`) and every later one keep their rows; an earlier day loses
 //! all of its rows at once, and only once it is rolled up (not dirty) and its rows merge
 //! (no conflict). The collector accepts snapshots from the first hour of that same day
-//! ([`accepted_from`]), so no snapshot lands in a day whose hours are gone and no
+//! (`accepted_from`), so no snapshot lands in a day whose hours are gone and no
 //! rebuild reads a day with some of its hours deleted.
 //!
 //! A day is closed once its end plus the lateness window has passed (DESIGN §4): later

@@ -174,7 +174,7 @@ pub struct LimitsConfig {
     pub max_sketch_kib: SketchSizeLimits,
     /// Deprecated: one bound in MiB for every kind, from before `max_sketch_kib`. Still
     /// read, so that an existing config file keeps working; when set it is the bound for
-    /// every kind and [`Config::deprecations`] says so at start.
+    /// every kind and `Config::deprecations` says so at start.
     pub max_sketch_mib: Option<usize>,
     /// Most series one server may hold with data within `retention.hourly`. Each kind
     /// of a metric and tags is its own series. A snapshot of a series beyond the bound is

@@ -3,7 +3,7 @@
 //!
 //! Every stored hourly snapshot marks its (series, day) dirty in the same atomic write. The
 //! builder takes the dirty days that have closed (their lateness window has passed),
-//! rebuilds their rollups from the hourly rows with [`merge_day`] — the same merge order
+//! rebuilds their rollups from the hourly rows with `merge_day` — the same merge order
 //! the planner uses, so rollups and hourly rows answer byte for byte alike — and replaces
 //! them while clearing the mark only if no snapshot arrived meanwhile. Until then the
 //! planner sees the mark and reads hourly rows, so a late snapshot is never hidden behind

@@ -86,7 +86,7 @@ impl ClientTlsFlags {
         }
     }
 
-    /// The `authorization` value of the token ([`read_token`]), made now so that a token
+    /// The `authorization` value of the token (from --token-file or the env), made now so that a token
     /// a header cannot carry is one error at start.
     pub fn bearer(
         &self,
@@ -98,7 +98,7 @@ impl ClientTlsFlags {
 }
 
 impl ServerTlsFlags {
-    /// The settings these flags give (see [`ServerTls::from_flags`]).
+    /// The settings these flags give (see `ServerTls::from_flags`).
     pub fn settings(self) -> Result<Option<ServerTls>, TlsError> {
         ServerTls::from_flags(self.tls_cert, self.tls_key, self.tls_client_ca)
     }

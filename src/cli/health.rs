@@ -17,7 +17,7 @@ pub struct HealthArgs {
     /// whose PID 1 is hourglass-aggregator or hourglass-agent: that program's
     /// --admin-listen, else HOURGLASS_ADMIN_LISTEN, else its default port (7701, 7711);
     /// elsewhere HOURGLASS_ADMIN_LISTEN, else 127.0.0.1:7701 then 127.0.0.1:7711.
-    /// 0.0.0.0 and [::] mean loopback.
+    /// 0.0.0.0 and `[::]` mean loopback.
     #[arg(long)]
     admin: Option<String>,
     /// The path to ask: `/healthz` (the process serves) or `/readyz` (it is ready for

@@ -9,7 +9,7 @@
 //!
 //! **One merge tree.** Frequent-items summaries are not associative byte for byte (see
 //! `hourglass_sketch::frequent`), so an answer from rollups equals the answer from hourly
-//! rows only if both merge in the same order. [`merge_day`] is that order, and both the
+//! rows only if both merge in the same order. `merge_day` is that order, and both the
 //! rollup builder and the hourly path use it: a day's rows merge in key order (hour,
 //! server, epoch) into the all-servers day sketch, and each server's rows in key order into
 //! its own day sketch; a subset of servers merges its servers' day sketches in server-id
@@ -223,7 +223,7 @@ pub struct DaySketches {
     pub rows: u64,
 }
 
-/// Which day sketches [`merge_day`] builds: both cost a decode-and-merge per row, so a
+/// Which day sketches `merge_day` builds: both cost a decode-and-merge per row, so a
 /// query builds only the one it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DayParts {

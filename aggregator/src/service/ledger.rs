@@ -32,7 +32,7 @@ pub struct ServerSeries {
     swept: Day,
 }
 
-/// What [`ServerSeries::admit`] decided for one series.
+/// What `ServerSeries::admit` decided for one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// The server already holds this series.
