@@ -8,14 +8,8 @@ mod cli;
 
 fn main() -> std::process::ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let called_as = args
-        .first()
-        .map(std::path::Path::new)
-        .and_then(std::path::Path::file_name)
-        .and_then(|name| name.to_str());
-    match called_as {
-        Some("hourglass-agent") => hourglass_agent::cli::main(args),
-        Some("hourglass-aggregator") => hourglass_aggregator::cli::main(args),
-        _ => cli::main(args),
+    match cli::server_command_line(&args) {
+        Some((program, line)) => cli::run_server(program, line),
+        None => cli::main(args),
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::{Agent, Config, Listeners, Options};
 use anyhow::Context;
 use clap::Parser;
-use hourglass_rpc::process::{LogFormat, shutdown_signal};
+use hourglass_rpc::process::{LogFormat, announce, shutdown_signal};
 use hourglass_sketch::format::Kind;
 use tokio::net::TcpListener;
 
@@ -149,15 +149,7 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Some(name) => name.clone(),
         None => hostname()?,
     };
-    let ingest_tls = cli.tls.clone().settings()?;
-    let ingest_tls_config = ingest_tls
-        .as_ref()
-        .map(hourglass_rpc::tls::server_config)
-        .transpose()?;
-    tracing::info!(
-        "Ingest transport: {}",
-        hourglass_rpc::tls::ServerTls::describe(ingest_tls.as_ref())
-    );
+    let ingest_tls_config = cli.tls.clone().server_config("Ingest")?;
     let (aggregator, aggregator_tls) = aggregator(&cli)?;
     let aggregator_authorization = cli.aggregator_client.bearer()?;
     let agent = Agent::open(Options {
@@ -242,18 +234,13 @@ async fn bind(
         .await
         .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
     if let Some(s) = &statsd {
-        let addr = s.local_addr()?;
-        tracing::info!("statsd listening on {addr}");
-        eprintln!("statsd listening on {addr}");
+        announce("statsd", s.local_addr()?);
     }
     if let Some(path) = &cli.statsd_socket {
         tracing::info!("statsd socket at {}", path.display());
     }
-    for (what, listener) in [("ingest", &ingest), ("admin", &admin)] {
-        let addr = listener.local_addr()?;
-        tracing::info!("{what} listening on {addr}");
-        eprintln!("{what} listening on {addr}");
-    }
+    announce("ingest", ingest.local_addr()?);
+    announce("admin", admin.local_addr()?);
     Ok(Listeners {
         statsd,
         statsd_unix,

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use crate::{Aggregator, Config, Listeners};
 use anyhow::Context;
 use clap::Parser;
-use hourglass_rpc::process::{LogFormat, shutdown_signal};
+use hourglass_rpc::process::{LogFormat, announce, shutdown_signal};
 use tokio::net::TcpListener;
 
 /// The hourglass aggregator: stores the sketches agents push and answers queries by
@@ -61,16 +61,8 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.data_dir = cli.data_dir;
-    let tls = cli.tls.settings()?;
-    let grpc_tls = tls
-        .as_ref()
-        .map(hourglass_rpc::tls::server_config)
-        .transpose()?;
-    tracing::info!(
-        "gRPC transport: {}",
-        hourglass_rpc::tls::ServerTls::describe(tls.as_ref())
-    );
-    if tls.is_none() && !cli.listen.ip().is_loopback() {
+    let grpc_tls = cli.tls.server_config("gRPC")?;
+    if grpc_tls.is_none() && !cli.listen.ip().is_loopback() {
         tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");
     }
     // Opened before binding: a data dir held by another process is reported before any
@@ -84,11 +76,8 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         let admin = TcpListener::bind(cli.admin_listen)
             .await
             .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
-        for (what, listener) in [("grpc", &grpc), ("admin", &admin)] {
-            let addr = listener.local_addr()?;
-            tracing::info!("{what} listening on {addr}");
-            eprintln!("{what} listening on {addr}");
-        }
+        announce("grpc", grpc.local_addr()?);
+        announce("admin", admin.local_addr()?);
         aggregator
             .serve(
                 Listeners {

@@ -220,6 +220,13 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
     })
 }
 
+/// Says that the `what` port of this server listens on `addr`: in the log, and on stderr
+/// as exactly `what listening on addr`, the line scripts and tests read the port from.
+pub fn announce(what: &str, addr: std::net::SocketAddr) {
+    tracing::info!("{what} listening on {addr}");
+    eprintln!("{what} listening on {addr}");
+}
+
 /// One shutdown, many waiters: a server's tasks (gRPC, admin, background) each wait on
 /// their own [`Stop::stopped`].
 pub struct Stop {

@@ -102,6 +102,16 @@ impl ServerTlsFlags {
     pub fn settings(self) -> Result<Option<ServerTls>, TlsError> {
         ServerTls::from_flags(self.tls_cert, self.tls_key, self.tls_client_ca)
     }
+
+    /// The rustls configuration these flags give to the `port` they secure (`None`:
+    /// plaintext), its certificates loaded now, so a bad file is an error at start; the
+    /// transport is logged as `{port} transport: …`.
+    pub fn server_config(self, port: &str) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
+        let tls = self.settings()?;
+        let config = tls.as_ref().map(server_config).transpose()?;
+        tracing::info!("{port} transport: {}", ServerTls::describe(tls.as_ref()));
+        Ok(config)
+    }
 }
 
 impl ServerTls {

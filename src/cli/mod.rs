@@ -68,30 +68,39 @@ struct ServerArgs {
     args: Vec<std::ffi::OsString>,
 }
 
-impl ServerArgs {
-    /// The program's command line, named `program` (its help and errors say that name).
-    fn args(self, program: &str) -> Vec<std::ffi::OsString> {
-        std::iter::once(program.into()).chain(self.args).collect()
-    }
+/// A server program built into this binary.
+struct Server {
+    /// Its subcommand: `hourglass SUBCOMMAND ARGS`.
+    subcommand: &'static str,
+    /// Its own name (a link's name in the image): `PROGRAM ARGS`.
+    program: &'static str,
+    /// Its entry point, given `[program, ARGS…]`.
+    main: fn(Vec<std::ffi::OsString>) -> std::process::ExitCode,
 }
 
-/// Runs the command line `args` (`args[0]` the name it was called by); returns the exit
-/// status. An error is one line on stderr: the error and its causes, no backtrace.
+/// The server programs built into this binary.
+const SERVERS: [Server; 2] = [
+    Server {
+        subcommand: "agent",
+        program: "hourglass-agent",
+        main: hourglass_agent::cli::main,
+    },
+    Server {
+        subcommand: "aggregator",
+        program: "hourglass-aggregator",
+        main: hourglass_aggregator::cli::main,
+    },
+];
+
+/// Runs the command line `args` (`args[0]` the name it was called by) as this command's
+/// own subcommands; returns the exit status. An error is one line on stderr: the error
+/// and its causes, no backtrace.
 pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
-    // The servers' command lines go to them untouched, before clap sees them (it would
-    // take a first `--` for itself).
-    match server_command_line(&args) {
-        Some(("hourglass-agent", line)) => return hourglass_agent::cli::main(line),
-        Some((_, line)) => return hourglass_aggregator::cli::main(line),
-        None => {}
-    }
     let done = match Cli::parse_from(args).command {
-        Command::Agent(server) => {
-            return hourglass_agent::cli::main(server.args("hourglass-agent"));
-        }
-        Command::Aggregator(server) => {
-            return hourglass_aggregator::cli::main(server.args("hourglass-aggregator"));
-        }
+        // `main.rs` runs the servers before clap parses (`server_command_line`); these
+        // arms serve only if clap ever matches them otherwise.
+        Command::Agent(server) => return run_server_subcommand("agent", server),
+        Command::Aggregator(server) => return run_server_subcommand("aggregator", server),
         Command::Demo(args) => demo::run(args),
         Command::Sketch(cmd) => sketch::run(cmd),
         Command::Query(args) => query::run(args),
@@ -108,20 +117,43 @@ pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
     }
 }
 
-/// For `hourglass agent ARGS` or `hourglass aggregator ARGS`: the server's program name
-/// and its command line, `[program, ARGS…]`, every argument as given.
-fn server_command_line(
+/// A server's program name and its command line, `[program, ARGS…]`, every argument as
+/// given: for `hourglass-agent ARGS` (called by a server's name, as a link in the image)
+/// and for `hourglass agent ARGS` (its subcommand). `None` for everything else.
+pub fn server_command_line(
     args: &[std::ffi::OsString],
 ) -> Option<(&'static str, Vec<std::ffi::OsString>)> {
-    let program = match args.get(1)?.to_str()? {
-        "agent" => "hourglass-agent",
-        "aggregator" => "hourglass-aggregator",
-        _ => return None,
-    };
+    let called_as = args
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .and_then(|name| name.to_str());
+    if let Some(server) = SERVERS.iter().find(|s| Some(s.program) == called_as) {
+        return Some((server.program, args.to_vec()));
+    }
+    let subcommand = args.get(1)?.to_str()?;
+    let program = SERVERS.iter().find(|s| s.subcommand == subcommand)?.program;
     let line = std::iter::once(program.into())
         .chain(args[2..].iter().cloned())
         .collect();
     Some((program, line))
+}
+
+/// Runs the server program named `program` ([`SERVERS`]) with its command line.
+pub fn run_server(program: &str, line: Vec<std::ffi::OsString>) -> std::process::ExitCode {
+    let server = SERVERS
+        .iter()
+        .find(|s| s.program == program)
+        .expect("a server program of SERVERS");
+    (server.main)(line)
+}
+
+/// Runs the server of `subcommand` with the arguments clap gathered for it.
+fn run_server_subcommand(subcommand: &str, server: ServerArgs) -> std::process::ExitCode {
+    let mut args = vec!["hourglass".into(), subcommand.into()];
+    args.extend(server.args);
+    let (program, line) = server_command_line(&args).expect("a server subcommand");
+    run_server(program, line)
 }
 
 /// An error and its causes on one line: `transport error: Connection refused (os error 111)`.
