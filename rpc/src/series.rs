@@ -12,9 +12,9 @@ use thiserror::Error;
 /// Longest metric name, in bytes.
 pub const MAX_METRIC_LEN: usize = 200;
 /// Longest tag key, in bytes.
-pub const MAX_TAG_KEY_LEN: usize = 64;
+pub(crate) const MAX_TAG_KEY_LEN: usize = 64;
 /// Longest tag value, in bytes.
-pub const MAX_TAG_VALUE_LEN: usize = 256;
+pub(crate) const MAX_TAG_VALUE_LEN: usize = 256;
 /// Most tags on one series.
 pub const MAX_TAGS: usize = 16;
 /// Longest server name, in bytes: a DNS name's limit, since the default is the hostname.

@@ -33,11 +33,11 @@ pub struct TlsError(String);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerTls {
     /// PEM certificate chain, leaf first.
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// PEM private key.
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
     /// PEM CA certificates; when set, clients must present a certificate it signed.
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 /// The flags of a TLS server port, shared by `hourglass-aggregator` (gRPC) and
@@ -47,13 +47,13 @@ pub struct ServerTlsFlags {
     /// PEM certificate chain for TLS on the gRPC port (with --tls-key); reloaded when the
     /// file changes. Without it the port is plaintext, for loopback development.
     #[arg(long, env = "HOURGLASS_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
+    pub(crate) tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
     #[arg(long, env = "HOURGLASS_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// PEM CA certificates: clients must present a certificate signed by one (mutual TLS).
     #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA")]
-    pub tls_client_ca: Option<PathBuf>,
+    pub(crate) tls_client_ca: Option<PathBuf>,
 }
 
 /// The flags of a gRPC client: `hourglass-agent` (to its aggregator) and the `hourglass`
@@ -63,17 +63,17 @@ pub struct ServerTlsFlags {
 pub struct ClientTlsFlags {
     /// PEM CA certificates that signed the server's certificate (TLS is on with it).
     #[arg(long, env = "HOURGLASS_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
+    pub(crate) tls_ca: Option<PathBuf>,
     /// PEM certificate presented to a server that requires mutual TLS.
     #[arg(long, env = "HOURGLASS_TLS_CLIENT_CERT")]
-    pub tls_client_cert: Option<PathBuf>,
+    pub(crate) tls_client_cert: Option<PathBuf>,
     /// PEM key of --tls-client-cert.
     #[arg(long, env = "HOURGLASS_TLS_CLIENT_KEY")]
-    pub tls_client_key: Option<PathBuf>,
+    pub(crate) tls_client_key: Option<PathBuf>,
     /// A file holding the bearer token for a server that requires one (the token can
     /// also come from the HOURGLASS_TOKEN environment variable; never from a flag).
     #[arg(long, env = "HOURGLASS_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 impl ClientTlsFlags {
