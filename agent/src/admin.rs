@@ -17,17 +17,17 @@ use crate::table::Table;
 
 /// What the admin handlers read.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The sketches, for the backlog and Bloom gauges read at scrape time.
-    pub table: Arc<Mutex<Table>>,
+    pub(crate) table: Arc<Mutex<Table>>,
     /// The counters.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// True while the agent takes events; readiness follows it.
-    pub ingesting: Arc<AtomicBool>,
+    pub(crate) ingesting: Arc<AtomicBool>,
 }
 
 /// Serves the admin routes on `listener` until `shutdown` completes.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,

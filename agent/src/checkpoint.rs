@@ -124,36 +124,36 @@ pub enum CheckpointError {
 #[derive(Debug)]
 pub struct Loaded {
     /// The server it belongs to.
-    pub server: String,
+    pub(crate) server: String,
     /// The epoch it belongs to.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Every hour up to this one was closed for good.
-    pub closed_through: Option<u32>,
+    pub(crate) closed_through: Option<u32>,
     /// The highest version given in the epoch.
-    pub last_version: u64,
+    pub(crate) last_version: u64,
     /// Live hours not yet reported.
-    pub live_hours: Vec<u32>,
+    pub(crate) live_hours: Vec<u32>,
     /// The entries.
     pub entries: Vec<SavedEntry>,
     /// Log transactions applied over the base.
-    pub transactions: usize,
+    pub(crate) transactions: usize,
     /// Bytes at the end of the log that an unfinished transaction left (a crash during an
     /// append), ignored.
-    pub torn_bytes: usize,
+    pub(crate) torn_bytes: usize,
     /// Where a writer can go on appending to the log, when it follows this base.
-    pub resume: Option<LogPosition>,
+    pub(crate) resume: Option<LogPosition>,
 }
 
 /// The end of the last whole transaction of a log that follows its base: a restarted
 /// agent appends there instead of writing a whole new base first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogPosition {
+pub(crate) struct LogPosition {
     /// The checksum of the base the log follows.
-    pub base_sum: u64,
+    pub(crate) base_sum: u64,
     /// The base's length.
-    pub base_len: u64,
+    pub(crate) base_len: u64,
     /// Where the last whole transaction ends.
-    pub log_len: u64,
+    pub(crate) log_len: u64,
 }
 
 /// Hashes and counts what passes through to the file.
@@ -185,13 +185,13 @@ pub fn write(table: &Mutex<Table>, data_dir: &Path, server: &str) -> Result<u64,
 
 /// What one checkpoint wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
+pub(crate) struct Written {
     /// Bytes written (and fsynced) by this checkpoint.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// A whole new base (true) or a log transaction (false).
-    pub full: bool,
+    pub(crate) full: bool,
     /// Bytes of the checkpoint on disk now, base and log.
-    pub on_disk: u64,
+    pub(crate) on_disk: u64,
 }
 
 /// The log being appended to.
@@ -204,7 +204,7 @@ struct Log {
 /// new base when there is no log to append to (a new data dir, or a start that could
 /// not resume the log it read) or the log has grown larger than the
 /// base.
-pub struct Writer {
+pub(crate) struct Writer {
     dir: PathBuf,
     server: String,
     log: Option<Log>,
@@ -768,7 +768,7 @@ pub struct SavedEntry {
     /// The series.
     pub series: Series,
     /// The hour.
-    pub hour: u32,
+    pub(crate) hour: u32,
     /// Its sketches, version and acknowledgement.
     pub entry: Entry,
 }

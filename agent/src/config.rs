@@ -111,20 +111,20 @@ impl Default for KindParams {
 pub struct MetricConfig {
     /// Kinds kept; `default_kinds` if unset.
     #[serde(deserialize_with = "some_kinds")]
-    pub kinds: Option<Vec<Kind>>,
+    pub(crate) kinds: Option<Vec<Kind>>,
     /// HyperLogLog precision.
-    pub precision: Option<u8>,
+    pub(crate) precision: Option<u8>,
     /// Frequency ε.
-    pub epsilon: Option<f64>,
+    pub(crate) epsilon: Option<f64>,
     /// Frequency δ.
-    pub delta: Option<f64>,
+    pub(crate) delta: Option<f64>,
     /// Bloom capacity.
-    pub capacity: Option<u64>,
+    pub(crate) capacity: Option<u64>,
     /// Bloom false-positive rate.
-    pub fpr: Option<f64>,
+    pub(crate) fpr: Option<f64>,
     /// Tag keys kept; any key if unset. Other keys are dropped from the event (and
     /// counted), so the event still counts in the coarser series.
-    pub allowed_tags: Option<Vec<String>>,
+    pub(crate) allowed_tags: Option<Vec<String>>,
 }
 
 /// `[limits]`.
@@ -134,16 +134,16 @@ pub struct Limits {
     /// Series held at once.
     pub max_series: usize,
     /// Tags per series.
-    pub max_tags: usize,
+    pub(crate) max_tags: usize,
     /// Bytes per item.
-    pub max_item_len: usize,
+    pub(crate) max_item_len: usize,
     /// Bytes per metric name.
-    pub max_metric_len: usize,
+    pub(crate) max_metric_len: usize,
     /// Events per Ingest request.
-    pub max_events_per_request: usize,
+    pub(crate) max_events_per_request: usize,
     /// How far ahead of the clock an event may be.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub max_future: Duration,
+    pub(crate) max_future: Duration,
 }
 
 impl Default for Limits {
@@ -164,29 +164,29 @@ impl Default for Limits {
 #[serde(deny_unknown_fields, default)]
 pub struct Shipping {
     /// Encoded sketch bytes per Push.
-    pub max_batch_mib: usize,
+    pub(crate) max_batch_mib: usize,
     /// Snapshots per Push.
-    pub max_snapshots_per_push: usize,
+    pub(crate) max_snapshots_per_push: usize,
     /// Live hours declared per Push; at most the aggregator's
     /// `limits.max_live_hours_per_push`, or pushes are refused and sent again smaller.
-    pub max_live_hours_per_push: usize,
+    pub(crate) max_live_hours_per_push: usize,
     /// Deadline of one Push.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub push_timeout: Duration,
+    pub(crate) push_timeout: Duration,
     /// First retry delay.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub backoff_initial: Duration,
+    pub(crate) backoff_initial: Duration,
     /// Longest retry delay.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub backoff_max: Duration,
+    pub(crate) backoff_max: Duration,
     /// Longest final flush at shutdown.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub shutdown_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
     /// MiB of sketches of closed hours the aggregator has not acknowledged that the agent
     /// holds (and checkpoints) while the aggregator is away. Beyond it, entries are
     /// dropped oldest hour first, counted in `snapshots_dropped_total{reason="backlog_full"}`
     /// and logged once per episode. Open hours are bounded by `limits.max_series` instead.
-    pub max_backlog_mib: u64,
+    pub(crate) max_backlog_mib: u64,
 }
 
 impl Default for Shipping {
@@ -250,11 +250,11 @@ pub enum ConfigError {
 /// What a series of one metric keeps: the kinds and a ready sketch of each, cloned for
 /// every new (series, hour).
 #[derive(Debug, Clone)]
-pub struct MetricSpec {
+pub(crate) struct MetricSpec {
     /// One empty sketch per kind, in kind order.
-    pub empty: Vec<Sketch>,
+    pub(crate) empty: Vec<Sketch>,
     /// Tag keys kept, sorted; `None` keeps all.
-    pub allowed_tags: Option<Vec<String>>,
+    pub(crate) allowed_tags: Option<Vec<String>>,
 }
 
 impl Config {

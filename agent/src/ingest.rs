@@ -18,7 +18,7 @@ use hourglass_rpc::time::unix_now;
 
 /// Logs at most `per_window` messages per window and then one line saying how many it
 /// held back, so a flood of bad input cannot flood the log.
-pub struct LogLimiter {
+pub(crate) struct LogLimiter {
     window: Duration,
     per_window: u32,
     started: Instant,
@@ -135,16 +135,16 @@ impl StatsdHandler {
 }
 
 /// Datagrams received per system call at most.
-pub const DATAGRAMS_PER_CALL: usize = 32;
+pub(crate) const DATAGRAMS_PER_CALL: usize = 32;
 /// The largest datagram: the UDP payload limit.
-pub const MAX_DATAGRAM: usize = 65_536;
+pub(crate) const MAX_DATAGRAM: usize = 65_536;
 /// The length recorded for a datagram that did not fit its buffer.
 const TRUNCATED: usize = usize::MAX;
 /// Receive buffer asked of the kernel, so bursts wait in the socket rather than drop.
-pub const RECEIVE_BUFFER: usize = 16 << 20;
+pub(crate) const RECEIVE_BUFFER: usize = 16 << 20;
 
 /// A datagram socket the receiver reads: UDP or Unix.
-pub trait DatagramSocket: Send + 'static {
+pub(crate) trait DatagramSocket: Send + 'static {
     /// The raw descriptor.
     fn fd(&self) -> std::os::fd::RawFd;
 }
@@ -305,7 +305,7 @@ fn recv_burst(
 }
 
 /// The gRPC `Ingest` service.
-pub struct IngestService {
+pub(crate) struct IngestService {
     table: Arc<Mutex<Table>>,
     metrics: Arc<Metrics>,
     config: Arc<Config>,

@@ -16,136 +16,136 @@ use crate::table::{Backlog, BloomFill, IngestStats};
 
 /// `outcome`: `ok`, or what failed (a gRPC code's name for pushes).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
+pub(crate) struct OutcomeLabel {
     /// The outcome.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// `reason`: why something was dropped or lost.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
+pub(crate) struct ReasonLabel {
     /// The reason.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// `source`: where events came from (`statsd`, `ingest`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
+pub(crate) struct SourceLabel {
     /// The source.
-    pub source: &'static str,
+    pub(crate) source: &'static str,
 }
 
 /// `source` and `reason` of refused events.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RejectLabels {
+pub(crate) struct RejectLabels {
     /// Where the events came from.
-    pub source: &'static str,
+    pub(crate) source: &'static str,
     /// Why they were refused.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// `method`: a gRPC method's path.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabel {
+pub(crate) struct MethodLabel {
     /// The method.
-    pub method: String,
+    pub(crate) method: String,
 }
 
 /// `kind` of checkpoint write: `base` or `log`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
+pub(crate) struct KindLabel {
     /// The kind.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 /// `series` and `hour` of a Bloom filter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BloomLabels {
+pub(crate) struct BloomLabels {
     /// The series, as its canonical text.
-    pub series: String,
+    pub(crate) series: String,
     /// The hour, RFC 3339.
-    pub hour: String,
+    pub(crate) hour: String,
 }
 
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
     /// Events added to sketches, by source (`statsd`, `ingest`).
-    pub events: Family<SourceLabel, Counter>,
+    pub(crate) events: Family<SourceLabel, Counter>,
     /// Events or lines refused, by source and reason.
-    pub rejected: Family<RejectLabels, Counter>,
+    pub(crate) rejected: Family<RejectLabels, Counter>,
     /// Ingest requests refused before the handler ran because the message was larger
     /// than the ingest limit, by gRPC method.
-    pub requests_too_large: Family<MethodLabel, Counter>,
+    pub(crate) requests_too_large: Family<MethodLabel, Counter>,
     /// StatsD lines of types hourglass does not count.
-    pub unsupported: Counter,
+    pub(crate) unsupported: Counter,
     /// Datagrams received.
-    pub datagrams: Counter,
+    pub(crate) datagrams: Counter,
     /// Tags dropped because the metric does not allow their key.
-    pub dropped_tags: Counter,
+    pub(crate) dropped_tags: Counter,
     /// Snapshots sent in pushes.
-    pub snapshots_sent: Counter,
+    pub(crate) snapshots_sent: Counter,
     /// Snapshots the aggregator acknowledged (stored or stale).
-    pub snapshots_acked: Counter,
+    pub(crate) snapshots_acked: Counter,
     /// Snapshots the aggregator refused, by nothing more than a count (the reason is
     /// logged).
-    pub snapshots_rejected: Counter,
+    pub(crate) snapshots_rejected: Counter,
     /// Snapshots sent again after a failed push.
-    pub snapshots_retried: Counter,
+    pub(crate) snapshots_retried: Counter,
     /// Stale replies naming a later version than the agent gave (a checkpoint behind
     /// what was sent).
-    pub version_divergence: Counter,
+    pub(crate) version_divergence: Counter,
     /// Live hours dropped because the aggregator refused a push of them alone for good
     /// (the reason is logged).
-    pub live_hours_dropped: Counter,
+    pub(crate) live_hours_dropped: Counter,
     /// Snapshots the agent dropped without the aggregator having them, by reason
     /// (`backlog_full`: beyond `shipping.max_backlog_mib`).
-    pub snapshots_dropped: Family<ReasonLabel, Counter>,
+    pub(crate) snapshots_dropped: Family<ReasonLabel, Counter>,
     /// Push RPCs, by outcome (`ok` or the gRPC code).
-    pub pushes: Family<OutcomeLabel, Counter>,
+    pub(crate) pushes: Family<OutcomeLabel, Counter>,
     /// Push latency, seconds.
-    pub push_seconds: Histogram,
+    pub(crate) push_seconds: Histogram,
     /// Flushes, by outcome.
-    pub flushes: Family<OutcomeLabel, Counter>,
+    pub(crate) flushes: Family<OutcomeLabel, Counter>,
     /// Checkpoints written, by outcome.
-    pub checkpoints: Family<OutcomeLabel, Counter>,
+    pub(crate) checkpoints: Family<OutcomeLabel, Counter>,
     /// Bytes of the checkpoint on disk (base and log) after the last successful write.
-    pub checkpoint_bytes: Gauge,
+    pub(crate) checkpoint_bytes: Gauge,
     /// Bytes written by successful checkpoints, by kind (`base`: a whole new base;
     /// `log`: a transaction of what changed).
-    pub checkpoint_written: Family<KindLabel, Counter>,
+    pub(crate) checkpoint_written: Family<KindLabel, Counter>,
     /// Unix time of the last successful checkpoint, 0 before the first.
-    pub last_checkpoint: Gauge,
+    pub(crate) last_checkpoint: Gauge,
     /// Snapshots pushed while the checkpoint was failing, at the versions an earlier
     /// checkpoint holds (new versions wait for a checkpoint).
-    pub snapshots_sent_checkpoint_failing: Counter,
+    pub(crate) snapshots_sent_checkpoint_failing: Counter,
     /// Entries whose latest version no successful checkpoint holds yet.
-    pub awaiting_checkpoint: Gauge,
+    pub(crate) awaiting_checkpoint: Gauge,
     /// Starts without a usable checkpoint, by reason (`missing`, `corrupt`).
-    pub checkpoint_lost: Family<ReasonLabel, Counter>,
+    pub(crate) checkpoint_lost: Family<ReasonLabel, Counter>,
     /// The current epoch.
-    pub epoch: Gauge<u64, AtomicU64>,
+    pub(crate) epoch: Gauge<u64, AtomicU64>,
     /// Unix time of the last successful push, 0 before the first.
-    pub last_push: Gauge,
+    pub(crate) last_push: Gauge,
     /// Snapshots not yet acknowledged.
-    pub pending_snapshots: Gauge,
+    pub(crate) pending_snapshots: Gauge,
     /// Bytes of sketches not yet acknowledged.
-    pub pending_bytes: Gauge,
+    pub(crate) pending_bytes: Gauge,
     /// Bytes of unacknowledged sketches of closed hours (what `shipping.max_backlog_mib`
     /// bounds).
-    pub backlog_bytes: Gauge,
+    pub(crate) backlog_bytes: Gauge,
     /// `shipping.max_backlog_mib` in bytes.
-    pub backlog_max_bytes: Gauge,
+    pub(crate) backlog_max_bytes: Gauge,
     /// Start (Unix time) of the oldest hour with something unacknowledged; 0 if none.
-    pub oldest_unacked_hour: Gauge,
+    pub(crate) oldest_unacked_hour: Gauge,
     /// Series held.
-    pub active_series: Gauge,
+    pub(crate) active_series: Gauge,
     /// Open (series, hour) entries.
-    pub open_entries: Gauge,
+    pub(crate) open_entries: Gauge,
     /// Bytes of all sketches held.
-    pub sketch_bytes: Gauge,
+    pub(crate) sketch_bytes: Gauge,
     /// Fill ratio of Bloom filters more than half full, by series and hour.
-    pub bloom_fill: Family<BloomLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub(crate) bloom_fill: Family<BloomLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for Metrics {

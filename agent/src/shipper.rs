@@ -33,7 +33,7 @@ use crate::table::{Dropped, Sent, Table};
 
 /// Why a push did not complete.
 #[derive(Debug, thiserror::Error)]
-pub enum PushError {
+pub(crate) enum PushError {
     /// The RPC failed: unreachable, timed out, or refused as a whole.
     #[error("push failed: {0}")]
     Rpc(#[from] tonic::Status),
@@ -48,7 +48,7 @@ pub enum PushError {
 }
 
 /// Ships the table's sketches to one aggregator.
-pub struct Shipper {
+pub(crate) struct Shipper {
     table: Arc<Mutex<Table>>,
     metrics: Arc<Metrics>,
     config: Arc<Config>,

@@ -27,7 +27,7 @@ pub struct SetLine<'a> {
     /// The tags as sent, without the `#`: `k:v,k2:v2`; empty if none.
     pub tags: &'a [u8],
     /// The event time (`|T`), in Unix seconds.
-    pub timestamp: Option<i64>,
+    pub(crate) timestamp: Option<i64>,
 }
 
 /// Why a line is malformed. [`LineError::reason`] is the label it is counted under.

@@ -35,36 +35,36 @@ pub fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     /// The series' id in this table.
-    pub series: u64,
+    pub(crate) series: u64,
     /// The hour, counted from 1970.
-    pub hour: u32,
+    pub(crate) hour: u32,
 }
 
 /// A Bloom filter more than half full, as the table reports it for the admin port.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BloomFill {
+pub(crate) struct BloomFill {
     /// The series, as its canonical text.
-    pub series: String,
+    pub(crate) series: String,
     /// The hour.
-    pub hour: u32,
+    pub(crate) hour: u32,
     /// The fraction of its bits set.
-    pub fill: f64,
+    pub(crate) fill: f64,
 }
 
 /// One entry a push carries, as the table encodes a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sent {
+pub(crate) struct Sent {
     /// The entry.
-    pub key: Key,
+    pub(crate) key: Key,
     /// The version its snapshots carry.
-    pub version: u64,
+    pub(crate) version: u64,
     /// How many snapshots (one per sketch kind) it put in the push.
-    pub snapshots: usize,
+    pub(crate) snapshots: usize,
 }
 
 /// Why an event was not added. [`Reject::reason`] is its counter label.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reject {
+pub(crate) enum Reject {
     /// The metric name or a tag breaks a naming rule.
     Name(NameError),
     /// The metric name is longer than `limits.max_metric_len`.
@@ -143,13 +143,13 @@ pub struct Entry {
     /// One sketch per kind the series keeps.
     pub sketches: Vec<Sketch>,
     /// The highest version given.
-    pub version: u64,
+    pub(crate) version: u64,
     /// The highest version the aggregator acknowledged.
-    pub acked: u64,
+    pub(crate) acked: u64,
     /// Changed since it was last given a version.
-    pub dirty: bool,
+    pub(crate) dirty: bool,
     /// What the checkpoint holds of this entry.
-    pub saved: Saved,
+    pub(crate) saved: Saved,
 }
 
 /// What the checkpoint holds of an entry, so that a checkpoint writes only the entries
@@ -162,11 +162,11 @@ pub struct Saved {
     /// The version the last successful checkpoint holds (0: none does).
     pub durable: u64,
     /// The generation of the last change of the sketches.
-    pub content: u64,
+    pub(crate) content: u64,
     /// The generation of the last change of the version, acknowledgement or dirty flag.
-    pub meta: u64,
+    pub(crate) meta: u64,
     /// The generation through which a successful checkpoint holds this entry.
-    pub through: u64,
+    pub(crate) through: u64,
 }
 
 impl Entry {
@@ -190,15 +190,15 @@ impl Entry {
 
 /// A series the table holds.
 #[derive(Debug)]
-pub struct SeriesSlot {
+pub(crate) struct SeriesSlot {
     /// The series.
-    pub series: Series,
+    pub(crate) series: Series,
     /// Its wire form, built once.
-    pub wire: v1::Series,
+    pub(crate) wire: v1::Series,
     /// What it keeps.
-    pub spec: Arc<MetricSpec>,
+    pub(crate) spec: Arc<MetricSpec>,
     /// Its open hours.
-    pub hours: u32,
+    pub(crate) hours: u32,
 }
 
 /// How a raw spelling resolves: the series and how many tags it drops.
@@ -211,7 +211,7 @@ struct Alias {
 /// A fast hasher for integer keys (a multiply-xorshift of the written words); the keys
 /// are ours, not an attacker's.
 #[derive(Default)]
-pub struct IntHasher(u64);
+pub(crate) struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
@@ -235,13 +235,13 @@ type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 /// Counts of what a batch of events did, added to the metrics once per batch.
 #[derive(Debug, Default, Clone)]
-pub struct IngestStats {
+pub(crate) struct IngestStats {
     /// Events added.
-    pub accepted: u64,
+    pub(crate) accepted: u64,
     /// Events refused, by reason.
-    pub rejected: Vec<(&'static str, u64)>,
+    pub(crate) rejected: Vec<(&'static str, u64)>,
     /// Tags dropped because the metric does not allow their key.
-    pub dropped_tags: u64,
+    pub(crate) dropped_tags: u64,
 }
 
 impl IngestStats {
@@ -261,43 +261,43 @@ impl IngestStats {
 
 /// What the aggregator is missing, for `/metrics`.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     /// Snapshots not yet acknowledged (one per kind of each pending entry).
-    pub snapshots: u64,
+    pub(crate) snapshots: u64,
     /// Bytes of those sketches in memory.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The oldest hour with something unacknowledged.
-    pub oldest_hour: Option<u32>,
+    pub(crate) oldest_hour: Option<u32>,
     /// Open (series, hour) entries.
-    pub entries: u64,
+    pub(crate) entries: u64,
     /// Series held.
-    pub series: u64,
+    pub(crate) series: u64,
     /// Bytes of all sketches held.
-    pub sketch_bytes: u64,
+    pub(crate) sketch_bytes: u64,
     /// Bytes of the unacknowledged sketches of closed hours: what `shipping.max_backlog_mib`
     /// bounds.
-    pub closed_bytes: u64,
+    pub(crate) closed_bytes: u64,
     /// Entries whose latest version no successful checkpoint holds yet: they are not
     /// pushed until one does.
-    pub awaiting_checkpoint: u64,
+    pub(crate) awaiting_checkpoint: u64,
 }
 
 /// What keeping the backlog under `shipping.max_backlog_mib` dropped in one flush.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     /// (series, hour) entries dropped.
-    pub entries: u64,
+    pub(crate) entries: u64,
     /// Their snapshots (one per kind).
-    pub snapshots: u64,
+    pub(crate) snapshots: u64,
     /// Bytes of their sketches.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The oldest hour dropped from.
-    pub first_hour: u32,
+    pub(crate) first_hour: u32,
     /// The newest hour dropped from.
-    pub last_hour: u32,
+    pub(crate) last_hour: u32,
     /// Hours dropped from that were still to be declared live: they no longer are, so the
     /// aggregator counts them as missing instead of complete.
-    pub undeclared_hours: u64,
+    pub(crate) undeclared_hours: u64,
 }
 
 /// The sketches of one agent.
@@ -326,7 +326,7 @@ pub struct Table {
 /// sender of huge tag lists cannot fill memory with cache keys.
 const MAX_ALIAS_KEY: usize = 1024;
 /// Tags an event may carry before the metric's allowed keys filter them.
-pub const MAX_RAW_TAGS: usize = 64;
+pub(crate) const MAX_RAW_TAGS: usize = 64;
 
 /// The most hours kept in the set of live hours not yet reported (about 14 months).
 const MAX_LIVE_HOURS: usize = 10_000;
@@ -527,7 +527,7 @@ impl Table {
 
     /// Checks an event before its series is looked up, so that events refused anyway
     /// never make a series: the item's length and the event's hour.
-    pub fn check(&self, item: &[u8], time: i64, now: i64) -> Result<u32, Reject> {
+    pub(crate) fn check(&self, item: &[u8], time: i64, now: i64) -> Result<u32, Reject> {
         if item.is_empty() {
             return Err(Reject::EmptyItem);
         }
@@ -548,7 +548,7 @@ impl Table {
     }
 
     /// Adds `item` (`weight` times, for frequency) to series `id` in the hour of `time`.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         id: u64,
         time: i64,
@@ -870,7 +870,7 @@ impl Table {
     }
 
     /// What the aggregator is missing, and what the table holds.
-    pub fn backlog(&self) -> Backlog {
+    pub(crate) fn backlog(&self) -> Backlog {
         let mut b = Backlog {
             entries: self.entries.len() as u64,
             series: self.series.len() as u64,
