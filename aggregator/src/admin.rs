@@ -17,17 +17,17 @@ use crate::store::{RocksStore, Store};
 
 /// What the admin handlers read.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The store, for the gauges read at scrape time.
-    pub store: Arc<RocksStore>,
+    pub(crate) store: Arc<RocksStore>,
     /// The counters and histograms.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// True while the gRPC server accepts requests; readiness follows it.
-    pub grpc_serving: Arc<AtomicBool>,
+    pub(crate) grpc_serving: Arc<AtomicBool>,
 }
 
 /// The admin routes.
-pub fn router(state: AdminState) -> Router {
+pub(crate) fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -36,7 +36,7 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// Serves the admin routes on `listener` until `shutdown` completes.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,

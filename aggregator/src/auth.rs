@@ -32,7 +32,7 @@ use tonic::{Request, Status};
 /// What a token allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(crate) enum Role {
     /// Push, as the servers its globs cover.
     Agent,
     /// Query.
@@ -44,21 +44,21 @@ pub enum Role {
 /// `[[auth.tokens]]`: one token.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TokenConfig {
+pub(crate) struct TokenConfig {
     /// A name for logs and errors.
-    pub name: String,
+    pub(crate) name: String,
     /// What it allows.
-    pub role: Role,
+    pub(crate) role: Role,
     /// For `agent`: server name globs it may push as.
     #[serde(default)]
-    pub servers: Vec<String>,
+    pub(crate) servers: Vec<String>,
     /// A file holding the token (surrounding whitespace ignored).
-    pub file: Option<std::path::PathBuf>,
+    pub(crate) file: Option<std::path::PathBuf>,
     /// An environment variable holding the token.
-    pub env: Option<String>,
+    pub(crate) env: Option<String>,
     /// Under mutual TLS: the common name of the client certificate that stands in for
     /// the token.
-    pub client_cert_cn: Option<String>,
+    pub(crate) client_cert_cn: Option<String>,
 }
 
 /// `[auth]`.
@@ -66,18 +66,18 @@ pub struct TokenConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// The tokens; none means no authentication.
-    pub tokens: Vec<TokenConfig>,
+    pub(crate) tokens: Vec<TokenConfig>,
 }
 
 /// The caller a token identified, put on the request for the services.
 #[derive(Debug, Clone)]
-pub struct Principal {
+pub(crate) struct Principal {
     /// The token's name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its role.
-    pub role: Role,
+    pub(crate) role: Role,
     /// For agents: the server globs it may push as.
-    pub servers: Vec<String>,
+    pub(crate) servers: Vec<String>,
 }
 
 impl Principal {
@@ -121,7 +121,7 @@ impl std::fmt::Debug for Auth {
 
 /// Which service a call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
+pub(crate) enum Service {
     /// Collector: agents and admins.
     Collector,
     /// Query: queriers and admins.
@@ -143,9 +143,9 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 #[error("auth token {token:?}: {problem}")]
 pub struct AuthError {
     /// The token's name.
-    pub token: String,
+    pub(crate) token: String,
     /// What is wrong.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 impl AuthError {
@@ -230,7 +230,11 @@ impl Auth {
 
     /// Checks a call's token against `service`; on success the request carries the
     /// [`Principal`].
-    pub fn check(&self, service: Service, mut request: Request<()>) -> Result<Request<()>, Status> {
+    pub(crate) fn check(
+        &self,
+        service: Service,
+        mut request: Request<()>,
+    ) -> Result<Request<()>, Status> {
         if !self.enabled() {
             return Ok(request);
         }

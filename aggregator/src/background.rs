@@ -30,39 +30,39 @@ use crate::store::Store;
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PassReport {
+pub(crate) struct PassReport {
     /// Series-days whose rollups were built.
-    pub days: u64,
+    pub(crate) days: u64,
     /// Rollup sketches written.
-    pub rollups: u64,
+    pub(crate) rollups: u64,
     /// Days rebuilt while a push touched them; they stay dirty for the next pass.
-    pub raced: u64,
+    pub(crate) raced: u64,
     /// Hourly rows deleted by retention.
-    pub hourly_deleted: u64,
+    pub(crate) hourly_deleted: u64,
     /// Rollups deleted by retention.
-    pub rollups_deleted: u64,
+    pub(crate) rollups_deleted: u64,
     /// Days whose rows do not merge, recorded as conflicts this pass.
-    pub conflicts: u64,
+    pub(crate) conflicts: u64,
     /// Rows that arrived in a day whose hours retention had deleted, not rolled up.
-    pub late_rows_dropped: u64,
+    pub(crate) late_rows_dropped: u64,
     /// (series, day) pairs past hourly retention whose rows are kept: not yet rolled up,
     /// or in conflict.
-    pub held_days: u64,
+    pub(crate) held_days: u64,
     /// Days in conflict now (their rollups cannot be built).
-    pub conflicted_days: u64,
+    pub(crate) conflicted_days: u64,
     /// Seconds since the oldest closed day still waiting for rollups closed.
-    pub lag_seconds: u64,
+    pub(crate) lag_seconds: u64,
 }
 
 /// The bounds of one pass, computed from the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PassBounds {
+pub(crate) struct PassBounds {
     /// Days before this one are closed: their end plus lateness has passed.
-    pub closed_before: Day,
+    pub(crate) closed_before: Day,
     /// Hourly rows of days before this one are past retention.
-    pub hourly_before: Day,
+    pub(crate) hourly_before: Day,
     /// Rollups before this day are past retention.
-    pub rollups_before: Day,
+    pub(crate) rollups_before: Day,
 }
 
 impl PassBounds {
@@ -164,7 +164,7 @@ pub(crate) fn run_pass(
 
 /// Runs a pass every `config.rollup.interval` until `shutdown` completes; a pass in
 /// progress is finished first so no rebuild is left half done.
-pub async fn run(
+pub(crate) async fn run(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     config: Config,

@@ -77,15 +77,15 @@ pub struct RollupConfig {
     /// How often the background task looks for closed days to roll up and applies
     /// retention.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How long after a day ends snapshots of it are still expected; rollups are built
     /// for days whose end plus this has passed. Later snapshots still count: they mark
     /// the day dirty and its rollups are rebuilt.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub lateness: Duration,
+    pub(crate) lateness: Duration,
     /// At most this many dirty (series, day) pairs are rebuilt per pass, so one pass
     /// after a long outage cannot run for hours.
-    pub days_per_pass: usize,
+    pub(crate) days_per_pass: usize,
 }
 
 impl Default for RollupConfig {
@@ -107,7 +107,7 @@ pub struct RetentionConfig {
     pub hourly: Duration,
     /// Daily rollups whose day ended longer ago than this are deleted.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub rollups: Duration,
+    pub(crate) rollups: Duration,
 }
 
 impl Default for RetentionConfig {
@@ -128,7 +128,7 @@ pub struct CoverageConfig {
     /// missing before it started, and one that has been silent this long (decommissioned)
     /// stops counting as missing, while a shorter outage is reported hour by hour.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub retire_after: Duration,
+    pub(crate) retire_after: Duration,
 }
 
 impl Default for CoverageConfig {
@@ -145,9 +145,9 @@ impl Default for CoverageConfig {
 pub struct StorageConfig {
     /// Sync the WAL before acknowledging a push, so acknowledged snapshots survive a
     /// machine crash, not only a process crash.
-    pub sync_writes: bool,
+    pub(crate) sync_writes: bool,
     /// The RocksDB block cache, in MiB.
-    pub block_cache_mib: usize,
+    pub(crate) block_cache_mib: usize,
 }
 
 impl Default for StorageConfig {
@@ -165,27 +165,27 @@ impl Default for StorageConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Most snapshots in one push.
-    pub max_snapshots_per_push: usize,
+    pub(crate) max_snapshots_per_push: usize,
     /// Most distinct live hours declared in one push.
-    pub max_live_hours_per_push: usize,
+    pub(crate) max_live_hours_per_push: usize,
     /// Largest gRPC message accepted after decompression, in MiB.
-    pub max_message_mib: usize,
+    pub(crate) max_message_mib: usize,
     /// Largest encoded sketch in a snapshot, per kind, in KiB.
-    pub max_sketch_kib: SketchSizeLimits,
+    pub(crate) max_sketch_kib: SketchSizeLimits,
     /// Deprecated: one bound in MiB for every kind, from before `max_sketch_kib`. Still
     /// read, so that an existing config file keeps working; when set it is the bound for
     /// every kind and `Config::deprecations` says so at start.
-    pub max_sketch_mib: Option<usize>,
+    pub(crate) max_sketch_mib: Option<usize>,
     /// Most series one server may hold with data within `retention.hourly`. Each kind
     /// of a metric and tags is its own series. A snapshot of a series beyond the bound is
     /// rejected; series whose last data has aged out of retention stop counting.
-    pub max_series_per_server: usize,
+    pub(crate) max_series_per_server: usize,
     /// Longest time range one query may span.
     #[serde(deserialize_with = "deserialize_duration")]
-    pub max_query_range: Duration,
+    pub(crate) max_query_range: Duration,
     /// Most series × servers × groups (hours or days when grouped by them) one query may
     /// merge.
-    pub max_query_fanout: u64,
+    pub(crate) max_query_fanout: u64,
 }
 
 impl Default for LimitsConfig {
@@ -242,13 +242,13 @@ impl LimitsConfig {
 /// size follows from its parameters, so each bound says which parameters an agent may use.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SketchSizeLimits {
+pub(crate) struct SketchSizeLimits {
     /// HyperLogLog. The largest precision, p = 18, is 192 KiB dense.
-    pub distinct: usize,
+    pub(crate) distinct: usize,
     /// Count-Min plus frequent items. Width × depth × 8 bytes, plus the items.
-    pub frequency: usize,
+    pub(crate) frequency: usize,
     /// Bloom filter. Its bits / 8.
-    pub membership: usize,
+    pub(crate) membership: usize,
 }
 
 impl Default for SketchSizeLimits {

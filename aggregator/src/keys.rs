@@ -37,11 +37,11 @@ pub const PREFIX_LEN: usize = 8;
 #[error("{what} must be {expected} bytes, found {found}")]
 pub struct KeyLengthError {
     /// Which key was being decoded (`hourly key`, `rollup key`).
-    pub what: &'static str,
+    pub(crate) what: &'static str,
     /// The fixed length of that key.
-    pub expected: usize,
+    pub(crate) expected: usize,
     /// The length given.
-    pub found: usize,
+    pub(crate) found: usize,
 }
 
 /// The id of a series (metric, sorted tags, sketch kind), assigned by the series
@@ -238,16 +238,16 @@ pub(crate) fn day_prefix(series: SeriesId, day: Day) -> [u8; 8] {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DayKey {
     /// The series.
-    pub series: SeriesId,
+    pub(crate) series: SeriesId,
     /// The UTC day.
-    pub day: Day,
+    pub(crate) day: Day,
     /// The server, or [`ServerId::ALL`] for the rollup over every server.
-    pub server: ServerId,
+    pub(crate) server: ServerId,
 }
 
 impl DayKey {
     /// Encoded length: `series(4) | day(4) | server(4)`.
-    pub const LEN: usize = 12;
+    pub(crate) const LEN: usize = 12;
 
     /// The key's bytes, in an order equal to the tuple order of its fields.
     pub fn encode(&self) -> [u8; Self::LEN] {
@@ -287,35 +287,35 @@ fn be_u64<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
 
 /// Keys of the `meta` column family (docs/STORAGE.md lists them with their values).
 /// Ids and times are big-endian, so each family's keys sort by their fields.
-pub mod meta {
+pub(crate) mod meta {
     use super::{Day, Hour, SeriesId, ServerId};
 
     /// `schema_version` → u32: the layout version of the whole store.
-    pub const SCHEMA_VERSION: &[u8] = b"schema_version";
+    pub(crate) const SCHEMA_VERSION: &[u8] = b"schema_version";
     /// `series/name/<encoded name>` → series id.
-    pub const SERIES_BY_NAME: &[u8] = b"series/name/";
+    pub(crate) const SERIES_BY_NAME: &[u8] = b"series/name/";
     /// `series/id/<id>` → encoded name.
-    pub const SERIES_BY_ID: &[u8] = b"series/id/";
+    pub(crate) const SERIES_BY_ID: &[u8] = b"series/id/";
     /// `server/name/<name>` → server id.
-    pub const SERVER_BY_NAME: &[u8] = b"server/name/";
+    pub(crate) const SERVER_BY_NAME: &[u8] = b"server/name/";
     /// `server/id/<id>` → encoded name and labels.
-    pub const SERVER_BY_ID: &[u8] = b"server/id/";
+    pub(crate) const SERVER_BY_ID: &[u8] = b"server/id/";
     /// `dirty/<day><series>` → the mark of the day's latest stored snapshot.
-    pub const DIRTY: &[u8] = b"dirty/";
+    pub(crate) const DIRTY: &[u8] = b"dirty/";
     /// `built/<day><series>` → the mark the day's rollups were built from.
-    pub const BUILT: &[u8] = b"built/";
+    pub(crate) const BUILT: &[u8] = b"built/";
     /// `live/<server><hour>` → empty: the server declared itself up that hour.
-    pub const LIVE: &[u8] = b"live/";
+    pub(crate) const LIVE: &[u8] = b"live/";
     /// `liveday/<server><day>` → a 4-byte bit mask of the day's live hours, for days past
     /// hourly retention: liveness lives as long as the rollups it describes.
-    pub const LIVE_DAY: &[u8] = b"liveday/";
+    pub(crate) const LIVE_DAY: &[u8] = b"liveday/";
     /// `conflict/<day><series>` → why that day's rollups could not be built (UTF-8).
-    pub const CONFLICT: &[u8] = b"conflict/";
+    pub(crate) const CONFLICT: &[u8] = b"conflict/";
     /// `expired/<day><series>` → empty: retention deleted the day's hourly rows.
-    pub const EXPIRED: &[u8] = b"expired/";
+    pub(crate) const EXPIRED: &[u8] = b"expired/";
     /// `sseries/<server><day><series>` → empty, for every stored snapshot: which series a
     /// server holds.
-    pub const SERVER_SERIES: &[u8] = b"sseries/";
+    pub(crate) const SERVER_SERIES: &[u8] = b"sseries/";
 
     /// `prefix | id`: the dictionary keys by id (`series/id/`, `server/id/`).
     pub(crate) fn by_id(prefix: &[u8], id: u32) -> Vec<u8> {

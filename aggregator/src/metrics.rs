@@ -15,134 +15,134 @@ use prometheus_client::registry::Registry;
 
 /// `outcome`: `ok`, or the gRPC code's name (or `error` for a background pass).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
+pub(crate) struct OutcomeLabel {
     /// The outcome.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// `reason`: the rule a snapshot broke.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
+pub(crate) struct ReasonLabel {
     /// The rule.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// `method`: a gRPC method's path.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabel {
+pub(crate) struct MethodLabel {
     /// The method.
-    pub method: String,
+    pub(crate) method: String,
 }
 
 /// `method` of a query (`distinct`, `frequency`, …).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueryLabel {
+pub(crate) struct QueryLabel {
     /// The query method.
-    pub method: &'static str,
+    pub(crate) method: &'static str,
 }
 
 /// `method` and `outcome` of a query.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueryOutcomeLabels {
+pub(crate) struct QueryOutcomeLabels {
     /// The query method.
-    pub method: &'static str,
+    pub(crate) method: &'static str,
     /// `ok`, or the gRPC code's name.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// `bound`: the setting that refused a query.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BoundLabel {
+pub(crate) struct BoundLabel {
     /// The setting.
-    pub bound: &'static str,
+    pub(crate) bound: &'static str,
 }
 
 /// `what` retention deleted: `hourly` rows or `rollups`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WhatLabel {
+pub(crate) struct WhatLabel {
     /// What was deleted.
-    pub what: &'static str,
+    pub(crate) what: &'static str,
 }
 
 /// `cf`: a RocksDB column family.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CfLabel {
+pub(crate) struct CfLabel {
     /// The column family.
-    pub cf: String,
+    pub(crate) cf: String,
 }
 
 /// `cf` and `what` of a RocksDB size.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CfSizeLabels {
+pub(crate) struct CfSizeLabels {
     /// The column family.
-    pub cf: String,
+    pub(crate) cf: String,
     /// Which size (`sst`, `live_data`, `memtable`, `pending_compaction`).
-    pub what: &'static str,
+    pub(crate) what: &'static str,
 }
 
 /// Every metric the aggregator exports.
 pub struct Metrics {
     registry: Registry,
     /// Push RPCs answered, by outcome (`ok` or the gRPC code).
-    pub pushes: Family<OutcomeLabel, Counter>,
+    pub(crate) pushes: Family<OutcomeLabel, Counter>,
     /// Snapshots stored (newer than held).
-    pub snapshots_stored: Counter,
+    pub(crate) snapshots_stored: Counter,
     /// Snapshots acknowledged as stale.
-    pub snapshots_stale: Counter,
+    pub(crate) snapshots_stale: Counter,
     /// Snapshots rejected, by the rule they broke.
-    pub snapshots_rejected: Family<ReasonLabel, Counter>,
+    pub(crate) snapshots_rejected: Family<ReasonLabel, Counter>,
     /// Live hours declared outside the hours accepted now (a broken agent clock, or
     /// hours past retention), ignored.
-    pub live_hours_refused: Counter,
+    pub(crate) live_hours_refused: Counter,
     /// Requests refused before any handler ran because the message was larger than
     /// `limits.max_message_mib`, by gRPC method.
-    pub requests_too_large: Family<MethodLabel, Counter>,
+    pub(crate) requests_too_large: Family<MethodLabel, Counter>,
     /// Query RPCs answered, by method and outcome.
-    pub queries: Family<QueryOutcomeLabels, Counter>,
+    pub(crate) queries: Family<QueryOutcomeLabels, Counter>,
     /// Queries refused by a bound, by the setting (`limits.max_query_range`,
     /// `limits.max_query_fanout`).
-    pub queries_refused: Family<BoundLabel, Counter>,
+    pub(crate) queries_refused: Family<BoundLabel, Counter>,
     /// Push latency in seconds, from request to reply.
-    pub push_seconds: Histogram,
+    pub(crate) push_seconds: Histogram,
     /// Query latency in seconds, by method.
-    pub query_seconds: Family<QueryLabel, Histogram>,
+    pub(crate) query_seconds: Family<QueryLabel, Histogram>,
     /// Rollup passes run, by outcome.
-    pub rollup_passes: Family<OutcomeLabel, Counter>,
+    pub(crate) rollup_passes: Family<OutcomeLabel, Counter>,
     /// Days whose rollups were (re)built.
-    pub rollup_days: Counter,
+    pub(crate) rollup_days: Counter,
     /// Rollup sketches written.
-    pub rollups_written: Counter,
+    pub(crate) rollups_written: Counter,
     /// Hourly rows and rollups deleted by retention, by what.
-    pub retention_deleted: Family<WhatLabel, Counter>,
+    pub(crate) retention_deleted: Family<WhatLabel, Counter>,
     /// Days found whose rows do not merge (recorded as conflicts, not rolled up).
-    pub rollup_conflicts: Counter,
+    pub(crate) rollup_conflicts: Counter,
     /// Rows that arrived in a day whose hours retention had deleted; not rolled up.
-    pub rollup_late_rows_dropped: Counter,
+    pub(crate) rollup_late_rows_dropped: Counter,
     /// Days in conflict now: no rollups, hourly rows kept, queries over them refused.
-    pub conflicted_days: Gauge,
+    pub(crate) conflicted_days: Gauge,
     /// (series, day) pairs past hourly retention whose rows are kept.
-    pub retention_held_days: Gauge,
+    pub(crate) retention_held_days: Gauge,
     /// Seconds since the oldest closed day that still waits for its rollups was closed;
     /// 0 when every closed day is rolled up.
-    pub rollup_lag_seconds: Gauge,
+    pub(crate) rollup_lag_seconds: Gauge,
     /// Unix time of the end of the last successful rollup pass.
-    pub last_rollup_pass: Gauge,
+    pub(crate) last_rollup_pass: Gauge,
     /// Series in the dictionary.
-    pub series: Gauge,
+    pub(crate) series: Gauge,
     /// Servers in the registry.
-    pub servers: Gauge,
+    pub(crate) servers: Gauge,
     /// RocksDB sizes per column family, by `cf` and `what`.
-    pub store_bytes: Family<CfSizeLabels, Gauge>,
+    pub(crate) store_bytes: Family<CfSizeLabels, Gauge>,
     /// RocksDB estimated keys per column family.
-    pub store_keys: Family<CfLabel, Gauge>,
+    pub(crate) store_keys: Family<CfLabel, Gauge>,
     /// Bytes in the RocksDB block cache.
-    pub block_cache_bytes: Gauge,
+    pub(crate) block_cache_bytes: Gauge,
     /// Compactions running.
-    pub running_compactions: Gauge,
+    pub(crate) running_compactions: Gauge,
     /// 1 while RocksDB stops writes (too many L0 files or pending compaction).
-    pub write_stopped: Gauge,
+    pub(crate) write_stopped: Gauge,
     /// Bytes per second RocksDB delays writes to; 0 when it does not.
-    pub delayed_write_rate: Gauge,
+    pub(crate) delayed_write_rate: Gauge,
 }
 
 fn latency_buckets() -> Histogram {

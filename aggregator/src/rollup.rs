@@ -34,11 +34,11 @@ pub struct RollupReport {
     pub rollups: u64,
     /// Days whose mark was renewed by a snapshot during the rebuild; they are rebuilt on
     /// a later pass.
-    pub raced: u64,
+    pub(crate) raced: u64,
     /// Days whose rows do not merge, recorded as conflicts instead of rolled up.
-    pub conflicts: u64,
+    pub(crate) conflicts: u64,
     /// Rows that arrived in a day after retention had deleted its hours, not rolled up.
-    pub late_rows_dropped: u64,
+    pub(crate) late_rows_dropped: u64,
 }
 
 /// Rebuilds the rollups of up to `limit` dirty days before `before`.

@@ -26,7 +26,7 @@ use thiserror::Error;
 
 /// How to split an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GroupBy {
+pub(crate) enum GroupBy {
     /// One answer.
     None,
     /// One answer per selected server.
@@ -41,68 +41,68 @@ pub enum GroupBy {
 
 /// What to merge.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selector {
+pub(crate) struct Selector {
     /// The metric.
-    pub metric: String,
+    pub(crate) metric: String,
     /// Which kind of the metric's sketches.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// A series is selected if it has all of these tags.
-    pub tags: Vec<(String, String)>,
+    pub(crate) tags: Vec<(String, String)>,
     /// The hours, `[start, end)`.
-    pub hours: Range<Hour>,
+    pub(crate) hours: Range<Hour>,
     /// Server names or globs; empty selects all.
-    pub servers: Vec<String>,
+    pub(crate) servers: Vec<String>,
     /// A server is selected only if it has all of these labels.
-    pub labels: Vec<(String, String)>,
+    pub(crate) labels: Vec<(String, String)>,
     /// How to split the answer.
-    pub group_by: GroupBy,
+    pub(crate) group_by: GroupBy,
 }
 
 /// How much data an answer saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Coverage {
+pub(crate) struct Coverage {
     /// Hourly rows and rollups merged.
-    pub sketches_merged: u64,
+    pub(crate) sketches_merged: u64,
     /// Selected server-hours no push declared live.
-    pub server_hours_missing: u64,
+    pub(crate) server_hours_missing: u64,
     /// Servers with missing hours and how many each, at most [`MAX_MISSING_LISTED`].
-    pub missing: Vec<(String, u64)>,
+    pub(crate) missing: Vec<(String, u64)>,
 }
 
 /// The most servers with missing hours an answer lists by name.
-pub const MAX_MISSING_LISTED: usize = 100;
+pub(crate) const MAX_MISSING_LISTED: usize = 100;
 
 /// A merged sketch and what went into it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Merged {
+pub(crate) struct Merged {
     /// The merge of every selected sketch; `None` if there was none.
-    pub sketch: Option<Sketch>,
+    pub(crate) sketch: Option<Sketch>,
     /// What it saw.
-    pub coverage: Coverage,
+    pub(crate) coverage: Coverage,
 }
 
 /// The answer to a selection.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// Over the whole selection.
-    pub total: Merged,
+    pub(crate) total: Merged,
     /// Per group, in key order, when the selector groups.
-    pub groups: Vec<(String, Merged)>,
+    pub(crate) groups: Vec<(String, Merged)>,
     /// Which rows and rollups were read: for traces and tests.
-    pub plan: PlanStats,
+    pub(crate) plan: PlanStats,
 }
 
 /// What a query read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PlanStats {
+pub(crate) struct PlanStats {
     /// Hourly rows merged.
-    pub hourly_rows: u64,
+    pub(crate) hourly_rows: u64,
     /// Daily rollups merged.
-    pub rollups: u64,
+    pub(crate) rollups: u64,
     /// Series selected.
-    pub series: u64,
+    pub(crate) series: u64,
     /// Servers selected.
-    pub servers: u64,
+    pub(crate) servers: u64,
 }
 
 /// Why a query cannot be answered.
@@ -214,23 +214,23 @@ fn fold(acc: &mut Option<Sketch>, next: Sketch) -> Result<(), hourglass_sketch::
 /// One day's sketches of one series, merged in the canonical order: all servers together,
 /// and each server alone.
 #[derive(Debug, Default)]
-pub struct DaySketches {
+pub(crate) struct DaySketches {
     /// Every row of the day, in key order.
-    pub all: Option<Sketch>,
+    pub(crate) all: Option<Sketch>,
     /// Each server's rows, in key order.
-    pub per_server: BTreeMap<ServerId, Sketch>,
+    pub(crate) per_server: BTreeMap<ServerId, Sketch>,
     /// Rows merged.
-    pub rows: u64,
+    pub(crate) rows: u64,
 }
 
 /// Which day sketches `merge_day` builds: both cost a decode-and-merge per row, so a
 /// query builds only the one it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DayParts {
+pub(crate) struct DayParts {
     /// Build [`DaySketches::all`].
-    pub all: bool,
+    pub(crate) all: bool,
     /// Build [`DaySketches::per_server`].
-    pub per_server: bool,
+    pub(crate) per_server: bool,
 }
 
 /// Merges the hourly rows of `series` in `hours` (within one day) the way rollups are
@@ -310,7 +310,7 @@ struct DaySketch {
 }
 
 /// Answers selections from a store.
-pub struct Planner<'a> {
+pub(crate) struct Planner<'a> {
     store: &'a dyn Store,
     max_fanout: u64,
     retire_hours: u32,

@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::store::{PutOutcome, SeriesName, Store};
 
 /// The `Collector` gRPC service.
-pub struct CollectorService {
+pub(crate) struct CollectorService {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,

@@ -16,7 +16,7 @@ use crate::planner::{Coverage, GroupBy, QueryError, Selector};
 use crate::store::StoreError;
 
 /// The setting that bounds a query's range; its refusal names it.
-pub const RANGE_BOUND: &str = "limits.max_query_range";
+pub(crate) const RANGE_BOUND: &str = "limits.max_query_range";
 
 /// Converts a request's selector for the planner, checking every field.
 ///

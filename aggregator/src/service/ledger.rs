@@ -18,12 +18,12 @@ use crate::store::{Store, StoreError};
 
 /// The series each server holds, by the last day it has data of.
 #[derive(Default)]
-pub struct SeriesLedger {
+pub(crate) struct SeriesLedger {
     servers: Mutex<HashMap<ServerId, Arc<Mutex<Option<ServerSeries>>>>>,
 }
 
 /// One server's series, once loaded from the store.
-pub struct ServerSeries {
+pub(crate) struct ServerSeries {
     held: HashMap<SeriesId, Day>,
     /// Every series held was last seen on this day or later: a sweep for series gone with
     /// retention finds nothing until `oldest` passes it. Without it, a server at its bound
@@ -34,7 +34,7 @@ pub struct ServerSeries {
 
 /// What `ServerSeries::admit` decided for one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// The server already holds this series.
     Held,
     /// The series is new to the server and fits under the bound; it is now counted.
@@ -114,11 +114,6 @@ impl ServerSeries {
     /// How many series the server holds.
     pub fn len(&self) -> usize {
         self.held.len()
-    }
-
-    /// Whether the server holds none.
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
     }
 }
 

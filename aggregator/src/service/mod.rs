@@ -2,10 +2,10 @@
 //! translations between proto and the store and planner), the standard health service,
 //! server reflection, and the server that carries them with compression and size limits.
 
-pub mod collector;
-pub mod convert;
-pub mod ledger;
-pub mod query;
+mod collector;
+mod convert;
+mod ledger;
+mod query;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,10 +18,10 @@ use tonic::codec::CompressionEncoding;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
-pub use collector::CollectorService;
-pub use query::QueryService;
+pub(crate) use collector::CollectorService;
+pub(crate) use query::QueryService;
 
-pub use hourglass_rpc::proto::code_label as outcome_label;
+pub(crate) use hourglass_rpc::proto::code_label as outcome_label;
 
 /// How the gRPC port serves: bounds, who may call, and the transport.
 #[derive(Clone, Default)]

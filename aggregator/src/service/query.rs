@@ -24,7 +24,7 @@ use crate::planner::{Answer, Merged, Planner, QueryError, Selector};
 use crate::store::Store;
 
 /// The `Query` gRPC service.
-pub struct QueryService {
+pub(crate) struct QueryService {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     limits: LimitsConfig,

@@ -24,7 +24,7 @@
 //! missed, and the planner ([`Store::is_day_dirty`]) never serves a rollup older than
 //! the hours. A crash between a write and its mark is impossible: there is no between.
 
-pub use hourglass_rpc::proto::Bytes;
+pub(crate) use hourglass_rpc::proto::Bytes;
 use hourglass_sketch::Kind;
 use hourglass_sketch::format::decode_frame;
 use std::collections::BTreeSet;
@@ -47,9 +47,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredSketch {
     /// The version the agent gave the snapshot; higher replaces lower.
-    pub version: u64,
+    pub(crate) version: u64,
     /// The framed sketch (docs/FORMAT.md).
-    pub sketch: Vec<u8>,
+    pub(crate) sketch: Vec<u8>,
 }
 
 /// What [`Store::put_hourly`] did with one entry of a batch.
@@ -69,12 +69,12 @@ pub enum PutOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesName {
     /// The metric name (`visitors`).
-    pub metric: String,
+    pub(crate) metric: String,
     /// The tags, sorted by key then value. Stores sort a copy before use, so an unsorted
     /// list names the same series as its sorted form.
-    pub tags: Vec<(String, String)>,
+    pub(crate) tags: Vec<(String, String)>,
     /// The sketch kind.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
 }
 
 impl SeriesName {
@@ -116,22 +116,22 @@ impl std::fmt::Display for SeriesName {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirtyDay {
     /// The series.
-    pub series: SeriesId,
+    pub(crate) series: SeriesId,
     /// The day.
-    pub day: Day,
+    pub(crate) day: Day,
     /// The mark the day carries.
-    pub mark: u64,
+    pub(crate) mark: u64,
 }
 
 /// A registered server: its id, name and current labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerEntry {
     /// The id used in keys.
-    pub id: ServerId,
+    pub(crate) id: ServerId,
     /// The agent's name (by default its hostname).
-    pub name: String,
+    pub(crate) name: String,
     /// Its labels, sorted by key then value.
-    pub labels: Vec<(String, String)>,
+    pub(crate) labels: Vec<(String, String)>,
 }
 
 /// Why a store operation failed. Each variant says what is wrong and, where there is one,
@@ -390,11 +390,11 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DayConflict {
     /// The series.
-    pub series: SeriesId,
+    pub(crate) series: SeriesId,
     /// The day.
-    pub day: Day,
+    pub(crate) day: Day,
     /// Why, as the merge reported it.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The hours of `day` in which a live-hours bit mask (bit `h` for hour `h` of the day)

@@ -83,17 +83,17 @@ pub struct StoreOptions {
     /// Sync the WAL before a write returns, so an acknowledged push survives a crash of
     /// the machine, not only of the process. Default true; off only for tests and
     /// throwaway stores.
-    pub sync_writes: bool,
+    pub(crate) sync_writes: bool,
     /// Size of the LRU block cache shared by all column families, holding data blocks,
     /// indexes and Bloom filters. Default 256 MiB.
-    pub block_cache_bytes: usize,
+    pub(crate) block_cache_bytes: usize,
     /// Bloom filter bits per key: 10 gives about 1% false positives. Default 10.
-    pub bloom_bits_per_key: f64,
+    pub(crate) bloom_bits_per_key: f64,
     /// Compress SST files: LZ4 for the upper levels, ZSTD for the bottommost level.
     /// Default true.
-    pub compression: bool,
+    pub(crate) compression: bool,
     /// Size of one memtable per column family before it is flushed. Default 64 MiB.
-    pub write_buffer_bytes: usize,
+    pub(crate) write_buffer_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -117,14 +117,14 @@ pub struct CfStats {
     pub sst_bytes: u64,
     /// Estimated bytes of live data, without obsolete versions
     /// (`rocksdb.estimate-live-data-size`).
-    pub live_data_bytes: u64,
+    pub(crate) live_data_bytes: u64,
     /// Bytes in its memtables, not yet flushed (`rocksdb.cur-size-all-mem-tables`).
-    pub memtable_bytes: u64,
+    pub(crate) memtable_bytes: u64,
     /// Estimated number of keys (`rocksdb.estimate-num-keys`).
-    pub estimated_keys: u64,
+    pub(crate) estimated_keys: u64,
     /// Bytes compaction must rewrite to bring every level within its target size
     /// (`rocksdb.estimate-pending-compaction-bytes`); when it grows, writes get slowed.
-    pub pending_compaction_bytes: u64,
+    pub(crate) pending_compaction_bytes: u64,
 }
 
 /// Storage statistics of a [`RocksStore`].
@@ -133,16 +133,16 @@ pub struct StoreStats {
     /// One entry per column family.
     pub column_families: Vec<CfStats>,
     /// Bytes used in the shared block cache.
-    pub block_cache_usage_bytes: u64,
+    pub(crate) block_cache_usage_bytes: u64,
     /// Capacity of the shared block cache.
-    pub block_cache_capacity_bytes: u64,
+    pub(crate) block_cache_capacity_bytes: u64,
     /// Compactions running now (`rocksdb.num-running-compactions`).
-    pub running_compactions: u64,
+    pub(crate) running_compactions: u64,
     /// Write rate RocksDB currently throttles to, bytes/s; 0 when writes are not delayed
     /// (`rocksdb.actual-delayed-write-rate`).
-    pub delayed_write_rate: u64,
+    pub(crate) delayed_write_rate: u64,
     /// Whether writes are stopped until compaction catches up (`rocksdb.is-write-stopped`).
-    pub write_stopped: bool,
+    pub(crate) write_stopped: bool,
 }
 
 /// The RocksDB store. Cheap to share behind an `Arc`; all methods take `&self`.
