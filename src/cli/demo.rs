@@ -22,7 +22,7 @@ use super::numbers::{count, grouped, percent};
 use super::simulate::{self, Fleet, PAGES, Plan, REGIONS, VISITORS};
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Where the aggregator's RocksDB, the agents' checkpoints, the logs and the truth go.
     #[arg(long, env = "HOURGLASS_DEMO_DIR", default_value = "./hourglass-demo")]
     data_dir: PathBuf,

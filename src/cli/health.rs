@@ -12,7 +12,7 @@ use clap::Args;
 const DEFAULT_ADMIN: [&str; 2] = ["127.0.0.1:7701", "127.0.0.1:7711"];
 
 #[derive(Debug, Args)]
-pub struct HealthArgs {
+pub(crate) struct HealthArgs {
     /// The admin address (`host:port`) of an aggregator or agent. Default, in a container
     /// whose PID 1 is hourglass-aggregator or hourglass-agent: that program's
     /// --admin-listen, else HOURGLASS_ADMIN_LISTEN, else its default port (7701, 7711);

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 /// error bar beside every number.
 #[derive(Debug, Parser)]
 #[command(name = "hourglass", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -171,7 +171,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// TLS and the token for a gRPC connection ([`hourglass_rpc::tls::ClientTlsFlags`]).
-pub type TlsArgs = hourglass_rpc::tls::ClientTlsFlags;
+pub(crate) type TlsArgs = hourglass_rpc::tls::ClientTlsFlags;
 
 /// An interceptor that adds `authorization: Bearer TOKEN` to every call when a token is
 /// given (from --token-file, else HOURGLASS_TOKEN), and the caller's trace context.

@@ -13,11 +13,11 @@ use serde_json::{Value, json};
 use std::io::Write;
 
 /// The default aggregator address, where `hourglass-aggregator` listens by default.
-pub const DEFAULT_AGGREGATOR: &str = "http://127.0.0.1:7700";
+pub(crate) const DEFAULT_AGGREGATOR: &str = "http://127.0.0.1:7700";
 
 /// Which question to ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Question {
+pub(crate) enum Question {
     /// How many distinct items? (distinct sketches)
     Distinct,
     /// How often did --item occur? (frequency sketches)
@@ -29,7 +29,7 @@ pub enum Question {
 }
 
 #[derive(Debug, Args)]
-pub struct QueryArgs {
+pub(crate) struct QueryArgs {
     /// The question.
     question: Question,
     #[command(flatten)]

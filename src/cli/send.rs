@@ -11,12 +11,12 @@ use hourglass_rpc::series::{parse_pair, validate_metric};
 use hourglass_rpc::time::parse_time;
 
 /// The default agent address, where `hourglass-agent` serves Ingest by default.
-pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7710";
+pub(crate) const DEFAULT_AGENT: &str = "http://127.0.0.1:7710";
 /// Events per Ingest call.
 const BATCH: usize = 10_000;
 
 #[derive(Debug, Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     #[command(flatten)]
     tls: super::TlsArgs,
     /// The agent's gRPC Ingest address: `host:port` (http://, or https:// when --tls-ca

@@ -26,14 +26,14 @@ use serde_json::{Value, json};
 use super::numbers::grouped;
 
 /// The regions servers are spread over, by index.
-pub const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+pub(crate) const REGIONS: [&str; 3] = ["eu", "us", "ap"];
 /// The metric of users.
-pub const VISITORS: &str = "visitors";
+pub(crate) const VISITORS: &str = "visitors";
 /// The metric of pages.
-pub const PAGES: &str = "pages";
+pub(crate) const PAGES: &str = "pages";
 
 #[derive(Debug, Args)]
-pub struct SimulateArgs {
+pub(crate) struct SimulateArgs {
     /// Running agents' Ingest addresses (`host:port` or URLs), comma-separated; server
     /// i of the model is the i-th.
     #[arg(
@@ -83,21 +83,21 @@ pub struct SimulateArgs {
 
 /// What traffic to make.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// First hour of the traffic.
-    pub start_hour: u32,
+    pub(crate) start_hour: u32,
     /// Hours of traffic.
-    pub hour_count: u32,
+    pub(crate) hour_count: u32,
     /// Visits per server-hour.
-    pub events_per_hour: u32,
+    pub(crate) events_per_hour: u32,
     /// Seed.
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Users in the model.
-    pub users: u32,
+    pub(crate) users: u32,
     /// Pages in the model.
-    pub pages: u32,
+    pub(crate) pages: u32,
     /// Servers, by index.
-    pub servers: usize,
+    pub(crate) servers: usize,
 }
 
 impl Plan {
@@ -146,7 +146,7 @@ impl Zipf {
 }
 
 /// The traffic of the plan: the [`Visit`]s of every server-hour, made from its seed.
-pub struct Traffic {
+pub(crate) struct Traffic {
     plan: Plan,
     region_users: Zipf,
     all_users: Zipf,
@@ -193,13 +193,13 @@ impl Traffic {
 
 /// One visit: who viewed which page, when in the hour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Visit {
+pub(crate) struct Visit {
     /// The user's number ([`user_name`]).
-    pub user: u32,
+    pub(crate) user: u32,
     /// The page's number ([`page_name`]).
-    pub page: u32,
+    pub(crate) page: u32,
     /// The second of the hour.
-    pub second: u32,
+    pub(crate) second: u32,
 }
 
 /// The name of user `u` as sent.
@@ -214,7 +214,7 @@ pub fn page_name(p: u32) -> String {
 
 /// The exact answers, accumulated as visits are sent.
 #[derive(Default)]
-pub struct Truth {
+pub(crate) struct Truth {
     days: BTreeMap<u32, HashSet<u32>>,
     day_regions: BTreeMap<(u32, &'static str), HashSet<u32>>,
     regions: BTreeMap<&'static str, HashSet<u32>>,
@@ -294,17 +294,17 @@ impl Truth {
 }
 
 /// Agents started by the simulator (or the demo), stopped with SIGTERM when dropped.
-pub struct Fleet {
+pub(crate) struct Fleet {
     agents: Vec<(String, Child)>,
     /// Their Ingest URLs, by server index.
-    pub ingest: Vec<String>,
+    pub(crate) ingest: Vec<String>,
     /// Their admin addresses, by server index.
-    pub admin: Vec<String>,
+    pub(crate) admin: Vec<String>,
     _temp: Option<TempDir>,
 }
 
 /// A directory removed when dropped.
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {

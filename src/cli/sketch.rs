@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Subcommand)]
-pub enum SketchCommand {
+pub(crate) enum SketchCommand {
     /// Build a sketch from items read from stdin, one per line.
     ///
     /// Each line (without its `\n` or `\r\n`) is one item; an empty line is the empty item.
@@ -33,7 +33,7 @@ pub enum SketchCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct BuildArgs {
+pub(crate) struct BuildArgs {
     /// Which kind of sketch: distinct (HyperLogLog), frequency (Count-Min + frequent
     /// items) or membership (Bloom filter).
     #[arg(long, env = "HOURGLASS_KIND")]
@@ -61,7 +61,7 @@ pub struct BuildArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct MergeArgs {
+pub(crate) struct MergeArgs {
     /// Sketch files to merge (at least one).
     #[arg(required = true)]
     files: Vec<PathBuf>,
@@ -71,7 +71,7 @@ pub struct MergeArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct InspectArgs {
+pub(crate) struct InspectArgs {
     /// The sketch file (`-` for stdin).
     file: PathBuf,
     /// frequency: the item to estimate; membership: the item to look up.
