@@ -89,10 +89,9 @@ impl Service {
         Service { child, addrs }
     }
 
-    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     fn terminate(mut self) {
-        // SAFETY: kill has no memory effects; the pid is our child's, not yet reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        use rustix::process::{Pid, Signal, kill_process};
+        kill_process(Pid::from_child(&self.child), Signal::TERM).expect("SIGTERM");
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "exit {status}");
     }

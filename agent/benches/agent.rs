@@ -50,13 +50,13 @@ const SMOKE: Sizes = Sizes {
 };
 
 /// Pins the calling thread (and what it spawns afterwards) to one CPU, if it exists.
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    use rustix::thread::{CpuSet, sched_setaffinity};
+    if cpu < CpuSet::MAX_CPU {
+        let mut set = CpuSet::new();
+        set.set(cpu);
+        // A CPU that does not exist is refused; the thread then runs where it may.
+        let _ = sched_setaffinity(None, &set);
     }
 }
 
@@ -135,8 +135,7 @@ impl Agent {
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let ticks: f64 =
             fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-        // SAFETY: sysconf has no preconditions.
-        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+        ticks / rustix::param::clock_ticks_per_second() as f64
     }
 
     /// (current, peak) resident memory in bytes.

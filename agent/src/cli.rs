@@ -120,22 +120,22 @@ where
     })
 }
 
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+/// The host's name: uname(2)'s node name, which is what gethostname(2) returns on Linux.
 fn hostname() -> anyhow::Result<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for writes of its length.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error())
-            .context("reading the hostname (give --server-name)");
-    }
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+    let name = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    anyhow::ensure!(
+        !name.is_empty(),
+        "the host has no name (give --server-name)"
+    );
+    Ok(name)
 }
 
 /// A file-size limit (RLIMIT_FSIZE) reached must fail the checkpoint write with EFBIG,
 /// like a full disk, not kill the agent with SIGXFSZ and its unshipped sketches.
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+#[allow(unsafe_code)] // signal(2): neither std nor rustix sets a disposition; see SAFETY
 fn ignore_file_size_signal() {
     // SAFETY: setting a signal's disposition to SIG_IGN has no handler to race.
     unsafe {

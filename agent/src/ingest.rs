@@ -144,75 +144,25 @@ const TRUNCATED: usize = usize::MAX;
 pub(crate) const RECEIVE_BUFFER: usize = 16 << 20;
 
 /// A datagram socket the receiver reads: UDP or Unix.
-pub(crate) trait DatagramSocket: Send + 'static {
-    /// The raw descriptor.
-    fn fd(&self) -> std::os::fd::RawFd;
-}
+pub(crate) trait DatagramSocket: std::os::fd::AsFd + Send + 'static {}
 
-impl DatagramSocket for std::net::UdpSocket {
-    fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self)
-    }
-}
+impl DatagramSocket for std::net::UdpSocket {}
 
-impl DatagramSocket for std::os::unix::net::UnixDatagram {
-    fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self)
-    }
-}
+impl DatagramSocket for std::os::unix::net::UnixDatagram {}
+
+/// How long one receive waits for a first datagram, so the thread sees `stop` in time.
+const RECEIVE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Asks for a large receive buffer (forcing past `rmem_max` when privileged) and a read
 /// timeout, so the receiving thread sees `stop` in time; returns the buffer granted.
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 pub(crate) fn prepare_socket(socket: &impl DatagramSocket) -> std::io::Result<usize> {
-    let fd = socket.fd();
-    let size = RECEIVE_BUFFER as libc::c_int;
-    let set = |opt| {
-        // SAFETY: fd is an open socket owned by the caller; the option value is a c_int
-        // that outlives the call.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        }
-    };
-    if set(libc::SO_RCVBUFFORCE) != 0 && set(libc::SO_RCVBUF) != 0 {
-        return Err(std::io::Error::last_os_error());
+    use rustix::net::sockopt;
+    // SO_RCVBUFFORCE needs CAP_NET_ADMIN; without it, SO_RCVBUF (capped at rmem_max).
+    if sockopt::set_socket_recv_buffer_size_force(socket, RECEIVE_BUFFER).is_err() {
+        sockopt::set_socket_recv_buffer_size(socket, RECEIVE_BUFFER)?;
     }
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 200_000,
-    };
-    // SAFETY: as above, with a timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut granted: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: as above; granted and len are valid for writes.
-    unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&mut granted as *mut libc::c_int).cast(),
-            &mut len,
-        );
-    }
-    Ok(granted.max(0) as usize)
+    sockopt::set_socket_timeout(socket, sockopt::Timeout::Recv, Some(RECEIVE_TIMEOUT))?;
+    Ok(sockopt::socket_recv_buffer_size(socket)?)
 }
 
 /// Receives datagrams on `socket` until `stop`, up to [`DATAGRAMS_PER_CALL`] per
@@ -222,7 +172,7 @@ pub(crate) fn receive_loop(
     mut handler: StatsdHandler,
     stop: Arc<AtomicBool>,
 ) {
-    let fd = socket.fd();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&socket.as_fd());
     let mut buffers = vec![0u8; DATAGRAMS_PER_CALL * MAX_DATAGRAM];
     let mut lens = [0usize; DATAGRAMS_PER_CALL];
     let mut log = LogLimiter::new(Duration::from_secs(10), 3);
@@ -257,7 +207,7 @@ pub(crate) fn receive_loop(
 
 /// One `recvmmsg`: waits up to the socket's timeout for the first datagram, then takes
 /// whatever else is queued. Returns how many arrived (0 on timeout).
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+#[allow(unsafe_code)] // recvmmsg(2): neither std nor rustix has it; see SAFETY
 fn recv_burst(
     fd: std::os::fd::RawFd,
     buffers: &mut [u8],

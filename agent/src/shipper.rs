@@ -873,18 +873,18 @@ mod full_disk {
         }
     }
 
-    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
-    fn set_file_size_limit(soft: u64) {
-        let limit = libc::rlimit {
-            rlim_cur: soft,
-            rlim_max: libc::RLIM_INFINITY,
+    /// Sets this process's soft file-size limit (`None`: unlimited).
+    fn set_file_size_limit(soft: Option<u64>) {
+        use rustix::process::{Resource, Rlimit, setrlimit};
+        let limit = Rlimit {
+            current: soft,
+            maximum: None,
         };
-        // SAFETY: setrlimit reads the struct it is given.
-        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+        setrlimit(Resource::Fsize, limit).expect("setrlimit(RLIMIT_FSIZE)");
     }
 
     #[test]
-    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
+    #[allow(unsafe_code)] // pre_exec, and signal(2); see the SAFETY comment
     fn a_full_disk_stops_new_versions_but_not_the_pushes_of_checkpointed_ones() {
         if std::env::var_os(CHILD).is_some() {
             return tokio::runtime::Builder::new_current_thread()
@@ -898,16 +898,16 @@ mod full_disk {
         command
             .args(["--exact", name, "--nocapture", "--test-threads=1"])
             .env(CHILD, "1");
-        // SAFETY: between fork and exec only async-signal-safe calls: setrlimit, signal.
+        // SAFETY: between fork and exec only async-signal-safe calls: setrlimit (a raw
+        // system call through rustix) and signal.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-                let limit = libc::rlimit {
-                    rlim_cur: LIMIT,
-                    rlim_max: libc::RLIM_INFINITY,
+                use rustix::process::{Resource, Rlimit, setrlimit};
+                let limit = Rlimit {
+                    current: Some(LIMIT),
+                    maximum: None,
                 };
-                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                setrlimit(Resource::Fsize, limit)?;
                 // Writes past the limit then fail with EFBIG instead of killing the process.
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
                 Ok(())
@@ -996,7 +996,7 @@ mod full_disk {
         assert_eq!(loaded.torn_bytes, 0);
 
         // 3. Room again: the new versions are checkpointed, then pushed.
-        set_file_size_limit(libc::RLIM_INFINITY);
+        set_file_size_limit(None);
         s.flush(true).await;
         assert_eq!(checkpoints(&s, "ok"), 2);
         let stored = aggregator.stored.lock().unwrap().clone();

@@ -432,10 +432,10 @@ fn next_steps(url: &str, truth: &Value) -> String {
     )
 }
 
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 fn stop(aggregator: &mut std::process::Child) {
-    // SAFETY: kill has no memory effects; the pid is our own child's, not yet reaped.
-    unsafe { libc::kill(aggregator.id() as libc::pid_t, libc::SIGTERM) };
+    use rustix::process::{Pid, Signal, kill_process};
+    // Our own child, not yet reaped: the pid is still its.
+    let _ = kill_process(Pid::from_child(aggregator), Signal::TERM);
     let _ = aggregator.wait();
 }
 

@@ -426,11 +426,12 @@ impl Fleet {
     }
 
     /// Stops every agent with SIGTERM (each makes a final flush) and waits for them.
-    #[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
     pub fn stop(&mut self) -> anyhow::Result<()> {
+        use rustix::process::{Pid, Signal, kill_process};
         for (_, child) in &self.agents {
-            // SAFETY: kill has no memory effects; the pid is our own child's, not yet reaped.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            // Our own child, not yet reaped: the pid is still its. One that has already
+            // exited shows below, in its exit status.
+            let _ = kill_process(Pid::from_child(child), Signal::TERM);
         }
         let mut failed = Vec::new();
         for (name, child) in &mut self.agents {

@@ -1102,22 +1102,20 @@ async fn distinct_or_zero(
 
 /// Sets the file-size limit (RLIMIT_FSIZE) of process `pid`: what a full disk does to
 /// the agent's checkpoint (writes past it fail with EFBIG), without a mount.
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
-fn limit_file_size(pid: u32, bytes: u64) {
-    let limit = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: libc::RLIM_INFINITY,
+fn limit_file_size(pid: u32, bytes: Option<u64>) {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    // `None` would mean this test process: a pid that does not convert is a bug.
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .expect("a positive pid that fits pid_t");
+    let limit = Rlimit {
+        current: bytes,
+        maximum: None,
     };
-    // SAFETY: prlimit reads `limit` and writes nothing (old limit pointer is null).
-    let rc = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_FSIZE,
-            &limit,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    if let Err(e) = prlimit(Some(target), Resource::Fsize, limit) {
+        panic!("prlimit({pid}, RLIMIT_FSIZE): {e}");
+    }
 }
 
 /// The agent's disk fills (its file-size limit drops to what its checkpoint files hold):
@@ -1145,7 +1143,7 @@ async fn a_full_disk_at_the_agent_loses_nothing_once_space_returns() {
         .map(|m| m.len())
         .max()
         .unwrap_or(0);
-    limit_file_size(agent.pid(), held);
+    limit_file_size(agent.pid(), Some(held));
     ingest(&agent, "visitors", &[], &users(100..300), 0).await;
     ingest(&agent, "buyers", &[], &users(0..50), 0).await;
     let failed = |agent: &AgentProcess| agent.metric(r#"checkpoints_total{outcome="error"}"#);
@@ -1169,7 +1167,7 @@ async fn a_full_disk_at_the_agent_loses_nothing_once_space_returns() {
         agent.logs()
     );
     // Space returns: the next checkpoint holds everything, and it all arrives.
-    limit_file_size(agent.pid(), libc::RLIM_INFINITY);
+    limit_file_size(agent.pid(), None);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let visitors = distinct_or_zero(&agg, "visitors", hours.clone()).await;

@@ -126,17 +126,15 @@ pub fn server_binary(name: &str) -> PathBuf {
 
 /// Sends SIGTERM to process `pid`, by the system call: a new machine need not have a
 /// `kill` program (Debian's minimal install has none; it comes with procps).
-#[allow(unsafe_code)] // a system call std lacks; see the SAFETY comment
 pub fn sigterm(pid: u32) {
-    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-    assert_eq!(
-        rc,
-        0,
-        "kill -TERM {pid}: {}",
-        std::io::Error::last_os_error()
-    );
+    use rustix::process::{Pid, Signal, kill_process};
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .expect("a positive pid that fits pid_t");
+    if let Err(e) = kill_process(target, Signal::TERM) {
+        panic!("kill -TERM {pid}: {e}");
+    }
 }
 
 /// A running service process (aggregator or agent), killed (SIGKILL) when dropped.
