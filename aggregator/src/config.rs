@@ -32,6 +32,9 @@
 //! membership = 16384
 //! ```
 //!
+//! A `[cluster]` section makes the aggregator one node of a cluster on NATS JetStream;
+//! its fields are documented in [`crate::cluster`].
+//!
 //! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
 //! [`Config::validate`] checks every bound and names the field that breaks it.
 
@@ -68,6 +71,9 @@ pub struct Config {
     /// Bearer tokens and their roles; none means no authentication (module
     /// [`crate::auth`]).
     pub auth: crate::auth::AuthConfig,
+    /// Cluster mode on NATS JetStream (module [`crate::cluster`]); a single aggregator
+    /// without it.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// `[rollup]`: the background builder of daily rollups.
@@ -352,6 +358,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             auth: crate::auth::AuthConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -434,6 +441,9 @@ impl Config {
             s.block_cache_mib,
             "must be between 1 and 1048576",
         )?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
         self.limits.validate()
     }
 

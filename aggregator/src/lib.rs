@@ -20,6 +20,7 @@
 //! | [`metrics`] | the Prometheus counters, histograms and gauges |
 //! | [`background`] | the periodic rollup builder and retention |
 //! | [`config`] | the configuration file, its defaults and validation |
+//! | [`cluster`] | cluster mode on NATS JetStream: pushes published by partition, every node applying the stream (DESIGN §10) |
 //! | [`cli`] | the `hourglass-aggregator` program: flags, start-up, the ports it announces |
 //!
 //! [`run`] is the whole process: it opens the store, serves gRPC and admin on listeners
@@ -36,6 +37,7 @@ pub mod admin;
 pub mod auth;
 pub mod background;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod glob;
 pub mod keys;
@@ -82,6 +84,9 @@ pub enum AggregatorError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(tonic::transport::Error),
+    /// Cluster mode could not start: NATS unreachable, the stream refused or mismatched.
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
     /// The admin HTTP server failed.
     #[error("admin server failed: {0}")]
     Admin(std::io::Error),
@@ -142,11 +147,29 @@ impl Aggregator {
         } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
+        let cluster = match &config.cluster {
+            Some(c) => Some(Arc::new(cluster::Cluster::connect(c.clone()).await?)),
+            None => None,
+        };
         // One signal, many listeners: the gRPC server, the admin server and the
         // background task each wait on their own.
         let stop = hourglass_rpc::process::Stop::new(shutdown);
 
         let dyn_store: Arc<dyn Store> = store.clone();
+        let applying = cluster.clone().map(|cluster| {
+            let applier = service::CollectorService::new(
+                Arc::clone(&dyn_store),
+                Arc::clone(&metrics),
+                config.limits.clone(),
+                config.retention.hourly,
+            );
+            tokio::spawn(cluster::apply(
+                cluster,
+                applier,
+                Arc::clone(&metrics),
+                stop.stopped(),
+            ))
+        });
         let background = tokio::spawn(background::run(
             Arc::clone(&dyn_store),
             Arc::clone(&metrics),
@@ -184,6 +207,7 @@ impl Aggregator {
                 retire_after: config.coverage.retire_after,
                 auth,
                 tls: listeners.grpc_tls,
+                cluster,
             },
             grpc_stop,
         )
@@ -192,6 +216,12 @@ impl Aggregator {
         // If gRPC failed on its own, stop the rest too.
         stop.release();
         let (admin, background) = tokio::join!(admin, background);
+        if let Some(applying) = applying {
+            applying.await.map_err(|source| AggregatorError::Task {
+                what: "cluster apply",
+                source,
+            })?;
+        }
         grpc.map_err(AggregatorError::Grpc)?;
         admin
             .map_err(|source| AggregatorError::Task {

@@ -50,6 +50,14 @@ pub(crate) struct QueryOutcomeLabels {
     pub(crate) outcome: &'static str,
 }
 
+/// `outcome` of applying one message of the cluster's stream: `ok`, `refused` (never
+/// retried) or `retry` (the store failed; redelivered).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ApplyLabel {
+    /// The outcome.
+    pub(crate) outcome: &'static str,
+}
+
 /// `bound`: the setting that refused a query.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct BoundLabel {
@@ -143,6 +151,18 @@ pub struct Metrics {
     pub(crate) write_stopped: Gauge,
     /// Bytes per second RocksDB delays writes to; 0 when it does not.
     pub(crate) delayed_write_rate: Gauge,
+    /// Cluster mode: snapshots published to the stream (and acknowledged by it).
+    pub(crate) cluster_published_snapshots: Counter,
+    /// Cluster mode: messages published to the stream.
+    pub(crate) cluster_published_messages: Counter,
+    /// Cluster mode: payload bytes published to the stream.
+    pub(crate) cluster_published_bytes: Counter,
+    /// Cluster mode: pushes whose publishing failed (refused to the agent, who retries).
+    pub(crate) cluster_publish_failures: Counter,
+    /// Cluster mode: time from a push's first publish to its last acknowledgement.
+    pub(crate) cluster_publish_seconds: Histogram,
+    /// Cluster mode: messages of the stream applied, by outcome.
+    pub(crate) cluster_applied: Family<ApplyLabel, Counter>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -189,11 +209,18 @@ impl Metrics {
             running_compactions: Gauge::default(),
             write_stopped: Gauge::default(),
             delayed_write_rate: Gauge::default(),
+            cluster_published_snapshots: Counter::default(),
+            cluster_published_messages: Counter::default(),
+            cluster_published_bytes: Counter::default(),
+            cluster_publish_failures: Counter::default(),
+            cluster_publish_seconds: latency_buckets(),
+            cluster_applied: Family::default(),
             registry: Registry::default(),
         };
         m.register_requests(&mut registry);
         m.register_background(&mut registry);
         m.register_store(&mut registry);
+        m.register_cluster(&mut registry);
         m.registry = registry;
         m
     }
@@ -340,6 +367,49 @@ impl Metrics {
             "Rate RocksDB delays writes to, 0 when not delaying",
             self.delayed_write_rate.clone(),
         );
+    }
+
+    /// Registers cluster mode's families (zero without `[cluster]`).
+    fn register_cluster(&self, r: &mut Registry) {
+        r.register(
+            "cluster_published_snapshots",
+            "Cluster mode: snapshots published to the stream and acknowledged by JetStream",
+            self.cluster_published_snapshots.clone(),
+        );
+        r.register(
+            "cluster_published_messages",
+            "Cluster mode: messages published to the stream",
+            self.cluster_published_messages.clone(),
+        );
+        r.register(
+            "cluster_published_bytes",
+            "Cluster mode: payload bytes published to the stream",
+            self.cluster_published_bytes.clone(),
+        );
+        r.register(
+            "cluster_publish_failures",
+            "Cluster mode: pushes refused because JetStream did not acknowledge their publishes",
+            self.cluster_publish_failures.clone(),
+        );
+        r.register(
+            "cluster_publish_duration_seconds",
+            "Cluster mode: time from a push's first publish to its last acknowledgement",
+            self.cluster_publish_seconds.clone(),
+        );
+        r.register(
+            "cluster_applied",
+            "Cluster mode: messages of the stream applied to this node's store, by outcome",
+            self.cluster_applied.clone(),
+        );
+    }
+
+    /// Counts one push published to the cluster's stream.
+    pub(crate) fn cluster_published(&self, stats: &crate::cluster::PublishStats, snapshots: u64) {
+        self.cluster_published_snapshots.inc_by(snapshots);
+        self.cluster_published_messages
+            .inc_by(stats.messages as u64);
+        self.cluster_published_bytes.inc_by(stats.bytes as u64);
+        self.cluster_publish_seconds.observe(stats.seconds);
     }
 
     /// Counts one finished query.

@@ -25,12 +25,12 @@ use crate::util::{
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 
 /// Parts the traffic is sent in, and hours per part.
-const PARTS: u32 = 4;
-const HOURS_PER_PART: u32 = 6;
+pub(crate) const PARTS: u32 = 4;
+pub(crate) const HOURS_PER_PART: u32 = 6;
 
 /// The first hour of the traffic: the start of yesterday (UTC), so every part is inside
 /// the agents' lateness window and in the past.
-fn base_hour() -> u32 {
+pub(crate) fn base_hour() -> u32 {
     let today = hourglass_rpc::time::day_of(crate::util::this_hour());
     (today - 1) * 24
 }
@@ -51,7 +51,7 @@ fn agent_args(config: &str) -> Vec<String> {
     .collect()
 }
 
-fn start_agent(dir: &TempDir, aggregator: &str, data: &str) -> AgentProcess {
+pub(crate) fn start_agent(dir: &TempDir, aggregator: &str, data: &str) -> AgentProcess {
     let config = dir.file("agent.toml");
     if !std::path::Path::new(&config).exists() {
         std::fs::write(
@@ -66,7 +66,7 @@ fn start_agent(dir: &TempDir, aggregator: &str, data: &str) -> AgentProcess {
 }
 
 /// Sends part `p` of the traffic to `agent`.
-fn send_part(agent: &AgentProcess, p: u32) {
+pub(crate) fn send_part(agent: &AgentProcess, p: u32) {
     let start = hourglass_rpc::time::hour_start(base_hour() + p * HOURS_PER_PART).to_rfc3339();
     hourglass(
         &[
@@ -88,7 +88,7 @@ fn send_part(agent: &AgentProcess, p: u32) {
 }
 
 /// Waits until the agent has nothing unacknowledged, two successful flushes after now.
-fn wait_shipped(agent: &AgentProcess) {
+pub(crate) fn wait_shipped(agent: &AgentProcess) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let flushes = agent.metric(r#"flushes_total{outcome="ok"}"#);
     while !(agent.metric(r#"flushes_total{outcome="ok"}"#) >= flushes + 2.0
@@ -103,7 +103,7 @@ fn wait_shipped(agent: &AgentProcess) {
     }
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -112,7 +112,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// One value of the aggregator's `/metrics`.
-fn agg_metric(agg: &impl AggregatorAddrs, name: &str) -> f64 {
+pub(crate) fn agg_metric(agg: &impl AggregatorAddrs, name: &str) -> f64 {
     let (_, text) = http_get(agg.admin(), "/metrics");
     let full = format!("hourglass_aggregator_{name} ");
     text.lines()
@@ -124,12 +124,12 @@ fn agg_metric(agg: &impl AggregatorAddrs, name: &str) -> f64 {
 /// What the aggregator holds for the traffic: every kind of both metrics exported, and
 /// the distinct answers per part and for the whole range.
 #[derive(Debug, PartialEq)]
-struct Stored {
+pub(crate) struct Stored {
     exports: Vec<(String, Vec<u8>)>,
     distinct: Vec<String>,
 }
 
-fn stored(agg: &impl AggregatorAddrs) -> Stored {
+pub(crate) fn stored(agg: &impl AggregatorAddrs) -> Stored {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -200,7 +200,7 @@ fn stored(agg: &impl AggregatorAddrs) -> Stored {
 }
 
 /// The run without faults, made once and shared by the tests.
-fn reference() -> &'static Stored {
+pub(crate) fn reference() -> &'static Stored {
     static REFERENCE: OnceLock<Stored> = OnceLock::new();
     REFERENCE.get_or_init(|| {
         let dir = TempDir::new("faults-ref");
@@ -214,7 +214,7 @@ fn reference() -> &'static Stored {
     })
 }
 
-fn assert_same(faulty: &Stored) {
+pub(crate) fn assert_same(faulty: &Stored) {
     let reference = reference();
     for ((name, a), (_, b)) in reference.exports.iter().zip(&faulty.exports) {
         assert!(

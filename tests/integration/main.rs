@@ -3,10 +3,12 @@
 mod agent;
 mod aggregator;
 mod background;
+mod cluster;
 mod demo;
 mod faults;
 mod install_deps;
 mod multicall;
+mod nats;
 mod otel;
 mod robustness;
 mod sketch_cli;

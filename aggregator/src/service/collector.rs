@@ -34,6 +34,9 @@ pub(crate) struct CollectorService {
     limits: LimitsConfig,
     retention_hourly: std::time::Duration,
     ledger: Arc<SeriesLedger>,
+    /// In cluster mode, checked pushes are published to the stream instead of stored
+    /// here; the apply loop stores them (on every node) through a service without one.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl CollectorService {
@@ -50,7 +53,26 @@ impl CollectorService {
             limits,
             retention_hourly,
             ledger: Arc::new(SeriesLedger::new()),
+            cluster: None,
         }
+    }
+
+    /// This service publishing to `cluster` instead of storing (cluster mode's entry).
+    pub(crate) fn publishing_to(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// Applies a push read from the cluster's stream: every check and the store's write,
+    /// as for a push from an agent; what a rule refuses is counted and logged here, since
+    /// no agent waits for the answer. An error is the whole push's (the store failed, or
+    /// the push breaks a rule of the whole request).
+    pub(crate) async fn apply(&self, request: v1::PushRequest) -> Result<(), Status> {
+        let span = push_span("stream", request.snapshots.len());
+        self.push_inner(request, None, &span)
+            .instrument(span.clone())
+            .await
+            .map(|_| ())
     }
 }
 
@@ -255,14 +277,7 @@ impl Collector for CollectorService {
             .cloned();
         let metadata = request.metadata().clone();
         let request = request.into_inner();
-        let span = tracing::info_span!(
-            "push",
-            server = field::Empty,
-            snapshots = request.snapshots.len(),
-            stored = field::Empty,
-            stale = field::Empty,
-            rejected = field::Empty,
-        );
+        let span = push_span("grpc", request.snapshots.len());
         hourglass_rpc::process::adopt_remote_parent(&span, &metadata);
         let result = self
             .push_inner(request, principal, &span)
@@ -327,6 +342,11 @@ impl CollectorService {
         let oldest = crate::background::accepted_from(now, self.retention_hourly);
         let accepted_hours = oldest.0..=now_hour.saturating_add(1);
         let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
+        if let Some(cluster) = &self.cluster {
+            return self
+                .publish(cluster, &server, &live, request.snapshots, &accepted_hours)
+                .await;
+        }
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
@@ -362,6 +382,58 @@ impl CollectorService {
             convert::store_status(&e)
         })?;
         self.answer(results, slots, answers, span)
+    }
+
+    /// Cluster mode: checks each snapshot as [`Self::push_inner`] does, publishes those
+    /// that pass (by partition) with the server and its live hours, and answers STORED
+    /// for each once JetStream acknowledged every publish. The series bound is applied
+    /// where the snapshots are stored, by every node's apply loop.
+    async fn publish(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        server: &v1::Server,
+        live: &[Hour],
+        snapshots: Vec<v1::Snapshot>,
+        accepted_hours: &std::ops::RangeInclusive<u32>,
+    ) -> Result<v1::PushResponse, Status> {
+        let partitions = cluster.config().partitions;
+        let mut results = Vec::with_capacity(snapshots.len());
+        let mut outgoing = Vec::with_capacity(snapshots.len());
+        for (i, snapshot) in snapshots.into_iter().enumerate() {
+            // The check takes the sketch's bytes (a reference count, not a copy).
+            let mut checked = snapshot.clone();
+            match check_snapshot(i, &mut checked, &self.limits, accepted_hours) {
+                Ok(v) => {
+                    results.push(v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stored as i32,
+                        held_version: v.version,
+                        reason: String::new(),
+                    });
+                    let p = crate::cluster::partition(&v.name, partitions);
+                    outgoing.push((p, i, snapshot));
+                }
+                Err(r) => results.push(self.rejection(r)),
+            }
+        }
+        let live: Vec<u32> = live.iter().map(|h| h.0).collect();
+        let published = outgoing.len() as u64;
+        match cluster.publish(server, &live, outgoing).await {
+            Ok(stats) => {
+                self.metrics.cluster_published(&stats, published);
+                Ok(v1::PushResponse { results })
+            }
+            Err(e @ crate::cluster::PublishError::TooLarge { .. }) => {
+                self.metrics.cluster_publish_failures.inc();
+                Err(Status::resource_exhausted(format!("cluster: {e}")))
+            }
+            Err(e) => {
+                self.metrics.cluster_publish_failures.inc();
+                tracing::warn!(error = %e, "cluster: publishing a push failed");
+                Err(Status::unavailable(format!(
+                    "cluster: {e}; nothing of this push is acknowledged, retry it"
+                )))
+            }
+        }
     }
 
     /// The push's live hours as a set, bounded like snapshot hours: one far ahead would
@@ -459,6 +531,20 @@ impl CollectorService {
         }
         Ok(v1::PushResponse { results })
     }
+}
+
+/// The span of one push, from an agent (`via` = `grpc`) or from the cluster's stream
+/// (`stream`); the server and the outcome counts are recorded as they become known.
+fn push_span(via: &'static str, snapshots: usize) -> tracing::Span {
+    tracing::info_span!(
+        "push",
+        via,
+        server = field::Empty,
+        snapshots,
+        stored = field::Empty,
+        stale = field::Empty,
+        rejected = field::Empty,
+    )
 }
 
 /// Checks the pushing server: the principal may push as it, and its name keeps the naming

@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub auth: crate::auth::Auth,
     /// TLS; plaintext when `None`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Cluster mode: pushes are published to the stream instead of stored here.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// Serves every gRPC service on `listener` until `shutdown` completes, then stops
@@ -53,20 +55,25 @@ pub async fn serve(
         retire_after,
         auth,
         tls,
+        cluster,
     } = options;
     let max_message = limits.max_message_bytes();
-    let collector = CollectorServer::new(CollectorService::new(
+    let mut collector = CollectorService::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
         limits.clone(),
         retention_hourly,
-    ))
-    .accept_compressed(CompressionEncoding::Gzip)
-    .accept_compressed(CompressionEncoding::Zstd)
-    .send_compressed(CompressionEncoding::Zstd)
-    .send_compressed(CompressionEncoding::Gzip)
-    .max_decoding_message_size(max_message)
-    .max_encoding_message_size(max_message);
+    );
+    if let Some(cluster) = cluster {
+        collector = collector.publishing_to(cluster);
+    }
+    let collector = CollectorServer::new(collector)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
     let query = QueryServer::new(
         QueryService::new(store, Arc::clone(&metrics), limits).retire_after(retire_after),
     )

@@ -40,6 +40,12 @@ mod rocks;
 pub use memory::MemoryStore;
 pub use rocks::{CfStats, RocksStore, StoreOptions, StoreStats};
 
+/// A series' canonical bytes (kind, metric, sorted tags), as the dictionary keys it: the
+/// same name gives the same bytes on every node (cluster mode partitions by them).
+pub(crate) fn series_key(series: &SeriesName) -> Vec<u8> {
+    rocks::encode_series_name(series)
+}
+
 /// The schema version this build writes into a new store and requires of an existing one.
 pub const SCHEMA_VERSION: u32 = 1;
 

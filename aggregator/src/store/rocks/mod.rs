@@ -61,6 +61,8 @@ use crate::keys::{
 mod options;
 mod values;
 
+pub(crate) use values::encode_series_name;
+
 use options::cf_options;
 use values::*;
 

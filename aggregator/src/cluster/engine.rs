@@ -1,0 +1,323 @@
+//! The connection to NATS JetStream: the stream, and publishing a push to it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use async_nats::jetstream::stream::{Config as StreamConfig, DiscardPolicy, StorageType};
+use hourglass_rpc::proto::v1;
+use prost::Message;
+
+use super::ClusterConfig;
+
+/// The stream's metadata key that records its partition count.
+const PARTITIONS_KEY: &str = "hourglass.partitions";
+
+/// How long start-up waits for JetStream (its servers may still be electing a leader).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why cluster mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A file named in `[cluster]` could not be read.
+    #[error("cluster: cannot read {what} {}: {source}", path.display())]
+    File {
+        /// `cluster.credentials` or `cluster.ca_file`.
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The NATS servers could not be reached.
+    #[error("cluster: cannot connect to NATS at {urls}: {detail}")]
+    Connect {
+        /// `cluster.nats`, joined.
+        urls: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// The stream could not be created or read.
+    #[error("cluster: JetStream stream {stream}: {detail}")]
+    Stream {
+        /// The stream's name.
+        stream: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The stream exists with another partition count than the configuration's.
+    #[error(
+        "cluster: stream {stream} was created with {found} partitions but cluster.partitions = {configured}; the partition count is fixed for a stream's life"
+    )]
+    Partitions {
+        /// The stream's name.
+        stream: String,
+        /// What the stream records.
+        found: String,
+        /// What the configuration says.
+        configured: u32,
+    },
+}
+
+/// Why a push could not be published; nothing of it may be acknowledged to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// One snapshot alone is larger than the largest message the NATS servers accept.
+    #[error(
+        "snapshots[{index}] needs a {bytes}-byte message, more than the NATS servers' max_payload of {max} bytes"
+    )]
+    TooLarge {
+        /// Its index in the push.
+        index: usize,
+        /// The message it needs.
+        bytes: usize,
+        /// The servers' limit.
+        max: usize,
+    },
+    /// JetStream did not acknowledge a publish (unreachable, no quorum, timeout).
+    #[error("JetStream did not acknowledge the publish to {subject}: {detail}")]
+    NotAcknowledged {
+        /// The subject.
+        subject: String,
+        /// The client's error.
+        detail: String,
+    },
+}
+
+/// A connection to the cluster's stream.
+pub struct Cluster {
+    config: ClusterConfig,
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+}
+
+/// One message to publish: its subject, the snapshots' indexes in the push, the bytes.
+struct Outgoing {
+    subject: String,
+    payload: Vec<u8>,
+}
+
+impl Cluster {
+    /// Connects to NATS and makes sure the stream exists with this configuration's
+    /// partitions, waiting up to a minute for JetStream to be ready.
+    pub async fn connect(config: ClusterConfig) -> Result<Cluster, ClusterError> {
+        let mut options = async_nats::ConnectOptions::new()
+            .name(format!("hourglass-aggregator {}", config.node))
+            .retry_on_initial_connect();
+        if let Some(path) = &config.credentials {
+            options =
+                options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|source| ClusterError::File {
+                        what: "cluster.credentials",
+                        path: path.clone(),
+                        source,
+                    })?;
+        }
+        if let Some(path) = &config.ca_file {
+            std::fs::metadata(path).map_err(|source| ClusterError::File {
+                what: "cluster.ca_file",
+                path: path.clone(),
+                source,
+            })?;
+            options = options.add_root_certificates(path.clone());
+        }
+        let urls = config.nats.join(", ");
+        let connect_error = |detail: String| ClusterError::Connect {
+            urls: urls.clone(),
+            detail,
+        };
+        let addrs = super::server_addrs(&config.nats).map_err(|e| connect_error(e.to_string()))?;
+        let client = tokio::time::timeout(START_TIMEOUT, options.connect(addrs))
+            .await
+            .map_err(|_| connect_error(format!("no server answered within {START_TIMEOUT:?}")))?
+            .map_err(|e| connect_error(e.to_string()))?;
+        let mut jetstream = jetstream::new(client.clone());
+        jetstream.set_timeout(config.publish_timeout);
+        let cluster = Cluster {
+            config,
+            client,
+            jetstream,
+        };
+        cluster.ensure_stream().await?;
+        Ok(cluster)
+    }
+
+    /// This node's configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The JetStream context, for the apply loop's consumer.
+    pub(crate) fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    /// Creates the stream if it is missing, or checks the one there, retrying while
+    /// JetStream has no leader yet.
+    async fn ensure_stream(&self) -> Result<(), ClusterError> {
+        let c = &self.config;
+        let wanted = StreamConfig {
+            name: c.stream.clone(),
+            subjects: vec![format!("{}.>", c.subject_prefix)],
+            num_replicas: c.replicas,
+            storage: StorageType::File,
+            max_age: c.max_age,
+            discard: DiscardPolicy::Old,
+            metadata: [(PARTITIONS_KEY.to_string(), c.partitions.to_string())].into(),
+            description: Some("hourglass: the aggregators' write log (DESIGN §10)".into()),
+            ..StreamConfig::default()
+        };
+        let started = Instant::now();
+        let mut stream = loop {
+            match self.jetstream.get_or_create_stream(wanted.clone()).await {
+                Ok(stream) => break stream,
+                Err(e) if started.elapsed() < START_TIMEOUT => {
+                    tracing::info!(stream = %c.stream, error = %e, "waiting for JetStream");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    return Err(ClusterError::Stream {
+                        stream: c.stream.clone(),
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        };
+        let info = stream.info().await.map_err(|e| ClusterError::Stream {
+            stream: c.stream.clone(),
+            detail: e.to_string(),
+        })?;
+        let found = info.config.metadata.get(PARTITIONS_KEY).cloned();
+        if found.as_deref() != Some(c.partitions.to_string().as_str()) {
+            return Err(ClusterError::Partitions {
+                stream: c.stream.clone(),
+                found: found.unwrap_or_else(|| "an unknown number of".into()),
+                configured: c.partitions,
+            });
+        }
+        tracing::info!(
+            stream = %c.stream,
+            partitions = c.partitions,
+            replicas = info.config.num_replicas,
+            "cluster stream ready"
+        );
+        Ok(())
+    }
+
+    /// Publishes a checked push: `snapshots` (each with its partition) in one message per
+    /// partition (more when a partition's would exceed the servers' max_payload), and the
+    /// server with its live hours on the live subject. Returns once JetStream acknowledged
+    /// every message; on error some may have been published, which is harmless (a retry
+    /// republishes them and the version rule absorbs the duplicates).
+    pub async fn publish(
+        &self,
+        server: &v1::Server,
+        live_hours: &[u32],
+        snapshots: Vec<(u32, usize, v1::Snapshot)>,
+    ) -> Result<PublishStats, PublishError> {
+        let started = Instant::now();
+        let messages = self.messages(server, live_hours, snapshots)?;
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut bytes = 0;
+        for m in messages {
+            bytes += m.payload.len();
+            let ack = self
+                .jetstream
+                .publish(m.subject.clone(), m.payload.into())
+                .await
+                .map_err(|e| PublishError::NotAcknowledged {
+                    subject: m.subject.clone(),
+                    detail: e.to_string(),
+                })?;
+            pending.push((m.subject, ack));
+        }
+        let messages = pending.len();
+        for (subject, ack) in pending {
+            ack.await.map_err(|e| PublishError::NotAcknowledged {
+                subject,
+                detail: e.to_string(),
+            })?;
+        }
+        Ok(PublishStats {
+            messages,
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The messages of one push: per partition, as few as the payload limit allows.
+    fn messages(
+        &self,
+        server: &v1::Server,
+        live_hours: &[u32],
+        snapshots: Vec<(u32, usize, v1::Snapshot)>,
+    ) -> Result<Vec<Outgoing>, PublishError> {
+        let max = self.client.server_info().max_payload;
+        let header = v1::PushRequest {
+            server: Some(server.clone()),
+            snapshots: vec![],
+            live_hours: vec![],
+        };
+        let base = header.encoded_len();
+        let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
+        for (p, index, snapshot) in snapshots {
+            by_partition.entry(p).or_default().push((index, snapshot));
+        }
+        let mut out = Vec::new();
+        for (p, group) in by_partition {
+            let subject = self.config.partition_subject(p);
+            let mut current = header.clone();
+            let mut size = base;
+            for (index, snapshot) in group {
+                // A repeated field's entry: its tag, its length, its bytes.
+                let len = snapshot.encoded_len();
+                let entry = 1 + prost::length_delimiter_len(len) + len;
+                if base + entry > max {
+                    return Err(PublishError::TooLarge {
+                        index,
+                        bytes: base + entry,
+                        max,
+                    });
+                }
+                if size + entry > max {
+                    out.push(Outgoing {
+                        subject: subject.clone(),
+                        payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
+                    });
+                    size = base;
+                }
+                size += entry;
+                current.snapshots.push(snapshot);
+            }
+            out.push(Outgoing {
+                subject,
+                payload: current.encode_to_vec(),
+            });
+        }
+        // Always, so that every node registers the server and its labels, as a single
+        // aggregator does for a push with no snapshots.
+        let live = v1::PushRequest {
+            server: Some(server.clone()),
+            snapshots: vec![],
+            live_hours: live_hours.to_vec(),
+        };
+        out.push(Outgoing {
+            subject: self.config.live_subject(),
+            payload: live.encode_to_vec(),
+        });
+        Ok(out)
+    }
+}
+
+/// What one publish cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PublishStats {
+    /// Messages published.
+    pub messages: usize,
+    /// Their payload bytes.
+    pub bytes: usize,
+    /// From the first publish to the last acknowledgement.
+    pub seconds: f64,
+}

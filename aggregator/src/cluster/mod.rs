@@ -1,0 +1,359 @@
+//! Cluster mode (DESIGN §10): aggregators share one write log, a NATS JetStream stream,
+//! instead of each keeping only what was pushed to it.
+//!
+//! Without a `[cluster]` section none of this runs and NATS is not needed. With one:
+//!
+//! - **Write** (`engine.rs`): the node an agent pushes to checks the push as a
+//!   single aggregator would, groups the snapshots that passed by partition
+//!   ([`partition`]: `xxh3(series key) mod P`), publishes each group to its partition's
+//!   subject, and the server's name, labels and live hours to the `live` subject; the agent
+//!   is answered only after JetStream acknowledged every publish. With the servers'
+//!   `sync_interval: always` and a stream of 3 replicas, an acknowledged snapshot is on
+//!   the disks of a quorum of NATS nodes.
+//! - **Apply** (`apply.rs`): every node consumes the stream with its own durable consumer
+//!   and applies each message with the single aggregator's own path (validation, the
+//!   version rule, the series bound) into its RocksDB; it acknowledges a message only after
+//!   that write. Snapshots replace by version, so a redelivered or duplicated message
+//!   changes nothing: at-least-once delivery is effectively once in the store.
+//!
+//! This stage replicates every partition to every node, so each node answers queries from
+//! its own store, as a single aggregator does, once it has applied the stream. The
+//! partitions exist from the start so that the stream's layout does not change when
+//! partition ownership (R owners of each, by rendezvous hashing) and queries that fan out
+//! to the owners come (issue 14).
+//!
+//! ```toml
+//! [cluster]
+//! node = "agg-1"                    # this node's name, unique in the cluster
+//! nats = ["nats://nats-1:4222", "nats://nats-2:4222", "nats://nats-3:4222"]
+//! stream = "HOURGLASS"              # the JetStream stream (created if missing)
+//! subject_prefix = "hourglass"      # its subjects: PREFIX.p.N and PREFIX.live
+//! partitions = 64                   # fixed when the stream is created
+//! replicas = 3                      # copies of the stream (NATS nodes)
+//! max_age = "7d"                    # how long the stream keeps what was published
+//! publish_timeout = "10s"           # longest wait for JetStream's acknowledgement
+//! # credentials = "/etc/hourglass/nats.creds"  # a NATS credentials file
+//! # ca_file = "/etc/hourglass/nats-ca.pem"     # trust this CA for tls:// URLs
+//! ```
+
+mod apply;
+mod engine;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hourglass_rpc::time::deserialize_duration;
+use serde::Deserialize;
+
+pub(crate) use apply::apply;
+pub use engine::ClusterError;
+pub(crate) use engine::{Cluster, PublishError, PublishStats};
+
+use crate::config::ConfigError;
+use crate::store::SeriesName;
+
+/// `[cluster]`: this node's place in a cluster on NATS JetStream.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name, unique in the cluster; it names the node's durable consumer.
+    pub node: String,
+    /// The NATS servers' URLs (`nats://host:port`, `tls://host:port`).
+    pub nats: Vec<String>,
+    /// The JetStream stream that carries the write log.
+    #[serde(default = "default_stream")]
+    pub stream: String,
+    /// The stream's subjects are `PREFIX.p.N` (partition N) and `PREFIX.live`.
+    #[serde(default = "default_subject_prefix")]
+    pub subject_prefix: String,
+    /// How many partitions the series are spread over; fixed when the stream is created.
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// Copies JetStream keeps of the stream.
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+    /// How long the stream keeps a message.
+    #[serde(default = "default_max_age", deserialize_with = "deserialize_duration")]
+    pub max_age: Duration,
+    /// The longest wait for JetStream to acknowledge a publish.
+    #[serde(
+        default = "default_publish_timeout",
+        deserialize_with = "deserialize_duration"
+    )]
+    pub publish_timeout: Duration,
+    /// A NATS credentials file (JWT and NKey seed).
+    #[serde(default)]
+    pub credentials: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust for `tls://` NATS URLs.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+fn default_stream() -> String {
+    "HOURGLASS".into()
+}
+fn default_subject_prefix() -> String {
+    "hourglass".into()
+}
+fn default_partitions() -> u32 {
+    64
+}
+fn default_replicas() -> usize {
+    3
+}
+fn default_max_age() -> Duration {
+    Duration::from_secs(7 * 86_400)
+}
+fn default_publish_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl ClusterConfig {
+    /// A configuration with every default, for `node` on the servers `nats`.
+    pub fn new(node: impl Into<String>, nats: Vec<String>) -> ClusterConfig {
+        ClusterConfig {
+            node: node.into(),
+            nats,
+            stream: default_stream(),
+            subject_prefix: default_subject_prefix(),
+            partitions: default_partitions(),
+            replicas: default_replicas(),
+            max_age: default_max_age(),
+            publish_timeout: default_publish_timeout(),
+            credentials: None,
+            ca_file: None,
+        }
+    }
+
+    /// Checks every field; the error names it.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: &dyn std::fmt::Debug, rule| ConfigError::Invalid {
+            field,
+            value: format!("{value:?}"),
+            rule,
+        };
+        // The name is part of the consumer's name and of subjects: the server-name rule.
+        if hourglass_rpc::series::validate_server_name(&self.node).is_err()
+            || self.node.contains('.')
+        {
+            return Err(invalid(
+                "cluster.node",
+                &self.node,
+                "must be a server name (letters, digits, '-', '_') without '.'",
+            ));
+        }
+        if self.nats.is_empty() || server_addrs(&self.nats).is_err() {
+            return Err(invalid(
+                "cluster.nats",
+                &self.nats,
+                "must list at least one NATS URL, each nats://HOST:PORT or tls://HOST:PORT",
+            ));
+        }
+        if !is_token(&self.stream) {
+            return Err(invalid(
+                "cluster.stream",
+                &self.stream,
+                "must be letters, digits, '-' or '_'",
+            ));
+        }
+        if !self.subject_prefix.split('.').all(is_token) {
+            return Err(invalid(
+                "cluster.subject_prefix",
+                &self.subject_prefix,
+                "must be dot-separated tokens of letters, digits, '-' or '_'",
+            ));
+        }
+        if !(1..=4096).contains(&self.partitions) {
+            return Err(invalid(
+                "cluster.partitions",
+                &self.partitions,
+                "must be between 1 and 4096",
+            ));
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(invalid(
+                "cluster.replicas",
+                &self.replicas,
+                "must be between 1 and 5 (JetStream's limit)",
+            ));
+        }
+        if self.max_age < Duration::from_secs(60) {
+            return Err(invalid(
+                "cluster.max_age",
+                &self.max_age,
+                "must be at least 1m",
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&self.publish_timeout)
+        {
+            return Err(invalid(
+                "cluster.publish_timeout",
+                &self.publish_timeout,
+                "must be between 100ms and 600s",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The subject of partition `p`.
+    pub(crate) fn partition_subject(&self, p: u32) -> String {
+        format!("{}.p.{p}", self.subject_prefix)
+    }
+
+    /// The subject of liveness declarations (server, labels, live hours).
+    pub(crate) fn live_subject(&self) -> String {
+        format!("{}.live", self.subject_prefix)
+    }
+}
+
+/// The NATS servers' addresses, each parsed; the error names the URL that is not one.
+pub(crate) fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, String> {
+    urls.iter()
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("{u:?}: {e}"))
+        })
+        .collect()
+}
+
+/// A NATS subject token or stream name: non-empty, letters, digits, `-` and `_`.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The partition of a series among `partitions`: `xxh3(series key) mod partitions`, where
+/// the series key is the store's canonical encoding of the name (kind, metric, sorted
+/// tags). Every node computes the same partition for the same series.
+pub fn partition(series: &SeriesName, partitions: u32) -> u32 {
+    let key = crate::store::series_key(series);
+    (xxhash_rust::xxh3::xxh3_64(&key) % u64::from(partitions.max(1))) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hourglass_sketch::Kind;
+
+    #[test]
+    fn the_partition_is_fixed_by_the_name_not_the_tag_order() {
+        let a = SeriesName::new(
+            "visitors",
+            vec![("region".into(), "eu".into()), ("app".into(), "web".into())],
+            Kind::Distinct,
+        );
+        let b = SeriesName {
+            metric: "visitors".into(),
+            tags: vec![("region".into(), "eu".into()), ("app".into(), "web".into())],
+            kind: Kind::Distinct,
+        };
+        assert_eq!(partition(&a, 64), partition(&b, 64));
+        // Pinned: a change of the key or the hash would move every series of a running
+        // cluster to another partition.
+        let plain = SeriesName::new("visitors", vec![], Kind::Distinct);
+        let pinned = partition(&plain, 1 << 20);
+        assert_eq!(partition(&plain, 1 << 20), pinned);
+        assert_eq!(
+            pinned,
+            (xxhash_rust::xxh3::xxh3_64(&crate::store::series_key(&plain)) % (1 << 20)) as u32
+        );
+    }
+
+    #[test]
+    fn series_spread_over_the_partitions() {
+        let mut counts = [0u32; 16];
+        for i in 0..16_000 {
+            let s = SeriesName::new(format!("m{i}"), vec![], Kind::Distinct);
+            counts[partition(&s, 16) as usize] += 1;
+        }
+        // 1000 expected per partition; binomial sd ~31: 6 sd either side.
+        assert!(
+            counts.iter().all(|&c| (810..=1190).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn every_field_is_checked_by_name() {
+        let ok = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
+        ok.validate().unwrap();
+        let cases: Vec<(&str, ClusterConfig)> = vec![
+            (
+                "cluster.node",
+                ClusterConfig {
+                    node: "a.b".into(),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.node",
+                ClusterConfig {
+                    node: String::new(),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.nats",
+                ClusterConfig {
+                    nats: vec![],
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.nats",
+                ClusterConfig {
+                    nats: vec!["nats://h:port".into()],
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.stream",
+                ClusterConfig {
+                    stream: "a.b".into(),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.subject_prefix",
+                ClusterConfig {
+                    subject_prefix: "a..b".into(),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.partitions",
+                ClusterConfig {
+                    partitions: 0,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.replicas",
+                ClusterConfig {
+                    replicas: 6,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.max_age",
+                ClusterConfig {
+                    max_age: Duration::from_secs(1),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.publish_timeout",
+                ClusterConfig {
+                    publish_timeout: Duration::ZERO,
+                    ..ok.clone()
+                },
+            ),
+        ];
+        for (field, config) in cases {
+            let e = config.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! A real NATS JetStream cluster for cluster mode's tests: `nats-server` processes (the
+//! pinned binary `scripts/nats-server` fetches) on loopback ports, with JetStream on,
+//! `sync_interval: always`, and routes between all of them. No mock of NATS anywhere.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::util::{TempDir, free_port};
+
+/// The nats-server binary, fetched once per test run by `scripts/nats-server`.
+fn nats_server() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/nats-server");
+        let out = Command::new(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/nats-server");
+        assert!(
+            out.status.success(),
+            "scripts/nats-server failed ({}); it fetches the NATS server cluster mode's tests run",
+            out.status
+        );
+        PathBuf::from(String::from_utf8(out.stdout).expect("a path").trim())
+    })
+}
+
+/// One NATS server of the cluster.
+struct Node {
+    name: String,
+    client_port: u16,
+    config: String,
+    log: String,
+    child: Option<Child>,
+}
+
+/// A NATS cluster of JetStream servers, all killed when dropped.
+pub struct NatsCluster {
+    nodes: Vec<Node>,
+    _dir: TempDir,
+}
+
+impl NatsCluster {
+    /// Starts `n` servers routed to each other and waits until each accepts clients.
+    /// JetStream elects its meta leader by itself shortly after; the aggregators wait
+    /// for it when they create the stream.
+    pub fn start(n: usize) -> NatsCluster {
+        let dir = TempDir::new("nats");
+        let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let routes: Vec<String> = cluster_ports
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, cluster_port) in cluster_ports.iter().enumerate() {
+            let name = format!("nats-{}", i + 1);
+            let client_port = free_port();
+            let config = dir.file(&format!("{name}.conf"));
+            std::fs::write(
+                &config,
+                format!(
+                    "server_name: {name}\nlisten: 127.0.0.1:{client_port}\n\
+                     jetstream {{ store_dir: \"{store}\", sync_interval: always }}\n\
+                     cluster {{ name: hourglass-test, listen: 127.0.0.1:{cluster_port}, routes: [{routes}] }}\n",
+                    store = dir.file(&name),
+                    routes = routes.join(", "),
+                ),
+            )
+            .expect("write the NATS config");
+            nodes.push(Node {
+                name,
+                client_port,
+                config,
+                log: dir.file(&format!("nats-{}.log", i + 1)),
+                child: None,
+            });
+        }
+        let mut cluster = NatsCluster { nodes, _dir: dir };
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster
+    }
+
+    /// Starts node `i` (again, after [`Self::kill`]) with its store as it was left.
+    pub fn start_node(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        assert!(node.child.is_none(), "{} is running", node.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .expect("open the NATS log");
+        let child = Command::new(nats_server())
+            .args(["-c", &node.config])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server");
+        node.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", node.client_port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not listen; its log:\n{}",
+                node.name,
+                std::fs::read_to_string(&node.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Every node's client URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.client_port))
+            .collect()
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
