@@ -148,7 +148,18 @@ impl Aggregator {
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
         let cluster = match &config.cluster {
-            Some(c) => Some(Arc::new(cluster::Cluster::connect(c.clone()).await?)),
+            Some(c) => {
+                let consumer = cluster::consumer_name(&config.data_dir, &c.node).map_err(|e| {
+                    StoreError::Io(format!(
+                        "cluster: the consumer file in {}: {e}",
+                        config.data_dir.display()
+                    ))
+                })?;
+                Some((
+                    Arc::new(cluster::Cluster::connect(c.clone()).await?),
+                    consumer,
+                ))
+            }
             None => None,
         };
         // One signal, many listeners: the gRPC server, the admin server and the
@@ -156,7 +167,7 @@ impl Aggregator {
         let stop = hourglass_rpc::process::Stop::new(shutdown);
 
         let dyn_store: Arc<dyn Store> = store.clone();
-        let applying = cluster.clone().map(|cluster| {
+        let applying = cluster.clone().map(|(cluster, consumer)| {
             let applier = service::CollectorService::new(
                 Arc::clone(&dyn_store),
                 Arc::clone(&metrics),
@@ -165,6 +176,7 @@ impl Aggregator {
             );
             tokio::spawn(cluster::apply(
                 cluster,
+                consumer,
                 applier,
                 Arc::clone(&metrics),
                 stop.stopped(),
@@ -207,7 +219,7 @@ impl Aggregator {
                 retire_after: config.coverage.retire_after,
                 auth,
                 tls: listeners.grpc_tls,
-                cluster,
+                cluster: cluster.map(|(cluster, _)| cluster),
             },
             grpc_stop,
         )

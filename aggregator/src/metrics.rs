@@ -163,6 +163,13 @@ pub struct Metrics {
     pub(crate) cluster_publish_seconds: Histogram,
     /// Cluster mode: messages of the stream applied, by outcome.
     pub(crate) cluster_applied: Family<ApplyLabel, Counter>,
+    /// Cluster mode: the highest stream sequence this node published and saw acknowledged.
+    pub(crate) cluster_published_sequence: Gauge,
+    /// Cluster mode: the stream sequence of the last message this node applied.
+    pub(crate) cluster_applied_sequence: Gauge,
+    /// Cluster mode: messages of the stream after the last one applied, as JetStream
+    /// counted when it delivered that one: this node's lag.
+    pub(crate) cluster_pending: Gauge,
 }
 
 fn latency_buckets() -> Histogram {
@@ -215,6 +222,9 @@ impl Metrics {
             cluster_publish_failures: Counter::default(),
             cluster_publish_seconds: latency_buckets(),
             cluster_applied: Family::default(),
+            cluster_published_sequence: Gauge::default(),
+            cluster_applied_sequence: Gauge::default(),
+            cluster_pending: Gauge::default(),
             registry: Registry::default(),
         };
         m.register_requests(&mut registry);
@@ -401,6 +411,28 @@ impl Metrics {
             "Cluster mode: messages of the stream applied to this node's store, by outcome",
             self.cluster_applied.clone(),
         );
+        r.register(
+            "cluster_published_sequence",
+            "Cluster mode: the highest stream sequence this node published and saw acknowledged",
+            self.cluster_published_sequence.clone(),
+        );
+        r.register(
+            "cluster_applied_sequence",
+            "Cluster mode: the stream sequence of the last message this node applied",
+            self.cluster_applied_sequence.clone(),
+        );
+        r.register(
+            "cluster_pending",
+            "Cluster mode: messages of the stream behind the last one this node applied (its lag)",
+            self.cluster_pending.clone(),
+        );
+    }
+
+    /// Records the stream position of the message just applied.
+    pub(crate) fn cluster_applied_at(&self, sequence: u64, pending: u64) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.cluster_applied_sequence.set(clamp(sequence));
+        self.cluster_pending.set(clamp(pending));
     }
 
     /// Counts one push published to the cluster's stream.
@@ -410,6 +442,11 @@ impl Metrics {
             .inc_by(stats.messages as u64);
         self.cluster_published_bytes.inc_by(stats.bytes as u64);
         self.cluster_publish_seconds.observe(stats.seconds);
+        let sequence = i64::try_from(stats.last_sequence).unwrap_or(i64::MAX);
+        // Pushes finish in any order: keep the highest.
+        self.cluster_published_sequence
+            .inner()
+            .fetch_max(sequence, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Counts one finished query.

@@ -1,23 +1,63 @@
 //! Cluster mode (DESIGN §10) against a real 3-node NATS JetStream cluster: the same
 //! seeded traffic as the fault tests, pushed to one node, must be held byte-identically by
-//! every node, as by a single aggregator.
+//! every node, as by a single aggregator, with and without faults:
+//!
+//! - no fault;
+//! - the entry node SIGKILLed mid-ingest and restarted;
+//! - the NATS server leading the stream SIGKILLed mid-ingest (and restarted later);
+//! - a node whose data dir is wiped: it applies the whole stream again.
+
+use std::time::Duration;
 
 use crate::faults::{
     PARTS, agg_metric, assert_same, send_part, start_agent, stored, wait_shipped, wait_until,
 };
 use crate::nats::NatsCluster;
-use crate::util::{InProcessAggregator, TempDir};
+use crate::util::{AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, free_port};
 
-/// An aggregator that is node `node` of the cluster on `nats`, its data in `dir`.
-fn node(dir: &TempDir, nats: &NatsCluster, node: &str) -> InProcessAggregator {
+/// Few partitions keep the tests' stream small; the rule is the same for 64.
+const PARTITIONS: u32 = 8;
+
+/// An aggregator in this process that is node `node` of the cluster on `nats`, its data
+/// in `dir/data`.
+fn node(dir: &TempDir, nats: &NatsCluster, node: &str, data: &str) -> InProcessAggregator {
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(node, nats.urls());
-    // Few partitions keep the test's stream small; the rule is the same for 64.
-    cluster.partitions = 8;
+    cluster.partitions = PARTITIONS;
     InProcessAggregator::start_with(hourglass_aggregator::Config {
-        data_dir: dir.file(node).into(),
+        data_dir: dir.file(data).into(),
         cluster: Some(cluster),
         ..Default::default()
     })
+}
+
+/// A config file that makes an aggregator process node `node` of the cluster on `nats`.
+fn config_file(dir: &TempDir, nats: &NatsCluster, node: &str) -> String {
+    let path = dir.file(&format!("{node}.toml"));
+    let urls: Vec<String> = nats.urls().iter().map(|u| format!("{u:?}")).collect();
+    std::fs::write(
+        &path,
+        format!(
+            "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = {PARTITIONS}\n",
+            urls.join(", ")
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Waits until `node` has applied the stream up to `sequence`, then requires its Export
+/// and answers to equal the single aggregator's.
+fn assert_applied_same(name: &str, node: &impl AggregatorAddrs, sequence: f64) {
+    assert!(sequence > 0.0, "nothing was published");
+    wait_until(&format!("{name} to apply the stream"), || {
+        agg_metric(node, "cluster_applied_sequence") >= sequence
+    });
+    assert_same(&stored(node));
+    assert_eq!(
+        agg_metric(node, r#"cluster_applied_total{outcome="refused"}"#),
+        0.0,
+        "{name} refused messages"
+    );
 }
 
 #[test]
@@ -26,7 +66,7 @@ fn a_push_to_one_node_is_applied_by_every_node_byte_identically() {
     let dir = TempDir::new("cluster-apply");
     let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
         .iter()
-        .map(|name| node(&dir, &nats, name))
+        .map(|name| node(&dir, &nats, name, name))
         .collect();
     // The agent pushes to the first node only.
     let agent = start_agent(&dir, &nodes[0].grpc, "agent");
@@ -35,22 +75,84 @@ fn a_push_to_one_node_is_applied_by_every_node_byte_identically() {
     }
     wait_shipped(&agent);
     // Everything the agent saw acknowledged was published: every node applies all of it.
-    let published = agg_metric(&nodes[0], "cluster_published_messages_total");
-    assert!(published > 0.0, "nothing was published");
+    let sequence = agg_metric(&nodes[0], "cluster_published_sequence");
     for (i, n) in nodes.iter().enumerate() {
-        wait_until(&format!("node {} to apply the stream", i + 1), || {
-            agg_metric(n, r#"cluster_applied_total{outcome="ok"}"#) >= published
-        });
-        assert_same(&stored(n));
-        // Nothing was stored on the entry node outside the stream's apply.
-        assert_eq!(
-            agg_metric(n, r#"cluster_applied_total{outcome="refused"}"#),
-            0.0
-        );
+        assert_applied_same(&format!("node {}", i + 1), n, sequence);
+    }
+    let published = agg_metric(&nodes[0], "cluster_published_messages_total");
+    for n in &nodes {
+        assert!(agg_metric(n, r#"cluster_applied_total{outcome="ok"}"#) >= published);
     }
     assert_eq!(
         agg_metric(&nodes[1], "cluster_published_messages_total"),
         0.0,
         "only the node pushed to publishes"
     );
+
+    // A node replaced by one with an empty data dir (same name) reads the whole stream
+    // again with a consumer of its own, instead of resuming where the old store was.
+    let mut nodes = nodes;
+    drop(nodes.remove(2));
+    let fresh = node(&dir, &nats, "agg-3", "agg-3-replaced");
+    assert_applied_same("the replaced node 3", &fresh, sequence);
+}
+
+#[test]
+fn the_entry_node_sigkilled_mid_ingest_loses_nothing_acknowledged() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-kill-entry");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = config_file(&dir, &nats, "agg-1");
+    let args = ["--config", config.as_str()];
+    let entry = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
+    let other = node(&dir, &nats, "agg-2", "agg-2");
+    let agent = start_agent(&dir, &entry.grpc, "agent");
+    send_part(&agent, 0);
+    send_part(&agent, 1);
+    // Pushes are in flight every 200 ms: kill while the agent is shipping part 1.
+    std::thread::sleep(Duration::from_millis(150));
+    entry.kill();
+    send_part(&agent, 2);
+    let entry = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
+    send_part(&agent, 3);
+    wait_shipped(&agent);
+    // The agent's last pushes went through the restarted entry: the highest sequence.
+    let sequence = agg_metric(&entry, "cluster_published_sequence");
+    assert_applied_same("the restarted entry node", &entry, sequence);
+    assert_applied_same("the other node", &other, sequence);
+}
+
+#[test]
+fn the_stream_leader_sigkilled_mid_ingest_loses_nothing_acknowledged() {
+    let mut nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-kill-leader");
+    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2"]
+        .iter()
+        .map(|name| node(&dir, &nats, name, name))
+        .collect();
+    let agent = start_agent(&dir, &nodes[0].grpc, "agent");
+    send_part(&agent, 0);
+    wait_shipped(&agent);
+    send_part(&agent, 1);
+    let leader = nats.stream_leader("HOURGLASS");
+    std::thread::sleep(Duration::from_millis(150));
+    nats.kill(leader);
+    // Two of three servers keep a quorum: the stream elects a new leader and goes on.
+    send_part(&agent, 2);
+    send_part(&agent, 3);
+    wait_shipped(&agent);
+    assert_ne!(
+        nats.stream_leader("HOURGLASS"),
+        leader,
+        "a new leader was elected"
+    );
+    let sequence = agg_metric(&nodes[0], "cluster_published_sequence");
+    for (i, n) in nodes.iter().enumerate() {
+        assert_applied_same(&format!("node {}", i + 1), n, sequence);
+    }
+    // The killed server returns and catches up from its peers; nothing changes.
+    nats.start_node(leader);
+    for (i, n) in nodes.iter().enumerate() {
+        assert_applied_same(&format!("node {} after the return", i + 1), n, sequence);
+    }
 }

@@ -31,6 +31,8 @@ fn nats_server() -> &'static PathBuf {
 struct Node {
     name: String,
     client_port: u16,
+    /// The monitoring port (`/jsz`, `/healthz`).
+    http_port: u16,
     config: String,
     log: String,
     child: Option<Child>,
@@ -57,11 +59,12 @@ impl NatsCluster {
         for (i, cluster_port) in cluster_ports.iter().enumerate() {
             let name = format!("nats-{}", i + 1);
             let client_port = free_port();
+            let http_port = free_port();
             let config = dir.file(&format!("{name}.conf"));
             std::fs::write(
                 &config,
                 format!(
-                    "server_name: {name}\nlisten: 127.0.0.1:{client_port}\n\
+                    "server_name: {name}\nlisten: 127.0.0.1:{client_port}\nhttp: 127.0.0.1:{http_port}\n\
                      jetstream {{ store_dir: \"{store}\", sync_interval: always }}\n\
                      cluster {{ name: hourglass-test, listen: 127.0.0.1:{cluster_port}, routes: [{routes}] }}\n",
                     store = dir.file(&name),
@@ -72,6 +75,7 @@ impl NatsCluster {
             nodes.push(Node {
                 name,
                 client_port,
+                http_port,
                 config,
                 log: dir.file(&format!("nats-{}.log", i + 1)),
                 child: None,
@@ -120,6 +124,39 @@ impl NatsCluster {
         }
     }
 
+    /// The index of the node that leads `stream` now, as the servers' monitoring
+    /// endpoint (`/jsz`) reports it; asks each running node until one knows.
+    pub fn stream_leader(&self, stream: &str) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], node.http_port));
+                let (status, body) = crate::util::http_get(addr, "/jsz?accounts=true&streams=true");
+                if status != 200 {
+                    continue;
+                }
+                let json: serde_json::Value = serde_json::from_str(&body)
+                    .or_else(|_| serde_json::from_str(&dechunk(&body)))
+                    .unwrap_or_default();
+                let leader = json["account_details"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+                    .find(|s| s["name"] == stream)
+                    .and_then(|s| s["cluster"]["leader"].as_str());
+                if let Some(i) = leader.and_then(|l| self.nodes.iter().position(|n| n.name == l)) {
+                    return i;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no node names a leader of {stream}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Every node's client URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes
@@ -127,6 +164,23 @@ impl NatsCluster {
             .map(|n| format!("nats://127.0.0.1:{}", n.client_port))
             .collect()
     }
+}
+
+/// The body of a chunked HTTP/1.1 response (`http_get` keeps the chunk sizes).
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 impl Drop for NatsCluster {

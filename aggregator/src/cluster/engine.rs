@@ -234,16 +234,19 @@ impl Cluster {
             pending.push((m.subject, ack));
         }
         let messages = pending.len();
+        let mut last_sequence = 0;
         for (subject, ack) in pending {
-            ack.await.map_err(|e| PublishError::NotAcknowledged {
+            let ack = ack.await.map_err(|e| PublishError::NotAcknowledged {
                 subject,
                 detail: e.to_string(),
             })?;
+            last_sequence = last_sequence.max(ack.sequence);
         }
         Ok(PublishStats {
             messages,
             bytes,
             seconds: started.elapsed().as_secs_f64(),
+            last_sequence,
         })
     }
 
@@ -320,4 +323,6 @@ pub struct PublishStats {
     pub bytes: usize,
     /// From the first publish to the last acknowledgement.
     pub seconds: f64,
+    /// The highest stream sequence JetStream gave the messages.
+    pub last_sequence: u64,
 }

@@ -45,7 +45,7 @@ use std::time::Duration;
 use hourglass_rpc::time::deserialize_duration;
 use serde::Deserialize;
 
-pub(crate) use apply::apply;
+pub(crate) use apply::{apply, consumer_name};
 pub use engine::ClusterError;
 pub(crate) use engine::{Cluster, PublishError, PublishStats};
 
