@@ -173,7 +173,8 @@ impl Aggregator {
                 Arc::clone(&metrics),
                 config.limits.clone(),
                 config.retention.hourly,
-            );
+            )
+            .applying_for(&cluster);
             tokio::spawn(cluster::apply(
                 cluster,
                 consumer,

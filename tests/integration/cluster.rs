@@ -156,3 +156,69 @@ fn the_stream_leader_sigkilled_mid_ingest_loses_nothing_acknowledged() {
         assert_applied_same(&format!("node {} after the return", i + 1), n, sequence);
     }
 }
+
+/// The series bound refuses at the node an agent pushes to, with its reason, as on a
+/// single aggregator, instead of acknowledging a snapshot every node would then refuse.
+#[test]
+fn the_series_bound_refuses_at_the_entry_node_as_on_a_single_aggregator() {
+    use hourglass_rpc::proto::v1::{self, collector_client::CollectorClient};
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-bound");
+    let start = |name: &str| {
+        let config = config_file(&dir, &nats, name);
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str("[limits]\nmax_series_per_server = 2\n");
+        std::fs::write(&config, text).unwrap();
+        InProcessAggregator::start_from_file(&dir.file(name), &config)
+    };
+    let (entry, other) = (start("agg-1"), start("agg-2"));
+    let push = |metrics: &[&str]| crate::util::push_of_metrics("web-1", metrics);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes: Vec<Vec<v1::PushOutcome>> = runtime.block_on(async {
+        let mut collector = loop {
+            match CollectorClient::connect(entry.grpc.clone()).await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let mut all = Vec::new();
+        for metrics in [&["a", "b", "c"][..], &["d"][..], &["a"][..]] {
+            let response = loop {
+                // The node serves once it has joined the stream.
+                match collector.push(push(metrics)).await {
+                    Ok(r) => break r.into_inner(),
+                    Err(s) if s.code() == tonic::Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(s) => panic!("push refused: {s}"),
+                }
+            };
+            all.push(response.results.iter().map(|r| r.outcome()).collect());
+        }
+        all
+    });
+    use v1::PushOutcome::{Rejected, Stored};
+    assert_eq!(
+        outcomes,
+        vec![vec![Stored, Stored, Rejected], vec![Rejected], vec![Stored]],
+        "two series fit the bound; the third and fourth are refused to the agent"
+    );
+    let sequence = agg_metric(&entry, "cluster_published_sequence");
+    for (name, node) in [("entry", &entry), ("other", &other)] {
+        wait_until(&format!("the {name} node to apply the stream"), || {
+            agg_metric(node, "cluster_applied_sequence") >= sequence
+        });
+        // Only what was acknowledged reached the stream: nothing for the nodes to refuse.
+        assert_eq!(
+            agg_metric(
+                node,
+                r#"snapshots_rejected_total{reason="series_per_server"}"#
+            ),
+            if name == "entry" { 2.0 } else { 0.0 },
+            "{name}"
+        );
+    }
+}

@@ -301,16 +301,7 @@ async fn the_series_per_server_bound_refuses_new_series_and_holds_across_a_kill(
     let config = dir.file("agg.toml");
     std::fs::write(&config, "[limits]\nmax_series_per_server = 2\n").unwrap();
     let data = dir.file("agg");
-    let push = |server: &str, metrics: &[&str]| {
-        let mut request = crate::util::one_item_push(server, "m", b"x");
-        let template = request.snapshots.pop().unwrap();
-        for metric in metrics {
-            let mut s = template.clone();
-            s.series.as_mut().unwrap().metric = (*metric).into();
-            request.snapshots.push(s);
-        }
-        request
-    };
+    let push = crate::util::push_of_metrics;
     let outcomes = |response: v1::PushResponse| -> Vec<(v1::PushOutcome, String)> {
         response
             .results

@@ -681,6 +681,19 @@ pub fn snapshot(
     }
 }
 
+/// A push from `server` of one single-item distinct sketch for each of `metrics`, in
+/// the current hour: for tests of the series bound.
+pub fn push_of_metrics(server: &str, metrics: &[&str]) -> hourglass_rpc::proto::v1::PushRequest {
+    let mut request = one_item_push(server, "m", b"x");
+    let template = request.snapshots.pop().expect("one snapshot");
+    for metric in metrics {
+        let mut s = template.clone();
+        s.series.as_mut().expect("a series").metric = (*metric).into();
+        request.snapshots.push(s);
+    }
+    request
+}
+
 /// A push from `server` of one distinct sketch holding `item`, for `metric` in the current
 /// hour (declared live): the smallest real push, for tests of who may push what.
 pub fn one_item_push(

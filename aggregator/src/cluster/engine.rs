@@ -87,6 +87,9 @@ pub enum PublishError {
 /// A connection to the cluster's stream.
 pub struct Cluster {
     config: ClusterConfig,
+    /// The series bound's ledger, shared by this node's entry (which refuses a series
+    /// over the bound before publishing, as a single aggregator does) and its apply loop.
+    ledger: std::sync::Arc<crate::service::SeriesLedger>,
     client: async_nats::Client,
     jetstream: jetstream::Context,
 }
@@ -137,6 +140,7 @@ impl Cluster {
         jetstream.set_timeout(config.publish_timeout);
         let cluster = Cluster {
             config,
+            ledger: Default::default(),
             client,
             jetstream,
         };
@@ -147,6 +151,11 @@ impl Cluster {
     /// This node's configuration.
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// The series bound's ledger of this node.
+    pub(crate) fn ledger(&self) -> &std::sync::Arc<crate::service::SeriesLedger> {
+        &self.ledger
     }
 
     /// The JetStream context, for the apply loop's consumer.

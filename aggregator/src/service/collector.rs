@@ -59,7 +59,15 @@ impl CollectorService {
 
     /// This service publishing to `cluster` instead of storing (cluster mode's entry).
     pub(crate) fn publishing_to(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        self.ledger = Arc::clone(cluster.ledger());
         self.cluster = Some(cluster);
+        self
+    }
+
+    /// This service applying what `cluster`'s stream carries, with the series ledger the
+    /// node's entry uses, so both count the same series.
+    pub(crate) fn applying_for(mut self, cluster: &crate::cluster::Cluster) -> Self {
+        self.ledger = Arc::clone(cluster.ledger());
         self
     }
 
@@ -184,27 +192,24 @@ struct PushTarget<'a> {
     max_series: usize,
 }
 
-/// Stores the valid snapshots of one push, with the server's live hours, in one write.
-/// Returns, per snapshot of `valid` in order, what the store did or why the series bound
-/// refused it.
-fn store_push(
+/// The series bound's decision for each of `valid`, in order: the series' id, or how
+/// many series the server holds when this one would be one too many. A refused series is
+/// not created in the dictionary.
+fn admit(
     store: &dyn Store,
     ledger: &SeriesLedger,
+    server_id: crate::keys::ServerId,
     target: &PushTarget<'_>,
-    valid: Vec<Valid>,
-) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
-    let server = target.server;
-    let server_id = store.register_server(server, target.labels)?;
+    valid: &[Valid],
+) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
     let (oldest, limit) = (target.oldest_day, target.max_series);
-    let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
-    let mut batch = Vec::with_capacity(valid.len());
     ledger.with_server(store, server_id, oldest, |held| {
-        // Batches carry many hours of few series: look each series up once. A series the
-        // bound refuses is not created in the dictionary.
-        let mut ids: HashMap<SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
+        // Batches carry many hours of few series: look each series up once.
+        let mut ids: HashMap<&SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
+        let mut decisions = Vec::with_capacity(valid.len());
         for v in valid {
             let day = v.hour.day();
-            let id = match ids.get(&v.name) {
+            let decided = match ids.get(&v.name) {
                 Some(Ok(id)) => {
                     held.admit(*id, day, oldest, limit);
                     Ok(*id)
@@ -223,32 +228,55 @@ fn store_push(
                             Ok(id)
                         }
                     };
-                    ids.insert(v.name.clone(), decided);
+                    ids.insert(&v.name, decided);
                     decided
                 }
             };
-            match id {
-                Ok(id) => {
-                    let key = HourKey {
-                        series: id,
-                        hour: v.hour,
-                        server: server_id,
-                        epoch: Epoch(v.epoch),
-                    };
-                    batch.push((key, v.version, v.sketch));
-                    answers.push(None);
-                }
-                Err(count) => answers.push(Some(Err(reject(
-                    "series_per_server",
-                    format!(
-                        "snapshots[{}]: server {server:?} holds {count} series with data within retention.hourly and the limit is {limit} (limits.max_series_per_server); series {} would be one more",
-                        v.index, v.name
-                    ),
-                )))),
-            }
+            decisions.push(decided);
         }
-        Ok(())
-    })?;
+        Ok(decisions)
+    })
+}
+
+/// The rejection of `v` by the series bound, the server holding `count` series.
+fn over_series_bound(target: &PushTarget<'_>, v: &Valid, count: usize) -> Rejection {
+    reject(
+        "series_per_server",
+        format!(
+            "snapshots[{}]: server {:?} holds {count} series with data within retention.hourly and the limit is {} (limits.max_series_per_server); series {} would be one more",
+            v.index, target.server, target.max_series, v.name
+        ),
+    )
+}
+
+/// Stores the valid snapshots of one push, with the server's live hours, in one write.
+/// Returns, per snapshot of `valid` in order, what the store did or why the series bound
+/// refused it.
+fn store_push(
+    store: &dyn Store,
+    ledger: &SeriesLedger,
+    target: &PushTarget<'_>,
+    valid: Vec<Valid>,
+) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
+    let server_id = store.register_server(target.server, target.labels)?;
+    let decisions = admit(store, ledger, server_id, target, &valid)?;
+    let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
+    let mut batch = Vec::with_capacity(valid.len());
+    for (v, decision) in valid.into_iter().zip(decisions) {
+        match decision {
+            Ok(id) => {
+                let key = HourKey {
+                    series: id,
+                    hour: v.hour,
+                    server: server_id,
+                    epoch: Epoch(v.epoch),
+                };
+                batch.push((key, v.version, v.sketch));
+                answers.push(None);
+            }
+            Err(count) => answers.push(Some(Err(over_series_bound(target, &v, count)))),
+        }
+    }
     let live = (!target.live_hours.is_empty()).then_some((server_id, target.live_hours));
     let mut outcomes = store.put_push(live, &batch)?.into_iter();
     answers
@@ -262,6 +290,29 @@ fn store_push(
             }),
         })
         .collect()
+}
+
+/// Cluster mode's half of [`store_push`]: registers the server and applies the series
+/// bound in this node's store and ledger (the apply loop shares the ledger), storing
+/// nothing. Returns, per snapshot of `valid` in order, `None` to publish it or why the
+/// bound refuses it.
+fn admit_push(
+    store: &dyn Store,
+    ledger: &SeriesLedger,
+    target: &PushTarget<'_>,
+    valid: &[Valid],
+) -> Result<Vec<Option<Rejection>>, crate::store::StoreError> {
+    let server_id = store.register_server(target.server, target.labels)?;
+    let decisions = admit(store, ledger, server_id, target, valid)?;
+    Ok(valid
+        .iter()
+        .zip(decisions)
+        .map(|(v, decision)| {
+            decision
+                .err()
+                .map(|count| over_series_bound(target, v, count))
+        })
+        .collect())
 }
 
 #[tonic::async_trait]
@@ -344,7 +395,14 @@ impl CollectorService {
         let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
         if let Some(cluster) = &self.cluster {
             return self
-                .publish(cluster, &server, &live, request.snapshots, &accepted_hours)
+                .publish(
+                    cluster,
+                    &server,
+                    labels,
+                    &live,
+                    request.snapshots,
+                    &accepted_hours,
+                )
                 .await;
         }
         let mut results = Vec::with_capacity(request.snapshots.len());
@@ -386,34 +444,72 @@ impl CollectorService {
 
     /// Cluster mode: checks each snapshot as [`Self::push_inner`] does, publishes those
     /// that pass (by partition) with the server and its live hours, and answers STORED
-    /// for each once JetStream acknowledged every publish. The series bound is applied
-    /// where the snapshots are stored, by every node's apply loop.
+    /// for each once JetStream acknowledged every publish. The series bound refuses here
+    /// as on a single aggregator, from this node's store (which holds what the stream
+    /// carried) and ledger; every node's apply loop applies it again.
     async fn publish(
         &self,
         cluster: &crate::cluster::Cluster,
         server: &v1::Server,
+        labels: Vec<(String, String)>,
         live: &[Hour],
         snapshots: Vec<v1::Snapshot>,
         accepted_hours: &std::ops::RangeInclusive<u32>,
     ) -> Result<v1::PushResponse, Status> {
         let partitions = cluster.config().partitions;
         let mut results = Vec::with_capacity(snapshots.len());
-        let mut outgoing = Vec::with_capacity(snapshots.len());
+        let mut valid = Vec::with_capacity(snapshots.len());
+        let mut originals = Vec::with_capacity(snapshots.len());
         for (i, snapshot) in snapshots.into_iter().enumerate() {
             // The check takes the sketch's bytes (a reference count, not a copy).
             let mut checked = snapshot.clone();
             match check_snapshot(i, &mut checked, &self.limits, accepted_hours) {
                 Ok(v) => {
-                    results.push(v1::SnapshotResult {
-                        outcome: v1::PushOutcome::Stored as i32,
-                        held_version: v.version,
-                        reason: String::new(),
-                    });
-                    let p = crate::cluster::partition(&v.name, partitions);
-                    outgoing.push((p, i, snapshot));
+                    results.push(v1::SnapshotResult::default());
+                    valid.push(v);
+                    originals.push(snapshot);
                 }
                 Err(r) => results.push(self.rejection(r)),
             }
+        }
+        // The series bound, as a single aggregator applies it, in this node's store.
+        let (store, ledger) = (Arc::clone(&self.store), Arc::clone(&self.ledger));
+        let name = server.name.clone();
+        let oldest_day = Hour(*accepted_hours.start()).day();
+        let max_series = self.limits.max_series_per_server;
+        let (valid, refusals) = tokio::task::spawn_blocking(move || {
+            let target = PushTarget {
+                server: &name,
+                labels: &labels,
+                live_hours: &[],
+                oldest_day,
+                max_series,
+            };
+            admit_push(store.as_ref(), &ledger, &target, &valid).map(|r| (valid, r))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "checking a push's series failed");
+            convert::store_status(&e)
+        })?;
+        let mut outgoing = Vec::with_capacity(valid.len());
+        for ((v, refusal), snapshot) in valid.into_iter().zip(refusals).zip(originals) {
+            results[v.index] = match refusal {
+                Some(r) => self.rejection(r),
+                None => {
+                    outgoing.push((
+                        crate::cluster::partition(&v.name, partitions),
+                        v.index,
+                        snapshot,
+                    ));
+                    v1::SnapshotResult {
+                        outcome: v1::PushOutcome::Stored as i32,
+                        held_version: v.version,
+                        reason: String::new(),
+                    }
+                }
+            };
         }
         let live: Vec<u32> = live.iter().map(|h| h.0).collect();
         let published = outgoing.len() as u64;

@@ -19,6 +19,7 @@ use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
 pub(crate) use collector::CollectorService;
+pub(crate) use ledger::SeriesLedger;
 pub(crate) use query::QueryService;
 
 pub(crate) use hourglass_rpc::proto::code_label as outcome_label;
