@@ -222,3 +222,189 @@ fn the_series_bound_refuses_at_the_entry_node_as_on_a_single_aggregator() {
         );
     }
 }
+
+// ---- Review of the first stage (branch review-cluster) ----
+
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::proto::v1::collector_client::CollectorClient;
+use hourglass_rpc::proto::v1::query_client::QueryClient;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn channel(agg: &InProcessAggregator) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(agg.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn web1() -> Option<v1::Server> {
+    Some(v1::Server {
+        name: "web-1".into(),
+        labels: vec![],
+    })
+}
+
+fn hll(items: std::ops::Range<u32>) -> Vec<u8> {
+    let mut h = hourglass_sketch::hll::Hll::new(12).unwrap();
+    for i in items {
+        h.insert(&i.to_le_bytes());
+    }
+    h.encode()
+}
+
+/// Waits until `agg` applied everything it published (it is the only entry node).
+fn wait_applied(agg: &InProcessAggregator) {
+    let published = agg_metric(agg, "cluster_published_messages_total");
+    wait_until("the stream to be applied", || {
+        agg_metric(agg, r#"cluster_applied_total{outcome="ok"}"#) >= published
+    });
+}
+
+async fn export(q: &mut QueryClient<tonic::transport::Channel>, hour: u32) -> Vec<u8> {
+    q.export(v1::ExportRequest {
+        selector: Some(v1::Selector {
+            metric: "visits".into(),
+            range: Some(v1::TimeRange {
+                start_hour: hour,
+                end_hour: hour + 1,
+            }),
+            servers: vec!["web-1".into()],
+            ..Default::default()
+        }),
+        kind: v1::SketchKind::Distinct as i32,
+    })
+    .await
+    .expect("export")
+    .into_inner()
+    .sketch
+    .map(|s| s.data.to_vec())
+    .unwrap_or_default()
+}
+
+/// A single aggregator answers a push older than what it holds STALE with the held
+/// version, which is how an agent whose checkpoint fell behind learns to continue above it
+/// (agent/src/shipper.rs: `raise_last_version`, `mark_dirty`). In cluster mode the entry
+/// node answers STORED with the pushed version, the apply loop then drops the snapshot as
+/// stale, and the agent never sends the entry again: acknowledged content is lost.
+#[test]
+fn cluster_a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-stale");
+    let agg = node(&dir, &nats, "agg-1");
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
+    let mut q = rt.block_on(async { QueryClient::new(channel(&agg).await) });
+    let push = |c: &mut CollectorClient<_>, snapshots| {
+        rt.block_on(c.push(v1::PushRequest {
+            server: web1(),
+            snapshots,
+            live_hours: vec![hour],
+        }))
+    };
+    // A push of live hours alone: answered with no results, published, applied.
+    let r = push(&mut c, vec![]).expect("a push with no snapshots");
+    assert!(r.into_inner().results.is_empty());
+    let held = crate::util::snapshot("visits", hour, 5, v1::SketchKind::Distinct, hll(0..100));
+    let r = push(&mut c, vec![held]).expect("push v5").into_inner();
+    assert_eq!(r.results[0].outcome(), v1::PushOutcome::Stored);
+    wait_applied(&agg);
+    let before = rt.block_on(export(&mut q, hour));
+    assert!(!before.is_empty());
+    // Version 3, other content: a checkpoint that fell behind.
+    let behind = crate::util::snapshot("visits", hour, 3, v1::SketchKind::Distinct, hll(0..7));
+    let r = push(&mut c, vec![behind]).expect("push v3").into_inner();
+    wait_applied(&agg);
+    // The version rule holds at apply: the older version did not replace the newer.
+    assert_eq!(rt.block_on(export(&mut q, hour)), before);
+    // And the agent must be told so, as a single aggregator tells it.
+    assert_eq!(
+        (r.results[0].outcome(), r.results[0].held_version),
+        (v1::PushOutcome::Stale, 5),
+        "the entry node acknowledged as STORED a snapshot every node drops as stale"
+    );
+}
+
+/// Default limits accept a membership sketch up to 16 MiB, NATS' default max_payload is
+/// 1 MiB. A single aggregator stores such a push; the cluster refuses the whole push with
+/// RESOURCE_EXHAUSTED, which the agent takes as refused for good (`refused_for_good`,
+/// `drop_refused`): every snapshot of the push is dropped, the small ones too.
+#[test]
+fn cluster_a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-large");
+    let agg = node(&dir, &nats, "agg-1");
+    let hour = crate::util::this_hour();
+    let mut bloom = hourglass_sketch::bloom::Bloom::new(2_000_000, 0.01).unwrap();
+    bloom.insert(b"x");
+    let big = bloom.encode();
+    assert!(big.len() > 1 << 20 && big.len() < 16 << 20, "{}", big.len());
+    let rt = runtime();
+    let result = rt.block_on(async {
+        let mut c = CollectorClient::new(channel(&agg).await).max_encoding_message_size(64 << 20);
+        c.push(v1::PushRequest {
+            server: web1(),
+            snapshots: vec![
+                crate::util::snapshot("visits", hour, 1, v1::SketchKind::Distinct, hll(0..10)),
+                crate::util::snapshot("members", hour, 1, v1::SketchKind::Membership, big),
+            ],
+            live_hours: vec![hour],
+        })
+        .await
+    });
+    let results = result
+        .expect("the push is refused as a whole: its small snapshot is lost with the big one")
+        .into_inner()
+        .results;
+    assert_eq!(results[0].outcome(), v1::PushOutcome::Stored);
+}
+
+/// With every NATS server gone, a push is answered UNAVAILABLE within about
+/// publish_timeout, never STORED, and never hangs.
+#[test]
+fn cluster_a_push_while_nats_is_down_is_unavailable_promptly() {
+    let mut nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-down");
+    let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new("agg-1", nats.urls());
+    cluster.partitions = 8;
+    cluster.publish_timeout = std::time::Duration::from_secs(2);
+    let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
+        data_dir: dir.file("agg-1").into(),
+        cluster: Some(cluster),
+        ..Default::default()
+    });
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
+    let snapshots: Vec<v1::Snapshot> = (0..40)
+        .map(|i| {
+            crate::util::snapshot(&format!("m{i}"), hour, 1, v1::SketchKind::Distinct, hll(0..3))
+        })
+        .collect();
+    let push = |c: &mut CollectorClient<_>| {
+        rt.block_on(c.push(v1::PushRequest {
+            server: web1(),
+            snapshots: snapshots.clone(),
+            live_hours: vec![hour],
+        }))
+    };
+    push(&mut c).expect("a push while NATS is up");
+    for i in 0..3 {
+        nats.kill(i);
+    }
+    let started = std::time::Instant::now();
+    let e = push(&mut c).expect_err("a push while NATS is down");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -267,60 +267,71 @@ impl Cluster {
         snapshots: Vec<(u32, usize, v1::Snapshot)>,
     ) -> Result<Vec<Outgoing>, PublishError> {
         let max = self.client.server_info().max_payload;
-        let header = v1::PushRequest {
-            server: Some(server.clone()),
-            snapshots: vec![],
-            live_hours: vec![],
-        };
-        let base = header.encoded_len();
-        let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
-        for (p, index, snapshot) in snapshots {
-            by_partition.entry(p).or_default().push((index, snapshot));
-        }
-        let mut out = Vec::new();
-        for (p, group) in by_partition {
-            let subject = self.config.partition_subject(p);
-            let mut current = header.clone();
-            let mut size = base;
-            for (index, snapshot) in group {
-                // A repeated field's entry: its tag, its length, its bytes.
-                let len = snapshot.encoded_len();
-                let entry = 1 + prost::length_delimiter_len(len) + len;
-                if base + entry > max {
-                    return Err(PublishError::TooLarge {
-                        index,
-                        bytes: base + entry,
-                        max,
-                    });
-                }
-                if size + entry > max {
-                    out.push(Outgoing {
-                        subject: subject.clone(),
-                        payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
-                    });
-                    size = base;
-                }
-                size += entry;
-                current.snapshots.push(snapshot);
-            }
-            out.push(Outgoing {
-                subject,
-                payload: current.encode_to_vec(),
-            });
-        }
-        // Always, so that every node registers the server and its labels, as a single
-        // aggregator does for a push with no snapshots.
-        let live = v1::PushRequest {
-            server: Some(server.clone()),
-            snapshots: vec![],
-            live_hours: live_hours.to_vec(),
-        };
-        out.push(Outgoing {
-            subject: self.config.live_subject(),
-            payload: live.encode_to_vec(),
-        });
-        Ok(out)
+        split(&self.config, max, server, live_hours, snapshots)
     }
+}
+
+/// The messages of one push for servers whose max_payload is `max`.
+fn split(
+    config: &ClusterConfig,
+    max: usize,
+    server: &v1::Server,
+    live_hours: &[u32],
+    snapshots: Vec<(u32, usize, v1::Snapshot)>,
+) -> Result<Vec<Outgoing>, PublishError> {
+    let header = v1::PushRequest {
+        server: Some(server.clone()),
+        snapshots: vec![],
+        live_hours: vec![],
+    };
+    let base = header.encoded_len();
+    let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
+    for (p, index, snapshot) in snapshots {
+        by_partition.entry(p).or_default().push((index, snapshot));
+    }
+    let mut out = Vec::new();
+    for (p, group) in by_partition {
+        let subject = config.partition_subject(p);
+        let mut current = header.clone();
+        let mut size = base;
+        for (index, snapshot) in group {
+            // A repeated field's entry: its tag, its length, its bytes.
+            let len = snapshot.encoded_len();
+            let entry = 1 + prost::length_delimiter_len(len) + len;
+            if base + entry > max {
+                return Err(PublishError::TooLarge {
+                    index,
+                    bytes: base + entry,
+                    max,
+                });
+            }
+            if size + entry > max {
+                out.push(Outgoing {
+                    subject: subject.clone(),
+                    payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
+                });
+                size = base;
+            }
+            size += entry;
+            current.snapshots.push(snapshot);
+        }
+        out.push(Outgoing {
+            subject,
+            payload: current.encode_to_vec(),
+        });
+    }
+    // Always, so that every node registers the server and its labels, as a single
+    // aggregator does for a push with no snapshots.
+    let live = v1::PushRequest {
+        server: Some(server.clone()),
+        snapshots: vec![],
+        live_hours: live_hours.to_vec(),
+    };
+    out.push(Outgoing {
+        subject: config.live_subject(),
+        payload: live.encode_to_vec(),
+    });
+    Ok(out)
 }
 
 /// What one publish cost.
@@ -334,4 +345,103 @@ pub struct PublishStats {
     pub seconds: f64,
     /// The highest stream sequence JetStream gave the messages.
     pub last_sequence: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> v1::Server {
+        v1::Server {
+            name: "web-1".into(),
+            labels: vec![],
+        }
+    }
+
+    /// A snapshot whose sketch bytes are `n` long (the split never looks inside them).
+    fn snapshot(version: u64, n: usize) -> v1::Snapshot {
+        v1::Snapshot {
+            series: Some(v1::Series {
+                metric: "m".into(),
+                tags: vec![],
+            }),
+            hour: 500_000,
+            epoch: 1,
+            version,
+            sketch: Some(v1::EncodedSketch {
+                kind: 1,
+                data: vec![7u8; n].into(),
+            }),
+        }
+    }
+
+    fn entry(s: &v1::Snapshot) -> usize {
+        let len = s.encoded_len();
+        1 + prost::length_delimiter_len(len) + len
+    }
+
+    #[test]
+    fn the_split_keeps_every_snapshot_in_order_and_each_message_within_max_payload() {
+        let config = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
+        let base = v1::PushRequest {
+            server: Some(server()),
+            ..Default::default()
+        }
+        .encoded_len();
+        // Sizes across the 1- and 2-byte length prefixes (127/128) and the 2/3 (16383/16384).
+        let sizes = [0usize, 1, 100, 120, 127, 128, 300, 16_000, 16_380, 16_384, 5, 9_000];
+        for max in [base + entry(&snapshot(1, 16_384)), 20_000, 40_000, 70_000] {
+            let input: Vec<(u32, usize, v1::Snapshot)> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ((i % 3) as u32, i, snapshot(i as u64 + 1, n)))
+                .collect();
+            let out = split(&config, max, &server(), &[1, 2], input.clone()).unwrap();
+            let mut got: Vec<(u32, v1::Snapshot)> = Vec::new();
+            for m in &out {
+                assert!(m.payload.len() <= max, "{} > {max}", m.payload.len());
+                let r = v1::PushRequest::decode(m.payload.as_slice()).unwrap();
+                assert_eq!(r.server, Some(server()));
+                if m.subject == config.live_subject() {
+                    assert_eq!(r.live_hours, vec![1, 2]);
+                    assert!(r.snapshots.is_empty());
+                    continue;
+                }
+                assert!(!r.snapshots.is_empty(), "an empty message on {}", m.subject);
+                let p: u32 = m.subject.rsplit('.').next().unwrap().parse().unwrap();
+                got.extend(r.snapshots.into_iter().map(|s| (p, s)));
+            }
+            let mut want: Vec<(u32, v1::Snapshot)> =
+                input.into_iter().map(|(p, _, s)| (p, s)).collect();
+            want.sort_by_key(|(p, _)| *p); // stable: push order within a partition
+            assert_eq!(got, want, "max {max}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_exactly_at_max_payload_fits_and_one_byte_more_does_not() {
+        let config = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
+        let s = snapshot(1, 5_000);
+        let max = v1::PushRequest {
+            server: Some(server()),
+            snapshots: vec![s.clone()],
+            live_hours: vec![],
+        }
+        .encoded_len();
+        let out = split(&config, max, &server(), &[], vec![(0, 0, s.clone())]).unwrap();
+        assert_eq!(out[0].payload.len(), max);
+        // Two of them: two messages, each exactly max.
+        let out = split(
+            &config,
+            max,
+            &server(),
+            &[],
+            vec![(0, 0, s.clone()), (0, 1, s.clone())],
+        )
+        .unwrap();
+        assert_eq!(out.len(), 3);
+        assert!(out[..2].iter().all(|m| m.payload.len() == max));
+        let e = split(&config, max - 1, &server(), &[], vec![(0, 0, s)]).err().unwrap();
+        assert!(matches!(e, PublishError::TooLarge { index: 0, bytes, max: m } if bytes == max && m == max - 1));
+    }
 }

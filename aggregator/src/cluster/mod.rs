@@ -275,6 +275,25 @@ mod tests {
         );
     }
 
+    /// The node's name is part of its durable consumer's name, which JetStream refuses
+    /// with a space, '*', '>', '/' or '\\': such a node would start, publish, and never
+    /// apply anything, answering every query from an empty store.
+    #[test]
+    fn a_node_name_jetstream_refuses_as_a_consumer_name_is_refused() {
+        let ok = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
+        for bad in ["agg 1", "agg*", "agg>", "a/b", "a\\b"] {
+            let config = ClusterConfig {
+                node: bad.into(),
+                ..ok.clone()
+            };
+            let e = config.validate().map_err(|e| e.to_string());
+            assert!(
+                matches!(&e, Err(m) if m.contains("cluster.node")),
+                "{bad:?} was accepted: {e:?}"
+            );
+        }
+    }
+
     #[test]
     fn every_field_is_checked_by_name() {
         let ok = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
