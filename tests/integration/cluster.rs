@@ -385,7 +385,13 @@ fn cluster_a_push_while_nats_is_down_is_unavailable_promptly() {
     let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
     let snapshots: Vec<v1::Snapshot> = (0..40)
         .map(|i| {
-            crate::util::snapshot(&format!("m{i}"), hour, 1, v1::SketchKind::Distinct, hll(0..3))
+            crate::util::snapshot(
+                &format!("m{i}"),
+                hour,
+                1,
+                v1::SketchKind::Distinct,
+                hll(0..3),
+            )
         })
         .collect();
     let push = |c: &mut CollectorClient<_>| {

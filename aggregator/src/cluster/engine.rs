@@ -259,6 +259,25 @@ impl Cluster {
         })
     }
 
+    /// The message `snapshot` alone needs, from `server`, when it is more than the NATS
+    /// servers' max_payload: `(bytes, max)`. Such a snapshot cannot be published.
+    pub(crate) fn too_large(
+        &self,
+        server: &v1::Server,
+        snapshot: &v1::Snapshot,
+    ) -> Option<(usize, usize)> {
+        let max = self.client.server_info().max_payload;
+        let base = v1::PushRequest {
+            server: Some(server.clone()),
+            snapshots: vec![],
+            live_hours: vec![],
+        }
+        .encoded_len();
+        let len = snapshot.encoded_len();
+        let bytes = base + 1 + prost::length_delimiter_len(len) + len;
+        (bytes > max).then_some((bytes, max))
+    }
+
     /// The messages of one push: per partition, as few as the payload limit allows.
     fn messages(
         &self,
@@ -389,7 +408,9 @@ mod tests {
         }
         .encoded_len();
         // Sizes across the 1- and 2-byte length prefixes (127/128) and the 2/3 (16383/16384).
-        let sizes = [0usize, 1, 100, 120, 127, 128, 300, 16_000, 16_380, 16_384, 5, 9_000];
+        let sizes = [
+            0usize, 1, 100, 120, 127, 128, 300, 16_000, 16_380, 16_384, 5, 9_000,
+        ];
         for max in [base + entry(&snapshot(1, 16_384)), 20_000, 40_000, 70_000] {
             let input: Vec<(u32, usize, v1::Snapshot)> = sizes
                 .iter()
@@ -441,7 +462,11 @@ mod tests {
         .unwrap();
         assert_eq!(out.len(), 3);
         assert!(out[..2].iter().all(|m| m.payload.len() == max));
-        let e = split(&config, max - 1, &server(), &[], vec![(0, 0, s)]).err().unwrap();
-        assert!(matches!(e, PublishError::TooLarge { index: 0, bytes, max: m } if bytes == max && m == max - 1));
+        let e = split(&config, max - 1, &server(), &[], vec![(0, 0, s)])
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, PublishError::TooLarge { index: 0, bytes, max: m } if bytes == max && m == max - 1)
+        );
     }
 }

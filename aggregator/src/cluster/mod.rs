@@ -133,8 +133,9 @@ impl ClusterConfig {
             rule,
         };
         // The name is part of the consumer's name and of subjects: the server-name rule.
-        if hourglass_rpc::series::validate_server_name(&self.node).is_err()
-            || self.node.contains('.')
+        // JetStream refuses a consumer name with whitespace, '.', '*', '>' or a path
+        // separator: only the token characters the message promises.
+        if hourglass_rpc::series::validate_server_name(&self.node).is_err() || !is_token(&self.node)
         {
             return Err(invalid(
                 "cluster.node",

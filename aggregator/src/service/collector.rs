@@ -463,7 +463,19 @@ impl CollectorService {
         for (i, snapshot) in snapshots.into_iter().enumerate() {
             // The check takes the sketch's bytes (a reference count, not a copy).
             let mut checked = snapshot.clone();
-            match check_snapshot(i, &mut checked, &self.limits, accepted_hours) {
+            let checked = check_snapshot(i, &mut checked, &self.limits, accepted_hours)
+                .and_then(|v| match cluster.too_large(server, &snapshot) {
+                    // Refused alone: refusing the whole push would make the agent drop
+                    // every snapshot of it (RESOURCE_EXHAUSTED is refused for good).
+                    Some((bytes, max)) => Err(reject(
+                        "sketch.size",
+                        format!(
+                            "snapshots[{i}] needs a {bytes}-byte message, more than the NATS servers' max_payload of {max} bytes (cluster mode)"
+                        ),
+                    )),
+                    None => Ok(v),
+                });
+            match checked {
                 Ok(v) => {
                     results.push(v1::SnapshotResult::default());
                     valid.push(v);
