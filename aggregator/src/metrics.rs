@@ -165,7 +165,7 @@ pub struct Metrics {
     pub(crate) cluster_applied: Family<ApplyLabel, Counter>,
     /// Cluster mode: the highest stream sequence this node published and saw acknowledged.
     pub(crate) cluster_published_sequence: Gauge,
-    /// Cluster mode: the stream sequence of the last message this node applied.
+    /// Cluster mode: the highest stream sequence this node applied (or refused for good).
     pub(crate) cluster_applied_sequence: Gauge,
     /// Cluster mode: messages of the stream after the last one applied, as JetStream
     /// counted when it delivered that one: this node's lag.
@@ -418,7 +418,7 @@ impl Metrics {
         );
         r.register(
             "cluster_applied_sequence",
-            "Cluster mode: the stream sequence of the last message this node applied",
+            "Cluster mode: the highest stream sequence this node applied",
             self.cluster_applied_sequence.clone(),
         );
         r.register(
@@ -429,9 +429,14 @@ impl Metrics {
     }
 
     /// Records the stream position of the message just applied.
-    pub(crate) fn cluster_applied_at(&self, sequence: u64, pending: u64) {
+    pub(crate) fn cluster_applied_at(&self, sequence: u64, pending: u64, applied: bool) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.cluster_applied_sequence.set(clamp(sequence));
+        if applied {
+            // Redeliveries of older messages do not move it back.
+            self.cluster_applied_sequence
+                .inner()
+                .fetch_max(clamp(sequence), std::sync::atomic::Ordering::Relaxed);
+        }
         self.cluster_pending.set(clamp(pending));
     }
 

@@ -297,7 +297,7 @@ async fn export(q: &mut QueryClient<tonic::transport::Channel>, hour: u32) -> Ve
 fn cluster_a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-stale");
-    let agg = node(&dir, &nats, "agg-1");
+    let agg = node(&dir, &nats, "agg-1", "agg-1");
     let hour = crate::util::this_hour();
     let rt = runtime();
     let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
@@ -340,7 +340,7 @@ fn cluster_a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
 fn cluster_a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-large");
-    let agg = node(&dir, &nats, "agg-1");
+    let agg = node(&dir, &nats, "agg-1", "agg-1");
     let hour = crate::util::this_hour();
     let mut bloom = hourglass_sketch::bloom::Bloom::new(2_000_000, 0.01).unwrap();
     bloom.insert(b"x");

@@ -112,9 +112,6 @@ async fn consume(
             None => return stream_error(format!("consumer {durable} ended")),
         };
         let outcome = apply_one(applier, &message.subject, &message.payload).await;
-        if let Ok(info) = message.info() {
-            metrics.cluster_applied_at(info.stream_sequence, info.pending);
-        }
         metrics
             .cluster_applied
             .get_or_create(&ApplyLabel {
@@ -125,6 +122,15 @@ async fn consume(
                 },
             })
             .inc();
+        // After the count, so that a reader who sees the position also sees the count.
+        if let Ok(info) = message.info() {
+            // A message to retry is not applied yet; its redelivery will be.
+            let applied = outcome != Applied::Retry;
+            metrics.cluster_applied_at(info.stream_sequence, info.pending, applied);
+            if applied {
+                cluster.record_applied(info.stream_sequence);
+            }
+        }
         let ack = match outcome {
             Applied::Ok => AckKind::Ack,
             Applied::Refused => AckKind::Term,

@@ -90,6 +90,8 @@ pub struct Cluster {
     /// The series bound's ledger, shared by this node's entry (which refuses a series
     /// over the bound before publishing, as a single aggregator does) and its apply loop.
     ledger: std::sync::Arc<crate::service::SeriesLedger>,
+    /// The highest stream sequence this node's apply loop has applied.
+    applied: tokio::sync::watch::Sender<u64>,
     client: async_nats::Client,
     jetstream: jetstream::Context,
 }
@@ -141,6 +143,7 @@ impl Cluster {
         let cluster = Cluster {
             config,
             ledger: Default::default(),
+            applied: tokio::sync::watch::Sender::new(0),
             client,
             jetstream,
         };
@@ -151,6 +154,26 @@ impl Cluster {
     /// This node's configuration.
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// Records that the apply loop applied the message at stream `sequence`.
+    pub(crate) fn record_applied(&self, sequence: u64) {
+        self.applied.send_if_modified(|held| {
+            let newer = sequence > *held;
+            if newer {
+                *held = sequence;
+            }
+            newer
+        });
+    }
+
+    /// Waits up to `timeout` for the apply loop to reach stream `sequence`; false if it
+    /// did not.
+    pub(crate) async fn wait_applied(&self, sequence: u64, timeout: Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(timeout, applied.wait_for(|&a| a >= sequence))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// The series bound's ledger of this node.

@@ -292,6 +292,32 @@ fn store_push(
         .collect()
 }
 
+/// The version this store holds for each of `sent` (pushed by `server`), or `None`.
+fn held_versions(
+    store: &dyn Store,
+    server: &str,
+    sent: &[Valid],
+) -> Result<Vec<Option<u64>>, crate::store::StoreError> {
+    let Some(server_id) = store.server_id(server)? else {
+        return Ok(vec![None; sent.len()]);
+    };
+    let mut out = Vec::with_capacity(sent.len());
+    for v in sent {
+        let mut held = None;
+        if let Some(series) = store.series_id(&v.name)? {
+            store.scan_hourly(series, v.hour..v.hour.next(), &mut |key, stored| {
+                if key.server == server_id && key.epoch == Epoch(v.epoch) {
+                    held = Some(stored.version);
+                    return false;
+                }
+                true
+            })?;
+        }
+        out.push(held);
+    }
+    Ok(out)
+}
+
 /// Cluster mode's half of [`store_push`]: registers the server and applies the series
 /// bound in this node's store and ledger (the apply loop shares the ledger), storing
 /// nothing. Returns, per snapshot of `valid` in order, `None` to publish it or why the
@@ -506,28 +532,55 @@ impl CollectorService {
             convert::store_status(&e)
         })?;
         let mut outgoing = Vec::with_capacity(valid.len());
+        let mut sent = Vec::with_capacity(valid.len());
         for ((v, refusal), snapshot) in valid.into_iter().zip(refusals).zip(originals) {
-            results[v.index] = match refusal {
-                Some(r) => self.rejection(r),
+            match refusal {
+                Some(r) => results[v.index] = self.rejection(r),
                 None => {
-                    outgoing.push((
-                        crate::cluster::partition(&v.name, partitions),
-                        v.index,
-                        snapshot,
-                    ));
-                    v1::SnapshotResult {
-                        outcome: v1::PushOutcome::Stored as i32,
-                        held_version: v.version,
-                        reason: String::new(),
-                    }
+                    let p = crate::cluster::partition(&v.name, partitions);
+                    outgoing.push((p, v.index, snapshot));
+                    sent.push(v);
                 }
-            };
+            }
         }
         let live: Vec<u32> = live.iter().map(|h| h.0).collect();
         let published = outgoing.len() as u64;
         match cluster.publish(server, &live, outgoing).await {
             Ok(stats) => {
                 self.metrics.cluster_published(&stats, published);
+                // Answer as a single aggregator would, from this node's store once it has
+                // applied the publish: STALE with the version held where a newer one is.
+                if !cluster
+                    .wait_applied(stats.last_sequence, cluster.config().publish_timeout)
+                    .await
+                {
+                    return Err(Status::unavailable(format!(
+                        "cluster: this node has not yet applied the stream up to its own publish (sequence {}) within cluster.publish_timeout; the push is in the stream, retry it for its answer",
+                        stats.last_sequence
+                    )));
+                }
+                let store = Arc::clone(&self.store);
+                let name = server.name.clone();
+                let held = tokio::task::spawn_blocking(move || {
+                    held_versions(store.as_ref(), &name, &sent).map(|h| (sent, h))
+                })
+                .await
+                .map_err(|e| Status::internal(format!("push task failed: {e}")))?
+                .map_err(|e| convert::store_status(&e))?;
+                for (v, held) in held.0.iter().zip(held.1) {
+                    results[v.index] = match held {
+                        Some(held) if held > v.version => v1::SnapshotResult {
+                            outcome: v1::PushOutcome::Stale as i32,
+                            held_version: held,
+                            reason: String::new(),
+                        },
+                        _ => v1::SnapshotResult {
+                            outcome: v1::PushOutcome::Stored as i32,
+                            held_version: v.version,
+                            reason: String::new(),
+                        },
+                    };
+                }
                 Ok(v1::PushResponse { results })
             }
             Err(e @ crate::cluster::PublishError::TooLarge { .. }) => {
