@@ -414,3 +414,69 @@ fn cluster_a_push_while_nats_is_down_is_unavailable_promptly() {
         started.elapsed()
     );
 }
+
+/// A node whose `[cluster]` disagrees with the stream already there (fewer copies, other
+/// partitions) refuses to start, naming the setting, instead of weakening durability or
+/// sending series to other partitions than the rest of the cluster.
+#[test]
+fn a_node_configured_unlike_the_stream_refuses_to_start() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-mismatch");
+    let first = node(&dir, &nats, "agg-1", "agg-1");
+    // It serves once it has made the stream (JetStream may take seconds to be ready).
+    wait_until("the first node to serve", || {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(first.admin) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut answer = String::new();
+        s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .is_ok()
+            && s.read_to_string(&mut answer).is_ok()
+            && answer.starts_with("HTTP/1.1 200")
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = |name: &str, change: &dyn Fn(&mut hourglass_aggregator::cluster::ClusterConfig)| {
+        let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats.urls());
+        cluster.partitions = PARTITIONS;
+        change(&mut cluster);
+        let config = hourglass_aggregator::Config {
+            data_dir: dir.file(name).into(),
+            cluster: Some(cluster),
+            ..Default::default()
+        };
+        runtime.block_on(async {
+            let aggregator = hourglass_aggregator::Aggregator::open(config).unwrap();
+            let listeners = hourglass_aggregator::Listeners {
+                grpc: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                grpc_tls: None,
+            };
+            let serving = aggregator.serve(listeners, std::future::pending());
+            match tokio::time::timeout(Duration::from_secs(30), serving).await {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => panic!("{name} started"),
+                Err(_) => panic!("{name} is serving"),
+            }
+        })
+    };
+    let e = start("agg-2", &|c| c.replicas = 1);
+    assert!(
+        e.contains("replicas 3") && e.contains("cluster.replicas"),
+        "{e}"
+    );
+    let e = start("agg-3", &|c| c.partitions = 16);
+    assert!(
+        e.contains("8 partitions") && e.contains("cluster.partitions = 16"),
+        "{e}"
+    );
+    let e = start("agg-4", &|c| c.subject_prefix = "other".into());
+    assert!(
+        e.contains("subjects") && e.contains("cluster.subject_prefix"),
+        "{e}"
+    );
+}

@@ -13,6 +13,9 @@ use super::ClusterConfig;
 /// The stream's metadata key that records its partition count.
 const PARTITIONS_KEY: &str = "hourglass.partitions";
 
+/// How long one JetStream request at start-up may take before it is tried again.
+const STARTUP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long start-up waits for JetStream (its servers may still be electing a leader).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -139,8 +142,10 @@ impl Cluster {
             .map_err(|_| connect_error(format!("no server answered within {START_TIMEOUT:?}")))?
             .map_err(|e| connect_error(e.to_string()))?;
         let mut jetstream = jetstream::new(client.clone());
-        jetstream.set_timeout(config.publish_timeout);
-        let cluster = Cluster {
+        // Short requests while JetStream may still be electing its leader (each attempt
+        // that meets no leader waits out the whole timeout); the publish timeout after.
+        jetstream.set_timeout(STARTUP_REQUEST_TIMEOUT);
+        let mut cluster = Cluster {
             config,
             ledger: Default::default(),
             applied: tokio::sync::watch::Sender::new(0),
@@ -148,6 +153,8 @@ impl Cluster {
             jetstream,
         };
         cluster.ensure_stream().await?;
+        let publish_timeout = cluster.config.publish_timeout;
+        cluster.jetstream.set_timeout(publish_timeout);
         Ok(cluster)
     }
 
@@ -228,6 +235,29 @@ impl Cluster {
                 found: found.unwrap_or_else(|| "an unknown number of".into()),
                 configured: c.partitions,
             });
+        }
+        // A stream made with other settings would silently weaken durability (fewer
+        // copies) or miss every publish (other subjects): refuse to start on it.
+        let mismatch = |setting: &str, found: String, configured: String| ClusterError::Stream {
+            stream: c.stream.clone(),
+            detail: format!(
+                "it exists with {setting} {found} but this node is configured for {configured}; \
+                 change the configuration or the stream (nats stream edit)"
+            ),
+        };
+        if info.config.num_replicas != c.replicas {
+            return Err(mismatch(
+                "replicas",
+                info.config.num_replicas.to_string(),
+                format!("{} (cluster.replicas)", c.replicas),
+            ));
+        }
+        if info.config.subjects != wanted.subjects {
+            return Err(mismatch(
+                "subjects",
+                format!("{:?}", info.config.subjects),
+                format!("{:?} (cluster.subject_prefix)", wanted.subjects),
+            ));
         }
         tracing::info!(
             stream = %c.stream,
