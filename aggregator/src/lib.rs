@@ -147,21 +147,7 @@ impl Aggregator {
         } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
-        let cluster = match &config.cluster {
-            Some(c) => {
-                let consumer = cluster::consumer_name(&config.data_dir, &c.node).map_err(|e| {
-                    StoreError::Io(format!(
-                        "cluster: the consumer file in {}: {e}",
-                        config.data_dir.display()
-                    ))
-                })?;
-                Some((
-                    Arc::new(cluster::Cluster::connect(c.clone()).await?),
-                    consumer,
-                ))
-            }
-            None => None,
-        };
+        let cluster = join_cluster(&config).await?;
         // One signal, many listeners: the gRPC server, the admin server and the
         // background task each wait on their own.
         let stop = hourglass_rpc::process::Stop::new(shutdown);
@@ -175,11 +161,12 @@ impl Aggregator {
                 config.retention.hourly,
             )
             .applying_for(&cluster);
+            let metrics = Arc::clone(&metrics);
             tokio::spawn(cluster::apply(
                 cluster,
                 consumer,
                 applier,
-                Arc::clone(&metrics),
+                metrics,
                 stop.stopped(),
             ))
         });
@@ -228,26 +215,46 @@ impl Aggregator {
         grpc_serving.store(false, Ordering::Release);
         // If gRPC failed on its own, stop the rest too.
         stop.release();
-        let (admin, background) = tokio::join!(admin, background);
-        if let Some(applying) = applying {
-            applying.await.map_err(|source| AggregatorError::Task {
-                what: "cluster apply",
-                source,
-            })?;
-        }
-        grpc.map_err(AggregatorError::Grpc)?;
-        admin
-            .map_err(|source| AggregatorError::Task {
-                what: "admin server",
-                source,
-            })?
-            .map_err(AggregatorError::Admin)?;
-        background.map_err(|source| AggregatorError::Task {
-            what: "background",
-            source,
-        })?;
+        grpc.map_err(AggregatorError::Grpc)
+            .and(finish(admin, background, applying).await)?;
         close(store)
     }
+}
+
+/// Waits for the tasks that run beside gRPC once they were told to stop, and reports the
+/// first that failed.
+async fn finish(
+    admin: tokio::task::JoinHandle<std::io::Result<()>>,
+    background: tokio::task::JoinHandle<()>,
+    applying: Option<tokio::task::JoinHandle<()>>,
+) -> Result<(), AggregatorError> {
+    let task = |what| move |source| AggregatorError::Task { what, source };
+    let (admin, background) = tokio::join!(admin, background);
+    if let Some(applying) = applying {
+        applying.await.map_err(task("cluster apply"))?;
+    }
+    admin
+        .map_err(task("admin server"))?
+        .map_err(AggregatorError::Admin)?;
+    background.map_err(task("background"))
+}
+
+/// Cluster mode: this store's consumer name and the connection to the stream, or `None`
+/// without `[cluster]`.
+async fn join_cluster(
+    config: &Config,
+) -> Result<Option<(Arc<cluster::Cluster>, String)>, AggregatorError> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let consumer = cluster::consumer_name(&config.data_dir, &c.node).map_err(|e| {
+        StoreError::Io(format!(
+            "cluster: the consumer file in {}: {e}",
+            config.data_dir.display()
+        ))
+    })?;
+    let cluster = cluster::Cluster::connect(c.clone()).await?;
+    Ok(Some((Arc::new(cluster), consumer)))
 }
 
 /// Flushes and closes the store once every other holder has let go of it, so RocksDB

@@ -57,10 +57,13 @@ impl CollectorService {
         }
     }
 
-    /// This service publishing to `cluster` instead of storing (cluster mode's entry).
-    pub(crate) fn publishing_to(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
-        self.ledger = Arc::clone(cluster.ledger());
-        self.cluster = Some(cluster);
+    /// This service publishing to `cluster` instead of storing (cluster mode's entry);
+    /// unchanged with `None`.
+    pub(crate) fn publishing_to(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
+        if let Some(cluster) = cluster {
+            self.ledger = Arc::clone(cluster.ledger());
+            self.cluster = Some(cluster);
+        }
         self
     }
 
@@ -482,7 +485,52 @@ impl CollectorService {
         snapshots: Vec<v1::Snapshot>,
         accepted_hours: &std::ops::RangeInclusive<u32>,
     ) -> Result<v1::PushResponse, Status> {
+        let (mut results, valid, originals) =
+            self.check_for_cluster(cluster, server, snapshots, accepted_hours);
+        let (valid, refusals) = self
+            .admit_series(server, labels, valid, accepted_hours)
+            .await?;
         let partitions = cluster.config().partitions;
+        let mut outgoing = Vec::with_capacity(valid.len());
+        let mut sent = Vec::with_capacity(valid.len());
+        for ((v, refusal), snapshot) in valid.into_iter().zip(refusals).zip(originals) {
+            match refusal {
+                Some(r) => results[v.index] = self.rejection(r),
+                None => {
+                    let p = crate::cluster::partition(&v.name, partitions);
+                    outgoing.push((p, v.index, snapshot));
+                    sent.push(v);
+                }
+            }
+        }
+        let live: Vec<u32> = live.iter().map(|h| h.0).collect();
+        let published = outgoing.len() as u64;
+        let stats = cluster
+            .publish(server, &live, outgoing)
+            .await
+            .map_err(|e| self.publish_failed(e))?;
+        self.metrics.cluster_published(&stats, published);
+        self.answer_from_store(
+            cluster,
+            &server.name,
+            stats.last_sequence,
+            sent,
+            &mut results,
+        )
+        .await?;
+        Ok(v1::PushResponse { results })
+    }
+
+    /// Checks each snapshot as [`Self::push_inner`] does, and that it fits one message of
+    /// the NATS servers. Returns the results so far (rejections filled in), the valid
+    /// snapshots and, beside each, the snapshot as it arrived (to publish).
+    fn check_for_cluster(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        server: &v1::Server,
+        snapshots: Vec<v1::Snapshot>,
+        accepted_hours: &std::ops::RangeInclusive<u32>,
+    ) -> (Vec<v1::SnapshotResult>, Vec<Valid>, Vec<v1::Snapshot>) {
         let mut results = Vec::with_capacity(snapshots.len());
         let mut valid = Vec::with_capacity(snapshots.len());
         let mut originals = Vec::with_capacity(snapshots.len());
@@ -510,12 +558,23 @@ impl CollectorService {
                 Err(r) => results.push(self.rejection(r)),
             }
         }
-        // The series bound, as a single aggregator applies it, in this node's store.
+        (results, valid, originals)
+    }
+
+    /// The series bound, as a single aggregator applies it, in this node's store: per
+    /// snapshot of `valid`, `None` to publish it or why it is refused.
+    async fn admit_series(
+        &self,
+        server: &v1::Server,
+        labels: Vec<(String, String)>,
+        valid: Vec<Valid>,
+        accepted_hours: &std::ops::RangeInclusive<u32>,
+    ) -> Result<(Vec<Valid>, Vec<Option<Rejection>>), Status> {
         let (store, ledger) = (Arc::clone(&self.store), Arc::clone(&self.ledger));
         let name = server.name.clone();
         let oldest_day = Hour(*accepted_hours.start()).day();
         let max_series = self.limits.max_series_per_server;
-        let (valid, refusals) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let target = PushTarget {
                 server: &name,
                 labels: &labels,
@@ -530,71 +589,69 @@ impl CollectorService {
         .map_err(|e| {
             tracing::error!(error = %e, "checking a push's series failed");
             convert::store_status(&e)
-        })?;
-        let mut outgoing = Vec::with_capacity(valid.len());
-        let mut sent = Vec::with_capacity(valid.len());
-        for ((v, refusal), snapshot) in valid.into_iter().zip(refusals).zip(originals) {
-            match refusal {
-                Some(r) => results[v.index] = self.rejection(r),
-                None => {
-                    let p = crate::cluster::partition(&v.name, partitions);
-                    outgoing.push((p, v.index, snapshot));
-                    sent.push(v);
-                }
+        })
+    }
+
+    /// The status of a push whose publishing failed: nothing of it is acknowledged.
+    fn publish_failed(&self, e: crate::cluster::PublishError) -> Status {
+        self.metrics.cluster_publish_failures.inc();
+        match e {
+            e @ crate::cluster::PublishError::TooLarge { .. } => {
+                Status::resource_exhausted(format!("cluster: {e}"))
             }
-        }
-        let live: Vec<u32> = live.iter().map(|h| h.0).collect();
-        let published = outgoing.len() as u64;
-        match cluster.publish(server, &live, outgoing).await {
-            Ok(stats) => {
-                self.metrics.cluster_published(&stats, published);
-                // Answer as a single aggregator would, from this node's store once it has
-                // applied the publish: STALE with the version held where a newer one is.
-                if !cluster
-                    .wait_applied(stats.last_sequence, cluster.config().publish_timeout)
-                    .await
-                {
-                    return Err(Status::unavailable(format!(
-                        "cluster: this node has not yet applied the stream up to its own publish (sequence {}) within cluster.publish_timeout; the push is in the stream, retry it for its answer",
-                        stats.last_sequence
-                    )));
-                }
-                let store = Arc::clone(&self.store);
-                let name = server.name.clone();
-                let held = tokio::task::spawn_blocking(move || {
-                    held_versions(store.as_ref(), &name, &sent).map(|h| (sent, h))
-                })
-                .await
-                .map_err(|e| Status::internal(format!("push task failed: {e}")))?
-                .map_err(|e| convert::store_status(&e))?;
-                for (v, held) in held.0.iter().zip(held.1) {
-                    results[v.index] = match held {
-                        Some(held) if held > v.version => v1::SnapshotResult {
-                            outcome: v1::PushOutcome::Stale as i32,
-                            held_version: held,
-                            reason: String::new(),
-                        },
-                        _ => v1::SnapshotResult {
-                            outcome: v1::PushOutcome::Stored as i32,
-                            held_version: v.version,
-                            reason: String::new(),
-                        },
-                    };
-                }
-                Ok(v1::PushResponse { results })
-            }
-            Err(e @ crate::cluster::PublishError::TooLarge { .. }) => {
-                self.metrics.cluster_publish_failures.inc();
-                Err(Status::resource_exhausted(format!("cluster: {e}")))
-            }
-            Err(e) => {
-                self.metrics.cluster_publish_failures.inc();
+            e => {
                 tracing::warn!(error = %e, "cluster: publishing a push failed");
-                Err(Status::unavailable(format!(
+                Status::unavailable(format!(
                     "cluster: {e}; nothing of this push is acknowledged, retry it"
-                )))
+                ))
             }
         }
+    }
+
+    /// Answers the published snapshots `sent` as a single aggregator would, from this
+    /// node's store once it has applied the stream up to `sequence`: STALE with the
+    /// version held where a newer one is, else STORED. UNAVAILABLE if the apply loop does
+    /// not get there within the publish timeout (the push is in the stream; a retry
+    /// gets its answer).
+    async fn answer_from_store(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        server: &str,
+        sequence: u64,
+        sent: Vec<Valid>,
+        results: &mut [v1::SnapshotResult],
+    ) -> Result<(), Status> {
+        if !cluster
+            .wait_applied(sequence, cluster.config().publish_timeout)
+            .await
+        {
+            return Err(Status::unavailable(format!(
+                "cluster: this node has not yet applied the stream up to its own publish (sequence {sequence}) within cluster.publish_timeout; the push is in the stream, retry it for its answer"
+            )));
+        }
+        let store = Arc::clone(&self.store);
+        let name = server.to_string();
+        let (sent, held) = tokio::task::spawn_blocking(move || {
+            held_versions(store.as_ref(), &name, &sent).map(|h| (sent, h))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
+        .map_err(|e| convert::store_status(&e))?;
+        for (v, held) in sent.iter().zip(held) {
+            results[v.index] = match held {
+                Some(held) if held > v.version => v1::SnapshotResult {
+                    outcome: v1::PushOutcome::Stale as i32,
+                    held_version: held,
+                    reason: String::new(),
+                },
+                _ => v1::SnapshotResult {
+                    outcome: v1::PushOutcome::Stored as i32,
+                    held_version: v.version,
+                    reason: String::new(),
+                },
+            };
+        }
+        Ok(())
     }
 
     /// The push's live hours as a set, bounded like snapshot hours: one far ahead would

@@ -59,15 +59,13 @@ pub async fn serve(
         cluster,
     } = options;
     let max_message = limits.max_message_bytes();
-    let mut collector = CollectorService::new(
+    let collector = CollectorService::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
         limits.clone(),
         retention_hourly,
-    );
-    if let Some(cluster) = cluster {
-        collector = collector.publishing_to(cluster);
-    }
+    )
+    .publishing_to(cluster);
     let collector = CollectorServer::new(collector)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
