@@ -480,3 +480,209 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
         "{e}"
     );
 }
+
+// ---- Review of the entry's answers from its store (branch review-cluster-2) ----
+
+/// Two nodes of a cluster on `nats` whose servers may hold `max_series` series each, and
+/// `extra` appended to each node's `[cluster]`.
+fn two_bounded_nodes(
+    dir: &TempDir,
+    nats: &NatsCluster,
+    max_series: usize,
+    extra: &str,
+) -> (InProcessAggregator, InProcessAggregator) {
+    let start = |name: &str| {
+        let config = config_file(dir, nats, name);
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text = text.replace("[cluster]\n", &format!("[cluster]\n{extra}"));
+        text.push_str(&format!("[limits]\nmax_series_per_server = {max_series}\n"));
+        std::fs::write(&config, text).unwrap();
+        InProcessAggregator::start_from_file(&dir.file(name), &config)
+    };
+    (start("agg-1"), start("agg-2"))
+}
+
+/// Pushes `request` to `agg`, retrying while the node is not serving yet.
+async fn push_when_ready(
+    agg: &InProcessAggregator,
+    request: v1::PushRequest,
+) -> Result<Vec<v1::PushOutcome>, tonic::Status> {
+    let mut c = loop {
+        match CollectorClient::connect(agg.grpc.clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    c.push(request)
+        .await
+        .map(|r| r.into_inner().results.iter().map(|r| r.outcome()).collect())
+}
+
+/// The series of `server` that `agg` holds data of, by metric name (Export of each).
+fn held_metrics(agg: &InProcessAggregator, server: &str, metrics: &[&str]) -> Vec<String> {
+    let rt = runtime();
+    rt.block_on(async {
+        let mut q = QueryClient::new(channel(agg).await);
+        let hour = crate::util::this_hour();
+        let mut out = Vec::new();
+        for metric in metrics {
+            let r = q
+                .export(v1::ExportRequest {
+                    selector: Some(v1::Selector {
+                        metric: (*metric).into(),
+                        range: Some(v1::TimeRange {
+                            start_hour: hour,
+                            end_hour: hour + 1,
+                        }),
+                        servers: vec![server.into()],
+                        ..Default::default()
+                    }),
+                    kind: v1::SketchKind::Distinct as i32,
+                })
+                .await;
+            let r = match r {
+                Ok(r) => r.into_inner(),
+                // No series of that metric at all: nothing held.
+                Err(s) if s.code() == tonic::Code::NotFound => continue,
+                Err(s) => panic!("export: {s}"),
+            };
+            if r.sketch.is_some_and(|s| !s.data.is_empty()) {
+                out.push((*metric).to_string());
+            }
+        }
+        out
+    })
+}
+
+/// Waits until both nodes applied everything either published.
+fn wait_both_applied(a: &InProcessAggregator, b: &InProcessAggregator) {
+    let sequence = agg_metric(a, "cluster_published_sequence")
+        .max(agg_metric(b, "cluster_published_sequence"));
+    for node in [a, b] {
+        wait_until("a node to apply the stream", || {
+            agg_metric(node, "cluster_applied_sequence") >= sequence
+        });
+    }
+}
+
+/// An agent that failed over (its push to one node timed out on its side) pushes to two
+/// entry nodes at once, a server at a bound of one series: each entry admits its series
+/// into the ledger its apply loop shares before it applies the other's message, so each
+/// apply loop refuses the *other* node's series. Each entry then reads its own store,
+/// finds its snapshot, answers STORED: both acknowledged, node 1 holds only `a`, node 2
+/// only `b`, for good. One of the two must be refused (and every node hold the same).
+#[test]
+fn cluster_concurrent_entries_at_the_series_bound_never_acknowledge_both() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-bound-race");
+    let (n1, n2) = two_bounded_nodes(&dir, &nats, 1, "");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Both serve (a push of live hours alone, for a server of its own).
+    for n in [&n1, &n2] {
+        rt.block_on(async {
+            loop {
+                match push_when_ready(n, crate::util::push_of_metrics("warm-up", &[])).await {
+                    Ok(_) => break,
+                    Err(s) if s.code() == tonic::Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(s) => panic!("{s}"),
+                }
+            }
+        });
+    }
+    let rounds = 6;
+    let mut answers = Vec::new();
+    for round in 0..rounds {
+        let server = format!("web-{round}");
+        let (a, b) = rt.block_on(async {
+            tokio::join!(
+                push_when_ready(&n1, crate::util::push_of_metrics(&server, &["a"])),
+                push_when_ready(&n2, crate::util::push_of_metrics(&server, &["b"])),
+            )
+        });
+        answers.push((a.expect("push a")[0], b.expect("push b")[0]));
+    }
+    wait_both_applied(&n1, &n2);
+    let mut wrong = Vec::new();
+    for (round, (a, b)) in answers.iter().enumerate() {
+        let server = format!("web-{round}");
+        let (h1, h2) = (
+            held_metrics(&n1, &server, &["a", "b"]),
+            held_metrics(&n2, &server, &["a", "b"]),
+        );
+        let stored = [(*a, "a"), (*b, "b")]
+            .iter()
+            .filter(|(o, _)| *o == v1::PushOutcome::Stored)
+            .map(|(_, m)| m.to_string())
+            .collect::<Vec<_>>();
+        // Everything acknowledged is held by every node, and the nodes agree.
+        if h1 != h2 || stored.iter().any(|m| !h1.contains(m) || !h2.contains(m)) {
+            wrong.push(format!(
+                "{server}: answered a={a:?} b={b:?}; node 1 holds {h1:?}, node 2 holds {h2:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A push whose publish fails (no JetStream quorum) is answered UNAVAILABLE, yet its new
+/// series stays counted in the entry's ledger, which the apply loop shares. The agent,
+/// failing over, pushes another series of the same server to another node: STORED there
+/// and applied there, but the first node's apply loop refuses it (the server "holds" the
+/// series that was never published), so an acknowledged snapshot is missing on node 1 for
+/// good.
+#[test]
+fn cluster_a_failed_publish_leaves_no_series_in_the_ledger() {
+    let mut nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-ledger-leak");
+    let (n1, n2) = two_bounded_nodes(&dir, &nats, 1, "publish_timeout = \"2s\"\n");
+    let rt = runtime();
+    for n in [&n1, &n2] {
+        rt.block_on(async {
+            loop {
+                match push_when_ready(n, crate::util::push_of_metrics("warm-up", &[])).await {
+                    Ok(_) => break,
+                    Err(s) if s.code() == tonic::Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(s) => panic!("{s}"),
+                }
+            }
+        });
+    }
+    // No quorum: the publish of `a` cannot be acknowledged.
+    nats.kill(1);
+    nats.kill(2);
+    let e = rt
+        .block_on(push_when_ready(&n1, crate::util::push_of_metrics("web-1", &["a"])))
+        .expect_err("a push without a JetStream quorum");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    nats.start_node(1);
+    nats.start_node(2);
+    // The agent fails over to node 2 with its next series.
+    let b = rt.block_on(async {
+        loop {
+            match push_when_ready(&n2, crate::util::push_of_metrics("web-1", &["b"])).await {
+                Ok(r) => break r,
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                Err(s) => panic!("{s}"),
+            }
+        }
+    });
+    assert_eq!(b, vec![v1::PushOutcome::Stored]);
+    wait_both_applied(&n1, &n2);
+    assert_eq!(held_metrics(&n2, "web-1", &["a", "b"]), vec!["b".to_string()]);
+    assert_eq!(
+        held_metrics(&n1, "web-1", &["a", "b"]),
+        vec!["b".to_string()],
+        "node 1 refused at apply a snapshot node 2 acknowledged STORED (series_per_server rejections on node 1: {})",
+        agg_metric(&n1, r#"snapshots_rejected_total{reason="series_per_server"}"#)
+    );
+}
