@@ -605,7 +605,13 @@ fn cluster_concurrent_entries_at_the_series_bound_never_acknowledge_both() {
                 push_when_ready(&n2, crate::util::push_of_metrics(&server, &["b"])),
             )
         });
-        answers.push((a.expect("push a")[0], b.expect("push b")[0]));
+        // UNAVAILABLE acknowledges nothing (the agent retries): as good as not STORED.
+        let outcome = |r: Result<Vec<v1::PushOutcome>, tonic::Status>| match r {
+            Ok(r) => r[0],
+            Err(s) if s.code() == tonic::Code::Unavailable => v1::PushOutcome::Unspecified,
+            Err(s) => panic!("{s}"),
+        };
+        answers.push((outcome(a), outcome(b)));
     }
     wait_both_applied(&n1, &n2);
     let mut wrong = Vec::new();
@@ -676,13 +682,21 @@ fn cluster_a_failed_publish_leaves_no_series_in_the_ledger() {
             }
         }
     });
-    assert_eq!(b, vec![v1::PushOutcome::Stored]);
     wait_both_applied(&n1, &n2);
-    assert_eq!(held_metrics(&n2, "web-1", &["a", "b"]), vec!["b".to_string()]);
-    assert_eq!(
+    let (h1, h2) = (
         held_metrics(&n1, "web-1", &["a", "b"]),
-        vec!["b".to_string()],
-        "node 1 refused at apply a snapshot node 2 acknowledged STORED (series_per_server rejections on node 1: {})",
+        held_metrics(&n2, "web-1", &["a", "b"]),
+    );
+    // The unacknowledged publish of `a` may still have reached the stream (JetStream
+    // commits it once the quorum is back): then `b` is rightly refused. Either way the
+    // nodes agree and hold what was acknowledged.
+    if b == vec![v1::PushOutcome::Stored] {
+        assert!(h2.contains(&"b".to_string()), "{h2:?}");
+    }
+    assert_eq!(
+        h1,
+        h2,
+        "node 2 answered {b:?}; node 1 refused at apply what node 2 holds (series_per_server rejections on node 1: {})",
         agg_metric(&n1, r#"snapshots_rejected_total{reason="series_per_server"}"#)
     );
 }

@@ -198,14 +198,45 @@ struct PushTarget<'a> {
 /// The series bound's decision for each of `valid`, in order: the series' id, or how
 /// many series the server holds when this one would be one too many. A refused series is
 /// not created in the dictionary.
+///
+/// With `commit` false (cluster mode's entry) the ledger is only read: the series this
+/// push would add are counted for the push alone, and the apply loop, which shares the
+/// ledger, counts what the stream actually carries, in the stream's order.
 fn admit(
     store: &dyn Store,
     ledger: &SeriesLedger,
     server_id: crate::keys::ServerId,
     target: &PushTarget<'_>,
     valid: &[Valid],
+    commit: bool,
 ) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
     let (oldest, limit) = (target.oldest_day, target.max_series);
+    if !commit {
+        return ledger.with_server(store, server_id, oldest, |held| {
+            let mut added: std::collections::HashSet<crate::keys::SeriesId> = Default::default();
+            let mut decisions = Vec::with_capacity(valid.len());
+            for v in valid {
+                let id = store.series_id(&v.name)?;
+                let decided = match id {
+                    Some(id) if held.holds(id) || added.contains(&id) => Ok(id),
+                    _ if held.is_full(oldest, limit.saturating_sub(added.len())) => {
+                        Err(held.len() + added.len())
+                    }
+                    Some(id) => {
+                        added.insert(id);
+                        Ok(id)
+                    }
+                    None => {
+                        let id = store.series_id_or_create(&v.name)?;
+                        added.insert(id);
+                        Ok(id)
+                    }
+                };
+                decisions.push(decided);
+            }
+            Ok(decisions)
+        });
+    }
     ledger.with_server(store, server_id, oldest, |held| {
         // Batches carry many hours of few series: look each series up once.
         let mut ids: HashMap<&SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
@@ -262,7 +293,7 @@ fn store_push(
     valid: Vec<Valid>,
 ) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
     let server_id = store.register_server(target.server, target.labels)?;
-    let decisions = admit(store, ledger, server_id, target, &valid)?;
+    let decisions = admit(store, ledger, server_id, target, &valid, true)?;
     let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
     let mut batch = Vec::with_capacity(valid.len());
     for (v, decision) in valid.into_iter().zip(decisions) {
@@ -332,7 +363,7 @@ fn admit_push(
     valid: &[Valid],
 ) -> Result<Vec<Option<Rejection>>, crate::store::StoreError> {
     let server_id = store.register_server(target.server, target.labels)?;
-    let decisions = admit(store, ledger, server_id, target, valid)?;
+    let decisions = admit(store, ledger, server_id, target, valid, false)?;
     Ok(valid
         .iter()
         .zip(decisions)
@@ -637,6 +668,19 @@ impl CollectorService {
         .await
         .map_err(|e| Status::internal(format!("push task failed: {e}")))?
         .map_err(|e| convert::store_status(&e))?;
+        // Applied up to the publish, yet not held at its version: the apply loop refused
+        // it (the series bound, counted in the stream's order) or will retry it. Nothing
+        // of the push is acknowledged; the agent's retry gets the answer.
+        if let Some(v) = sent
+            .iter()
+            .zip(&held)
+            .find_map(|(v, h)| (h.is_none_or(|h| h < v.version)).then_some(v))
+        {
+            return Err(Status::unavailable(format!(
+                "cluster: snapshots[{}] is not held at version {} after this node applied its publish (refused or to be retried there); nothing of this push is acknowledged, retry it",
+                v.index, v.version
+            )));
+        }
         for (v, held) in sent.iter().zip(held) {
             results[v.index] = match held {
                 Some(held) if held > v.version => v1::SnapshotResult {

@@ -111,6 +111,11 @@ impl ServerSeries {
         self.held.len() >= limit
     }
 
+    /// Whether the server holds `series`.
+    pub(crate) fn holds(&self, series: SeriesId) -> bool {
+        self.held.contains_key(&series)
+    }
+
     /// How many series the server holds.
     pub fn len(&self) -> usize {
         self.held.len()
