@@ -187,16 +187,7 @@ impl Aggregator {
         ));
 
         grpc_serving.store(true, Ordering::Release);
-        let grpc_stop = {
-            let stopped = stop.stopped();
-            let serving = Arc::clone(&grpc_serving);
-            async move {
-                stopped.await;
-                // Not ready from the moment draining starts, so no new traffic is sent.
-                serving.store(false, Ordering::Release);
-                tracing::info!("shutting down: draining RPCs in flight");
-            }
-        };
+        let grpc_stop = draining(stop.stopped(), Arc::clone(&grpc_serving));
         let grpc = service::serve(
             listeners.grpc,
             dyn_store,
@@ -219,6 +210,14 @@ impl Aggregator {
             .and(finish(admin, background, applying).await)?;
         close(store)
     }
+}
+
+/// Completes when `stopped` does, marking gRPC not serving from the moment draining
+/// starts, so that no new traffic is sent.
+async fn draining(stopped: impl Future<Output = ()>, serving: Arc<AtomicBool>) {
+    stopped.await;
+    serving.store(false, Ordering::Release);
+    tracing::info!("shutting down: draining RPCs in flight");
 }
 
 /// Waits for the tasks that run beside gRPC once they were told to stop, and reports the

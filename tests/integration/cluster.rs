@@ -294,7 +294,7 @@ async fn export(q: &mut QueryClient<tonic::transport::Channel>, hour: u32) -> Ve
 /// node answers STORED with the pushed version, the apply loop then drops the snapshot as
 /// stale, and the agent never sends the entry again: acknowledged content is lost.
 #[test]
-fn cluster_a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
+fn a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-stale");
     let agg = node(&dir, &nats, "agg-1", "agg-1");
@@ -337,7 +337,7 @@ fn cluster_a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
 /// RESOURCE_EXHAUSTED, which the agent takes as refused for good (`refused_for_good`,
 /// `drop_refused`): every snapshot of the push is dropped, the small ones too.
 #[test]
-fn cluster_a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
+fn a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-large");
     let agg = node(&dir, &nats, "agg-1", "agg-1");
@@ -369,7 +369,7 @@ fn cluster_a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
 /// With every NATS server gone, a push is answered UNAVAILABLE within about
 /// publish_timeout, never STORED, and never hangs.
 #[test]
-fn cluster_a_push_while_nats_is_down_is_unavailable_promptly() {
+fn a_push_while_nats_is_down_is_unavailable_promptly() {
     let mut nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-down");
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new("agg-1", nats.urls());
@@ -572,7 +572,7 @@ fn wait_both_applied(a: &InProcessAggregator, b: &InProcessAggregator) {
 /// finds its snapshot, answers STORED: both acknowledged, node 1 holds only `a`, node 2
 /// only `b`, for good. One of the two must be refused (and every node hold the same).
 #[test]
-fn cluster_concurrent_entries_at_the_series_bound_never_acknowledge_both() {
+fn concurrent_entries_at_the_series_bound_never_acknowledge_both() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-bound-race");
     let (n1, n2) = two_bounded_nodes(&dir, &nats, 1, "");
@@ -643,7 +643,7 @@ fn cluster_concurrent_entries_at_the_series_bound_never_acknowledge_both() {
 /// series that was never published), so an acknowledged snapshot is missing on node 1 for
 /// good.
 #[test]
-fn cluster_a_failed_publish_leaves_no_series_in_the_ledger() {
+fn a_failed_publish_leaves_no_series_in_the_ledger() {
     let mut nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-ledger-leak");
     let (n1, n2) = two_bounded_nodes(&dir, &nats, 1, "publish_timeout = \"2s\"\n");
@@ -665,7 +665,10 @@ fn cluster_a_failed_publish_leaves_no_series_in_the_ledger() {
     nats.kill(1);
     nats.kill(2);
     let e = rt
-        .block_on(push_when_ready(&n1, crate::util::push_of_metrics("web-1", &["a"])))
+        .block_on(push_when_ready(
+            &n1,
+            crate::util::push_of_metrics("web-1", &["a"]),
+        ))
         .expect_err("a push without a JetStream quorum");
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
     nats.start_node(1);
@@ -697,6 +700,9 @@ fn cluster_a_failed_publish_leaves_no_series_in_the_ledger() {
         h1,
         h2,
         "node 2 answered {b:?}; node 1 refused at apply what node 2 holds (series_per_server rejections on node 1: {})",
-        agg_metric(&n1, r#"snapshots_rejected_total{reason="series_per_server"}"#)
+        agg_metric(
+            &n1,
+            r#"snapshots_rejected_total{reason="series_per_server"}"#
+        )
     );
 }
