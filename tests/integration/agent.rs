@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    AgentProcess, AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, free_port,
-    hourglass, http_get, now_secs, this_hour,
+    AgentProcess, AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, channel,
+    free_port, hourglass, http_get, now_secs, this_hour,
 };
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient, query_client::QueryClient,
@@ -30,14 +30,6 @@ fn fast_config(dir: &TempDir, extra: &str) -> String {
     )
     .expect("write config");
     path
-}
-
-async fn channel(url: &str) -> Channel {
-    Channel::from_shared(url.to_string())
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect")
 }
 
 fn tag(key: &str, value: &str) -> v1::Tag {

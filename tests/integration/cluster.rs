@@ -13,7 +13,12 @@ use crate::faults::{
     PARTS, agg_metric, assert_same, send_part, start_agent, stored, wait_shipped, wait_until,
 };
 use crate::nats::NatsCluster;
-use crate::util::{AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, free_port};
+use crate::util::{
+    AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, channel, free_port, runtime,
+};
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, query_client::QueryClient,
+};
 
 /// Few partitions keep the tests' stream small; the rule is the same for 64.
 const PARTITIONS: u32 = 8;
@@ -45,13 +50,63 @@ fn config_file(dir: &TempDir, nats: &NatsCluster, node: &str) -> String {
     path
 }
 
+/// Waits until each of `nodes` has applied the stream up to the highest sequence any of
+/// them published.
+fn wait_applied(nodes: &[&dyn AggregatorAddrs]) {
+    let sequence = nodes
+        .iter()
+        .map(|n| agg_metric(*n, "cluster_published_sequence"))
+        .fold(0.0, f64::max);
+    for (i, node) in nodes.iter().enumerate() {
+        wait_applied_to(&format!("node {}", i + 1), *node, sequence);
+    }
+}
+
+/// Waits until `node` has applied the stream up to `sequence`.
+fn wait_applied_to(name: &str, node: &dyn AggregatorAddrs, sequence: f64) {
+    wait_until(&format!("{name} to apply the stream"), || {
+        agg_metric(node, "cluster_applied_sequence") >= sequence
+    });
+}
+
+/// Pushes `request` to `agg` until it answers other than UNAVAILABLE (a node serves once
+/// it has joined the stream, and answers a publish it has not applied yet UNAVAILABLE).
+async fn push_until_answered(
+    agg: &InProcessAggregator,
+    request: v1::PushRequest,
+) -> Vec<v1::PushOutcome> {
+    loop {
+        match push_when_ready(agg, request.clone()).await {
+            Ok(outcomes) => return outcomes,
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(s) => panic!("push refused: {s}"),
+        }
+    }
+}
+
+/// Pushes `request` to `agg` once, connecting as soon as it listens.
+async fn push_when_ready(
+    agg: &InProcessAggregator,
+    request: v1::PushRequest,
+) -> Result<Vec<v1::PushOutcome>, tonic::Status> {
+    let mut c = loop {
+        match CollectorClient::connect(agg.grpc.clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    c.push(request)
+        .await
+        .map(|r| r.into_inner().results.iter().map(|r| r.outcome()).collect())
+}
+
 /// Waits until `node` has applied the stream up to `sequence`, then requires its Export
 /// and answers to equal the single aggregator's.
 fn assert_applied_same(name: &str, node: &impl AggregatorAddrs, sequence: f64) {
     assert!(sequence > 0.0, "nothing was published");
-    wait_until(&format!("{name} to apply the stream"), || {
-        agg_metric(node, "cluster_applied_sequence") >= sequence
-    });
+    wait_applied_to(name, node, sequence);
     assert_same(&stored(node));
     assert_eq!(
         agg_metric(node, r#"cluster_applied_total{outcome="refused"}"#),
@@ -161,42 +216,14 @@ fn the_stream_leader_sigkilled_mid_ingest_loses_nothing_acknowledged() {
 /// single aggregator, instead of acknowledging a snapshot every node would then refuse.
 #[test]
 fn the_series_bound_refuses_at_the_entry_node_as_on_a_single_aggregator() {
-    use hourglass_rpc::proto::v1::{self, collector_client::CollectorClient};
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-bound");
-    let start = |name: &str| {
-        let config = config_file(&dir, &nats, name);
-        let mut text = std::fs::read_to_string(&config).unwrap();
-        text.push_str("[limits]\nmax_series_per_server = 2\n");
-        std::fs::write(&config, text).unwrap();
-        InProcessAggregator::start_from_file(&dir.file(name), &config)
-    };
-    let (entry, other) = (start("agg-1"), start("agg-2"));
-    let push = |metrics: &[&str]| crate::util::push_of_metrics("web-1", metrics);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcomes: Vec<Vec<v1::PushOutcome>> = runtime.block_on(async {
-        let mut collector = loop {
-            match CollectorClient::connect(entry.grpc.clone()).await {
-                Ok(c) => break c,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+    let (entry, other) = two_bounded_nodes(&dir, &nats, 2, "");
+    let outcomes: Vec<Vec<v1::PushOutcome>> = runtime().block_on(async {
         let mut all = Vec::new();
         for metrics in [&["a", "b", "c"][..], &["d"][..], &["a"][..]] {
-            let response = loop {
-                // The node serves once it has joined the stream.
-                match collector.push(push(metrics)).await {
-                    Ok(r) => break r.into_inner(),
-                    Err(s) if s.code() == tonic::Code::Unavailable => {
-                        tokio::time::sleep(Duration::from_millis(100)).await
-                    }
-                    Err(s) => panic!("push refused: {s}"),
-                }
-            };
-            all.push(response.results.iter().map(|r| r.outcome()).collect());
+            let request = crate::util::push_of_metrics("web-1", metrics);
+            all.push(push_until_answered(&entry, request).await);
         }
         all
     });
@@ -206,11 +233,8 @@ fn the_series_bound_refuses_at_the_entry_node_as_on_a_single_aggregator() {
         vec![vec![Stored, Stored, Rejected], vec![Rejected], vec![Stored]],
         "two series fit the bound; the third and fourth are refused to the agent"
     );
-    let sequence = agg_metric(&entry, "cluster_published_sequence");
+    wait_applied(&[&entry, &other]);
     for (name, node) in [("entry", &entry), ("other", &other)] {
-        wait_until(&format!("the {name} node to apply the stream"), || {
-            agg_metric(node, "cluster_applied_sequence") >= sequence
-        });
         // Only what was acknowledged reached the stream: nothing for the nodes to refuse.
         assert_eq!(
             agg_metric(
@@ -223,26 +247,7 @@ fn the_series_bound_refuses_at_the_entry_node_as_on_a_single_aggregator() {
     }
 }
 
-// ---- Review of the first stage (branch review-cluster) ----
-
-use hourglass_rpc::proto::v1;
-use hourglass_rpc::proto::v1::collector_client::CollectorClient;
-use hourglass_rpc::proto::v1::query_client::QueryClient;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn channel(agg: &InProcessAggregator) -> tonic::transport::Channel {
-    tonic::transport::Channel::from_shared(agg.grpc.clone())
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect")
-}
+// ---- What the node pushed to answers, and what it can publish ----
 
 fn web1() -> Option<v1::Server> {
     Some(v1::Server {
@@ -257,14 +262,6 @@ fn hll(items: std::ops::Range<u32>) -> Vec<u8> {
         h.insert(&i.to_le_bytes());
     }
     h.encode()
-}
-
-/// Waits until `agg` applied everything it published (it is the only entry node).
-fn wait_applied(agg: &InProcessAggregator) {
-    let published = agg_metric(agg, "cluster_published_messages_total");
-    wait_until("the stream to be applied", || {
-        agg_metric(agg, r#"cluster_applied_total{outcome="ok"}"#) >= published
-    });
 }
 
 async fn export(q: &mut QueryClient<tonic::transport::Channel>, hour: u32) -> Vec<u8> {
@@ -290,9 +287,9 @@ async fn export(q: &mut QueryClient<tonic::transport::Channel>, hour: u32) -> Ve
 
 /// A single aggregator answers a push older than what it holds STALE with the held
 /// version, which is how an agent whose checkpoint fell behind learns to continue above it
-/// (agent/src/shipper.rs: `raise_last_version`, `mark_dirty`). In cluster mode the entry
-/// node answers STORED with the pushed version, the apply loop then drops the snapshot as
-/// stale, and the agent never sends the entry again: acknowledged content is lost.
+/// (agent/src/shipper.rs: `raise_last_version`, `mark_dirty`). The node pushed to must
+/// answer so too: were it to answer STORED, every node would drop the snapshot as stale
+/// and the agent would never send the entry again.
 #[test]
 fn a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
     let nats = NatsCluster::start(3);
@@ -300,8 +297,8 @@ fn a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
     let agg = node(&dir, &nats, "agg-1", "agg-1");
     let hour = crate::util::this_hour();
     let rt = runtime();
-    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
-    let mut q = rt.block_on(async { QueryClient::new(channel(&agg).await) });
+    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg.grpc).await) });
+    let mut q = rt.block_on(async { QueryClient::new(channel(&agg.grpc).await) });
     let push = |c: &mut CollectorClient<_>, snapshots| {
         rt.block_on(c.push(v1::PushRequest {
             server: web1(),
@@ -315,13 +312,13 @@ fn a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
     let held = crate::util::snapshot("visits", hour, 5, v1::SketchKind::Distinct, hll(0..100));
     let r = push(&mut c, vec![held]).expect("push v5").into_inner();
     assert_eq!(r.results[0].outcome(), v1::PushOutcome::Stored);
-    wait_applied(&agg);
+    wait_applied(&[&agg]);
     let before = rt.block_on(export(&mut q, hour));
     assert!(!before.is_empty());
     // Version 3, other content: a checkpoint that fell behind.
     let behind = crate::util::snapshot("visits", hour, 3, v1::SketchKind::Distinct, hll(0..7));
     let r = push(&mut c, vec![behind]).expect("push v3").into_inner();
-    wait_applied(&agg);
+    wait_applied(&[&agg]);
     // The version rule holds at apply: the older version did not replace the newer.
     assert_eq!(rt.block_on(export(&mut q, hour)), before);
     // And the agent must be told so, as a single aggregator tells it.
@@ -333,9 +330,9 @@ fn a_stale_push_is_answered_stale_as_by_a_single_aggregator() {
 }
 
 /// Default limits accept a membership sketch up to 16 MiB, NATS' default max_payload is
-/// 1 MiB. A single aggregator stores such a push; the cluster refuses the whole push with
-/// RESOURCE_EXHAUSTED, which the agent takes as refused for good (`refused_for_good`,
-/// `drop_refused`): every snapshot of the push is dropped, the small ones too.
+/// 1 MiB. A single aggregator stores such a push; the cluster must refuse that snapshot
+/// alone, not the whole push with RESOURCE_EXHAUSTED, which the agent takes as refused for
+/// good (`refused_for_good`, `drop_refused`) with every snapshot of the push.
 #[test]
 fn a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
     let nats = NatsCluster::start(3);
@@ -348,7 +345,8 @@ fn a_snapshot_over_max_payload_does_not_refuse_the_rest_of_its_push() {
     assert!(big.len() > 1 << 20 && big.len() < 16 << 20, "{}", big.len());
     let rt = runtime();
     let result = rt.block_on(async {
-        let mut c = CollectorClient::new(channel(&agg).await).max_encoding_message_size(64 << 20);
+        let mut c =
+            CollectorClient::new(channel(&agg.grpc).await).max_encoding_message_size(64 << 20);
         c.push(v1::PushRequest {
             server: web1(),
             snapshots: vec![
@@ -382,7 +380,7 @@ fn a_push_while_nats_is_down_is_unavailable_promptly() {
     });
     let hour = crate::util::this_hour();
     let rt = runtime();
-    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg).await) });
+    let mut c = rt.block_on(async { CollectorClient::new(channel(&agg.grpc).await) });
     let snapshots: Vec<v1::Snapshot> = (0..40)
         .map(|i| {
             crate::util::snapshot(
@@ -436,10 +434,7 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
             && s.read_to_string(&mut answer).is_ok()
             && answer.starts_with("HTTP/1.1 200")
     });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let start = |name: &str, change: &dyn Fn(&mut hourglass_aggregator::cluster::ClusterConfig)| {
         let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats.urls());
         cluster.partitions = PARTITIONS;
@@ -481,7 +476,7 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
     );
 }
 
-// ---- Review of the entry's answers from its store (branch review-cluster-2) ----
+// ---- The series bound when one server pushes through two nodes ----
 
 /// Two nodes of a cluster on `nats` whose servers may hold `max_series` series each, and
 /// `extra` appended to each node's `[cluster]`.
@@ -502,27 +497,11 @@ fn two_bounded_nodes(
     (start("agg-1"), start("agg-2"))
 }
 
-/// Pushes `request` to `agg`, retrying while the node is not serving yet.
-async fn push_when_ready(
-    agg: &InProcessAggregator,
-    request: v1::PushRequest,
-) -> Result<Vec<v1::PushOutcome>, tonic::Status> {
-    let mut c = loop {
-        match CollectorClient::connect(agg.grpc.clone()).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    c.push(request)
-        .await
-        .map(|r| r.into_inner().results.iter().map(|r| r.outcome()).collect())
-}
-
 /// The series of `server` that `agg` holds data of, by metric name (Export of each).
 fn held_metrics(agg: &InProcessAggregator, server: &str, metrics: &[&str]) -> Vec<String> {
     let rt = runtime();
     rt.block_on(async {
-        let mut q = QueryClient::new(channel(agg).await);
+        let mut q = QueryClient::new(channel(&agg.grpc).await);
         let hour = crate::util::this_hour();
         let mut out = Vec::new();
         for metric in metrics {
@@ -554,17 +533,6 @@ fn held_metrics(agg: &InProcessAggregator, server: &str, metrics: &[&str]) -> Ve
     })
 }
 
-/// Waits until both nodes applied everything either published.
-fn wait_both_applied(a: &InProcessAggregator, b: &InProcessAggregator) {
-    let sequence = agg_metric(a, "cluster_published_sequence")
-        .max(agg_metric(b, "cluster_published_sequence"));
-    for node in [a, b] {
-        wait_until("a node to apply the stream", || {
-            agg_metric(node, "cluster_applied_sequence") >= sequence
-        });
-    }
-}
-
 /// An agent that failed over (its push to one node timed out on its side) pushes to two
 /// entry nodes at once, a server at a bound of one series: each entry admits its series
 /// into the ledger its apply loop shares before it applies the other's message, so each
@@ -583,17 +551,10 @@ fn concurrent_entries_at_the_series_bound_never_acknowledge_both() {
         .unwrap();
     // Both serve (a push of live hours alone, for a server of its own).
     for n in [&n1, &n2] {
-        rt.block_on(async {
-            loop {
-                match push_when_ready(n, crate::util::push_of_metrics("warm-up", &[])).await {
-                    Ok(_) => break,
-                    Err(s) if s.code() == tonic::Code::Unavailable => {
-                        tokio::time::sleep(Duration::from_millis(100)).await
-                    }
-                    Err(s) => panic!("{s}"),
-                }
-            }
-        });
+        rt.block_on(push_until_answered(
+            n,
+            crate::util::push_of_metrics("warm-up", &[]),
+        ));
     }
     let rounds = 6;
     let mut answers = Vec::new();
@@ -613,7 +574,7 @@ fn concurrent_entries_at_the_series_bound_never_acknowledge_both() {
         };
         answers.push((outcome(a), outcome(b)));
     }
-    wait_both_applied(&n1, &n2);
+    wait_applied(&[&n1, &n2]);
     let mut wrong = Vec::new();
     for (round, (a, b)) in answers.iter().enumerate() {
         let server = format!("web-{round}");
@@ -649,17 +610,10 @@ fn a_failed_publish_leaves_no_series_in_the_ledger() {
     let (n1, n2) = two_bounded_nodes(&dir, &nats, 1, "publish_timeout = \"2s\"\n");
     let rt = runtime();
     for n in [&n1, &n2] {
-        rt.block_on(async {
-            loop {
-                match push_when_ready(n, crate::util::push_of_metrics("warm-up", &[])).await {
-                    Ok(_) => break,
-                    Err(s) if s.code() == tonic::Code::Unavailable => {
-                        tokio::time::sleep(Duration::from_millis(100)).await
-                    }
-                    Err(s) => panic!("{s}"),
-                }
-            }
-        });
+        rt.block_on(push_until_answered(
+            n,
+            crate::util::push_of_metrics("warm-up", &[]),
+        ));
     }
     // No quorum: the publish of `a` cannot be acknowledged.
     nats.kill(1);
@@ -674,18 +628,11 @@ fn a_failed_publish_leaves_no_series_in_the_ledger() {
     nats.start_node(1);
     nats.start_node(2);
     // The agent fails over to node 2 with its next series.
-    let b = rt.block_on(async {
-        loop {
-            match push_when_ready(&n2, crate::util::push_of_metrics("web-1", &["b"])).await {
-                Ok(r) => break r,
-                Err(s) if s.code() == tonic::Code::Unavailable => {
-                    tokio::time::sleep(Duration::from_millis(200)).await
-                }
-                Err(s) => panic!("{s}"),
-            }
-        }
-    });
-    wait_both_applied(&n1, &n2);
+    let b = rt.block_on(push_until_answered(
+        &n2,
+        crate::util::push_of_metrics("web-1", &["b"]),
+    ));
+    wait_applied(&[&n1, &n2]);
     let (h1, h2) = (
         held_metrics(&n1, "web-1", &["a", "b"]),
         held_metrics(&n2, "web-1", &["a", "b"]),

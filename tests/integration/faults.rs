@@ -112,7 +112,7 @@ pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// One value of the aggregator's `/metrics`.
-pub(crate) fn agg_metric(agg: &impl AggregatorAddrs, name: &str) -> f64 {
+pub(crate) fn agg_metric(agg: &(impl AggregatorAddrs + ?Sized), name: &str) -> f64 {
     let (_, text) = http_get(agg.admin(), "/metrics");
     let full = format!("hourglass_aggregator_{name} ");
     text.lines()
@@ -130,17 +130,8 @@ pub(crate) struct Stored {
 }
 
 pub(crate) fn stored(agg: &impl AggregatorAddrs) -> Stored {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(agg.grpc().to_string())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut q = QueryClient::new(channel);
+    crate::util::runtime().block_on(async {
+        let mut q = QueryClient::new(crate::util::channel(agg.grpc()).await);
         let base = base_hour();
         let selector = |metric: &str, hours: std::ops::Range<u32>| {
             Some(v1::Selector {

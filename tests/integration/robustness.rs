@@ -5,19 +5,12 @@
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use crate::util::{AgentProcess, AggregatorProcess, InProcessAggregator, TempDir, http_get};
+use crate::util::{
+    AgentProcess, AggregatorProcess, InProcessAggregator, TempDir, channel, http_get,
+};
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, ingest_client::IngestClient,
 };
-use tonic::transport::Channel;
-
-async fn channel(url: &str) -> Channel {
-    Channel::from_shared(url.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_malformed_datagrams_and_oversized_requests_leaves_the_agent_serving() {

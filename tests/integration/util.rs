@@ -81,6 +81,23 @@ impl TempDir {
     }
 }
 
+/// A gRPC channel to `url`, connected.
+pub async fn channel(url: &str) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(url.to_string())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// A single-threaded runtime, for the async calls of a test that is not async itself.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 /// A free loopback port: bound and released, for a process started later.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

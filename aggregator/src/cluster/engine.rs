@@ -99,7 +99,7 @@ pub struct Cluster {
     jetstream: jetstream::Context,
 }
 
-/// One message to publish: its subject, the snapshots' indexes in the push, the bytes.
+/// One message to publish: its subject and its encoded push.
 struct Outgoing {
     subject: String,
     payload: Vec<u8>,
@@ -320,14 +320,7 @@ impl Cluster {
         snapshot: &v1::Snapshot,
     ) -> Option<(usize, usize)> {
         let max = self.client.server_info().max_payload;
-        let base = v1::PushRequest {
-            server: Some(server.clone()),
-            snapshots: vec![],
-            live_hours: vec![],
-        }
-        .encoded_len();
-        let len = snapshot.encoded_len();
-        let bytes = base + 1 + prost::length_delimiter_len(len) + len;
+        let bytes = header(server).encoded_len() + entry_bytes(snapshot);
         (bytes > max).then_some((bytes, max))
     }
 
@@ -343,6 +336,22 @@ impl Cluster {
     }
 }
 
+/// A push message from `server` before its snapshots (and live hours) are added.
+fn header(server: &v1::Server) -> v1::PushRequest {
+    v1::PushRequest {
+        server: Some(server.clone()),
+        snapshots: vec![],
+        live_hours: vec![],
+    }
+}
+
+/// What `snapshot` adds to a push message: a repeated field's entry, its tag, its length
+/// and its bytes.
+fn entry_bytes(snapshot: &v1::Snapshot) -> usize {
+    let len = snapshot.encoded_len();
+    1 + prost::length_delimiter_len(len) + len
+}
+
 /// The messages of one push for servers whose max_payload is `max`.
 fn split(
     config: &ClusterConfig,
@@ -351,11 +360,7 @@ fn split(
     live_hours: &[u32],
     snapshots: Vec<(u32, usize, v1::Snapshot)>,
 ) -> Result<Vec<Outgoing>, PublishError> {
-    let header = v1::PushRequest {
-        server: Some(server.clone()),
-        snapshots: vec![],
-        live_hours: vec![],
-    };
+    let header = header(server);
     let base = header.encoded_len();
     let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
     for (p, index, snapshot) in snapshots {
@@ -367,9 +372,7 @@ fn split(
         let mut current = header.clone();
         let mut size = base;
         for (index, snapshot) in group {
-            // A repeated field's entry: its tag, its length, its bytes.
-            let len = snapshot.encoded_len();
-            let entry = 1 + prost::length_delimiter_len(len) + len;
+            let entry = entry_bytes(&snapshot);
             if base + entry > max {
                 return Err(PublishError::TooLarge {
                     index,
@@ -395,9 +398,8 @@ fn split(
     // Always, so that every node registers the server and its labels, as a single
     // aggregator does for a push with no snapshots.
     let live = v1::PushRequest {
-        server: Some(server.clone()),
-        snapshots: vec![],
         live_hours: live_hours.to_vec(),
+        ..header
     };
     out.push(Outgoing {
         subject: config.live_subject(),

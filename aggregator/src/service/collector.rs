@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
 use super::convert;
-use super::ledger::{Admission, SeriesLedger};
+use super::ledger::{Admission, Admit, SeriesLedger, Tentative};
 use super::outcome_label;
 use crate::config::LimitsConfig;
 use crate::keys::{Day, Epoch, Hour, HourKey};
@@ -210,66 +210,54 @@ fn admit(
     valid: &[Valid],
     commit: bool,
 ) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
+    ledger.with_server(store, server_id, target.oldest_day, |held| {
+        if commit {
+            decide(store, held, target, valid)
+        } else {
+            decide(store, &mut Tentative::new(held), target, valid)
+        }
+    })
+}
+
+/// [`admit`]'s decisions, recorded in `held`.
+fn decide(
+    store: &dyn Store,
+    held: &mut impl Admit,
+    target: &PushTarget<'_>,
+    valid: &[Valid],
+) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
     let (oldest, limit) = (target.oldest_day, target.max_series);
-    if !commit {
-        return ledger.with_server(store, server_id, oldest, |held| {
-            let mut added: std::collections::HashSet<crate::keys::SeriesId> = Default::default();
-            let mut decisions = Vec::with_capacity(valid.len());
-            for v in valid {
-                let id = store.series_id(&v.name)?;
-                let decided = match id {
-                    Some(id) if held.holds(id) || added.contains(&id) => Ok(id),
-                    _ if held.is_full(oldest, limit.saturating_sub(added.len())) => {
-                        Err(held.len() + added.len())
-                    }
-                    Some(id) => {
-                        added.insert(id);
-                        Ok(id)
-                    }
+    // Batches carry many hours of few series: look each series up once.
+    let mut ids: HashMap<&SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
+    let mut decisions = Vec::with_capacity(valid.len());
+    for v in valid {
+        let day = v.hour.day();
+        let decided = match ids.get(&v.name) {
+            Some(Ok(id)) => {
+                held.admit(*id, day, oldest, limit);
+                Ok(*id)
+            }
+            Some(Err(full)) => Err(*full),
+            None => {
+                let decided = match store.series_id(&v.name)? {
+                    Some(id) => match held.admit(id, day, oldest, limit) {
+                        Admission::Held | Admission::New => Ok(id),
+                        Admission::Full { held } => Err(held),
+                    },
+                    None if held.is_full(oldest, limit) => Err(held.len()),
                     None => {
                         let id = store.series_id_or_create(&v.name)?;
-                        added.insert(id);
+                        held.admit(id, day, oldest, limit);
                         Ok(id)
                     }
                 };
-                decisions.push(decided);
+                ids.insert(&v.name, decided);
+                decided
             }
-            Ok(decisions)
-        });
+        };
+        decisions.push(decided);
     }
-    ledger.with_server(store, server_id, oldest, |held| {
-        // Batches carry many hours of few series: look each series up once.
-        let mut ids: HashMap<&SeriesName, Result<crate::keys::SeriesId, usize>> = HashMap::new();
-        let mut decisions = Vec::with_capacity(valid.len());
-        for v in valid {
-            let day = v.hour.day();
-            let decided = match ids.get(&v.name) {
-                Some(Ok(id)) => {
-                    held.admit(*id, day, oldest, limit);
-                    Ok(*id)
-                }
-                Some(Err(full)) => Err(*full),
-                None => {
-                    let decided = match store.series_id(&v.name)? {
-                        Some(id) => match held.admit(id, day, oldest, limit) {
-                            Admission::Held | Admission::New => Ok(id),
-                            Admission::Full { held } => Err(held),
-                        },
-                        None if held.is_full(oldest, limit) => Err(held.len()),
-                        None => {
-                            let id = store.series_id_or_create(&v.name)?;
-                            held.admit(id, day, oldest, limit);
-                            Ok(id)
-                        }
-                    };
-                    ids.insert(&v.name, decided);
-                    decided
-                }
-            };
-            decisions.push(decided);
-        }
-        Ok(decisions)
-    })
+    Ok(decisions)
 }
 
 /// The rejection of `v` by the series bound, the server holding `count` series.

@@ -10,7 +10,7 @@
 //! Memory: about 16 bytes per (server, series) held, so 100 servers with 10,000 series
 //! each take some 16 MB.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::keys::{Day, SeriesId, ServerId};
@@ -111,14 +111,70 @@ impl ServerSeries {
         self.held.len() >= limit
     }
 
-    /// Whether the server holds `series`.
-    pub(crate) fn holds(&self, series: SeriesId) -> bool {
-        self.held.contains_key(&series)
-    }
-
     /// How many series the server holds.
     pub fn len(&self) -> usize {
         self.held.len()
+    }
+}
+
+/// What deciding a push's series needs of a server's series: [`ServerSeries`] itself, or
+/// a [`Tentative`] view of it.
+pub(crate) trait Admit {
+    /// As [`ServerSeries::admit`].
+    fn admit(&mut self, series: SeriesId, day: Day, oldest: Day, limit: usize) -> Admission;
+    /// As [`ServerSeries::is_full`].
+    fn is_full(&mut self, oldest: Day, limit: usize) -> bool;
+    /// As [`ServerSeries::len`].
+    fn len(&self) -> usize;
+}
+
+impl Admit for ServerSeries {
+    fn admit(&mut self, series: SeriesId, day: Day, oldest: Day, limit: usize) -> Admission {
+        ServerSeries::admit(self, series, day, oldest, limit)
+    }
+    fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
+        ServerSeries::is_full(self, oldest, limit)
+    }
+    fn len(&self) -> usize {
+        ServerSeries::len(self)
+    }
+}
+
+/// A server's series plus those one push would add, the ledger itself untouched: the
+/// decisions of cluster mode's entry node, where only the apply loop, in the stream's
+/// order, records series.
+pub(crate) struct Tentative<'a> {
+    held: &'a mut ServerSeries,
+    added: HashSet<SeriesId>,
+}
+
+impl<'a> Tentative<'a> {
+    /// A view of `held` with nothing added.
+    pub(crate) fn new(held: &'a mut ServerSeries) -> Self {
+        Tentative {
+            held,
+            added: HashSet::new(),
+        }
+    }
+}
+
+impl Admit for Tentative<'_> {
+    fn admit(&mut self, series: SeriesId, _day: Day, oldest: Day, limit: usize) -> Admission {
+        if self.held.held.contains_key(&series) || self.added.contains(&series) {
+            return Admission::Held;
+        }
+        if self.is_full(oldest, limit) {
+            return Admission::Full { held: self.len() };
+        }
+        self.added.insert(series);
+        Admission::New
+    }
+    fn is_full(&mut self, oldest: Day, limit: usize) -> bool {
+        self.held
+            .is_full(oldest, limit.saturating_sub(self.added.len()))
+    }
+    fn len(&self) -> usize {
+        self.held.len() + self.added.len()
     }
 }
 
