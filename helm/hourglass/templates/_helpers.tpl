@@ -214,3 +214,36 @@ capabilities:
   add:
     - CHOWN
 {{- end }}
+
+{{/*
+The Secrets cluster mode mounts, as a JSON list of {name, secret, key, dir, field}: the
+volume's name, the Secret and its key, the directory it is mounted at, and the [cluster]
+key naming the file. Only those whose Secret is set. The StatefulSet mounts them and the
+ConfigMap points at them, both from this list.
+*/}}
+{{- define "hourglass.aggregator.clusterSecrets" -}}
+{{- $c := .Values.aggregator.cluster }}
+{{- $all := list
+  (dict "name" "nats-credentials" "secret" $c.credentials.existingSecret "key" $c.credentials.key "dir" "/etc/hourglass/nats" "field" "credentials")
+  (dict "name" "nats-ca" "secret" $c.caSecret "key" $c.caKey "dir" "/etc/hourglass/nats-ca" "field" "ca_file")
+  (dict "name" "peer-token" "secret" $c.peerToken.existingSecret "key" $c.peerToken.key "dir" "/etc/hourglass/peer-token" "field" "peer_token_file") }}
+{{- $set := list }}
+{{- range $all }}
+{{- if .secret }}{{ $set = append $set . }}{{ end }}
+{{- end }}
+{{- toJson $set }}
+{{- end }}
+
+{{/*
+The config file's [cluster] section from aggregator.cluster, as JSON. No node and no
+advertise: they differ per pod and come from HOURGLASS_CLUSTER_NODE and
+HOURGLASS_CLUSTER_ADVERTISE.
+*/}}
+{{- define "hourglass.aggregator.clusterTable" -}}
+{{- $c := .Values.aggregator.cluster }}
+{{- $table := dict "nats" $c.nats "stream" $c.stream "subject_prefix" $c.subjectPrefix "partitions" $c.partitions "replicas" $c.replicas "owners" $c.owners "max_age" $c.maxAge "publish_timeout" $c.publishTimeout "heartbeat" $c.heartbeat "member_ttl" $c.memberTtl }}
+{{- range include "hourglass.aggregator.clusterSecrets" . | fromJsonArray }}
+{{- $_ := set $table .field (printf "%s/%s" .dir .key) }}
+{{- end }}
+{{- toJson $table }}
+{{- end }}
