@@ -644,10 +644,10 @@ def values_documented():
     expect(not undocumented, "values without a comment above them:\n    " + "\n    ".join(undocumented))
 
 
-@check("NOTES.txt: shows the port-forward and the hourglass query to run")
-def notes():
-    # helm template leaves NOTES.txt out, and Helm 3's `install --dry-run=client` wants a
-    # cluster: render the notes as a template of a copy of the chart instead.
+def render_notes(*args):
+    """NOTES.txt as rendered with args. helm template leaves NOTES.txt out, and Helm 3's
+    `install --dry-run=client` wants a cluster: render the notes as a template of a copy
+    of the chart instead."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "hourglass"
         shutil.copytree(CHART, copy)
@@ -658,12 +658,18 @@ def notes():
         notes_file.unlink()
         (copy / "templates" / "notes.yaml").write_text('notes: |\n{{ include "notes" . | indent 2 }}\n')
         result = subprocess.run(
-            ["helm", "template", RELEASE, str(copy), "--namespace", NAMESPACE, "--show-only", "templates/notes.yaml"],
+            ["helm", "template", RELEASE, str(copy), "--namespace", NAMESPACE, "--show-only", "templates/notes.yaml",
+             *args],
             capture_output=True,
             text=True,
         )
     expect(result.returncode == 0, f"rendering NOTES.txt failed: {result.stderr.strip()}")
-    notes_text = yaml.safe_load(result.stdout)["notes"]
+    return yaml.safe_load(result.stdout)["notes"]
+
+
+@check("NOTES.txt: shows the port-forward and the hourglass query to run")
+def notes():
+    notes_text = render_notes()
     expect(
         f"kubectl --namespace {NAMESPACE} port-forward service/{RELEASE}-hourglass-aggregator 7700:7700" in notes_text,
         "no port-forward command in NOTES",
@@ -673,6 +679,205 @@ def notes():
         "no hourglass query command in NOTES",
     )
     expect("status.hostIP" in notes_text, "NOTES do not say how applications reach their node's agent")
+
+
+# ----------------------------------------------------------------------- cluster mode
+
+
+CLUSTER_NATS = '["nats://nats.nats.svc:4222"]'
+
+
+def cluster(*args):
+    """Cluster mode with the fewest values: enabled and one NATS URL, then args."""
+    return ("--set", "aggregator.cluster.enabled=true", "--set-json", f"aggregator.cluster.nats={CLUSTER_NATS}", *args)
+
+
+def cluster_toml(docs):
+    return tomllib.loads(only(docs, "ConfigMap", "-aggregator")["data"]["aggregator.toml"])
+
+
+@check("cluster: off by default, and then its values change nothing: no [cluster], ordered pods, no cluster env")
+def cluster_off():
+    docs = render()
+    toml_text = only(docs, "ConfigMap", "-aggregator")["data"]["aggregator.toml"]
+    expect("[cluster]" not in toml_text, "[cluster] rendered with cluster mode off")
+    sts = only(docs, "StatefulSet")
+    expect(sts["spec"]["podManagementPolicy"] == "OrderedReady", f"podManagementPolicy {sts['spec']['podManagementPolicy']}")
+    env = env_of(container(sts, "aggregator"))
+    extra = {n for n in env if n.startswith("HOURGLASS_CLUSTER_") or n.startswith("POD_")}
+    expect(not extra, f"cluster env with cluster mode off: {sorted(extra)}")
+    # Every cluster value but `enabled`, changed: the render must not move by a byte.
+    changed = render(
+        "--set-json", f"aggregator.cluster.nats={CLUSTER_NATS}",
+        "--set", "aggregator.cluster.owners=3", "--set", "aggregator.cluster.partitions=128",
+        "--set", "aggregator.cluster.natsPort=4333", "--set", "aggregator.cluster.credentials.existingSecret=creds",
+        "--set", "aggregator.cluster.caSecret=ca", "--set", "aggregator.cluster.peerToken.existingSecret=peer",
+        "--set", "clusterDomain=example.org", "--set", "networkPolicy.enabled=false",
+    )
+    expect(changed == docs, "cluster values change the render while aggregator.cluster.enabled is false")
+    policy = only(render("--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    expect(policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"],
+           "the NetworkPolicy limits egress with cluster mode off")
+
+
+@check("cluster: [cluster] in the config file is the values' (no node, no advertise), Secrets' paths included")
+def cluster_config():
+    parsed = cluster_toml(render(*values("cluster")))
+    expect(parsed["cluster"] == {
+        "nats": ["tls://nats.nats.svc:4222", "tls://nats-headless.nats.svc:4222"],
+        "stream": "HOURGLASS",
+        "subject_prefix": "hourglass",
+        "partitions": 128,
+        "replicas": 3,
+        "owners": 2,
+        "max_age": "3d",
+        "publish_timeout": "10s",
+        "heartbeat": "1s",
+        "member_ttl": "10s",
+        "credentials": "/etc/hourglass/nats/nats.creds",
+        "ca_file": "/etc/hourglass/nats-ca/ca.crt",
+        "peer_token_file": "/etc/hourglass/peer-token/query-token",
+    }, f"[cluster] is {parsed['cluster']}")
+    expect(all(isinstance(parsed["cluster"][k], int) for k in ("partitions", "replicas", "owners")),
+           "partitions, replicas or owners not written as integers")
+    rest = {k: v for k, v in parsed.items() if k != "cluster"}
+    expected = yaml.safe_load((CHART / "values.yaml").read_text())["aggregator"]["config"]
+    expect(rest == expected, f"the other sections are {rest}, not aggregator.config")
+    # Without Secrets no file is named; a null config key is still left out.
+    parsed = cluster_toml(render(*cluster("--set", "aggregator.replicas=3", "--set", "aggregator.config.storage.block_cache_mib=null")))
+    expect(not {"credentials", "ca_file", "peer_token_file"} & parsed["cluster"].keys(),
+           f"[cluster] names files without Secrets: {parsed['cluster']}")
+    expect("block_cache_mib" not in parsed["storage"], "a null key is written in cluster mode")
+    expect(parsed["cluster"]["nats"] == ["nats://nats.nats.svc:4222"], "nats")
+
+
+@check("cluster: N pods in parallel, each named after itself and advertised at its headless-Service address")
+def cluster_nodes():
+    docs = render(*values("cluster"))
+    sts = only(docs, "StatefulSet")
+    headless = only(docs, "Service", "-headless")
+    expect(sts["spec"]["replicas"] == 3, f"replicas {sts['spec']['replicas']}")
+    expect(sts["spec"]["podManagementPolicy"] == "Parallel", f"podManagementPolicy {sts['spec']['podManagementPolicy']}")
+    expect(sts["spec"]["serviceName"] == headless["metadata"]["name"], "serviceName is not the headless Service")
+    expect(headless["spec"].get("publishNotReadyAddresses") is True, "headless Service hides starting nodes")
+    agg = container(sts, "aggregator")
+    env = [e["name"] for e in agg["env"]]
+    field = lambda name: env_of(agg)[name].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    expect(field("HOURGLASS_CLUSTER_NODE") == "metadata.name", "HOURGLASS_CLUSTER_NODE is not the pod's name")
+    expect(field("POD_NAME") == "metadata.name" and field("POD_NAMESPACE") == "metadata.namespace", "POD_* env")
+    # $(VAR) expands only variables defined earlier in the list.
+    advertise = env.index("HOURGLASS_CLUSTER_ADVERTISE")
+    expect(env.index("POD_NAME") < advertise and env.index("POD_NAMESPACE") < advertise,
+           "HOURGLASS_CLUSTER_ADVERTISE comes before the variables it uses")
+    expect(
+        env_value(agg, "HOURGLASS_CLUSTER_ADVERTISE")
+        == f"$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local:{port(agg, 'grpc')['containerPort']}",
+        f"HOURGLASS_CLUSTER_ADVERTISE is {env_value(agg, 'HOURGLASS_CLUSTER_ADVERTISE')}",
+    )
+    agg = container(only(render(*values("cluster"), "--set", "clusterDomain=k8s.example.org", "--set",
+                                "aggregator.port=9000"), "StatefulSet"), "aggregator")
+    expect(env_value(agg, "HOURGLASS_CLUSTER_ADVERTISE").endswith(".svc.k8s.example.org:9000"),
+           f"advertise does not follow clusterDomain and port: {env_value(agg, 'HOURGLASS_CLUSTER_ADVERTISE')}")
+    # Every DNS label of the advertised name fits, even for the longest release name.
+    release = "a-release-name-as-long-as-helm-allows-53-characters-x"
+    docs = render(*values("cluster"), "--set", "aggregator.replicas=100", release=release)
+    sts = only(docs, "StatefulSet")
+    host = env_value(container(sts, "aggregator"), "HOURGLASS_CLUSTER_ADVERTISE").rpartition(":")[0]
+    host = host.replace("$(POD_NAME)", f"{sts['metadata']['name']}-99").replace("$(POD_NAMESPACE)", NAMESPACE)
+    expect(all(0 < len(label) <= 63 for label in host.split(".")), f"{host!r} has a label over 63 characters")
+
+
+@check("cluster: NATS credentials, CA and peer token from the named Secrets, read-only where [cluster] points")
+def cluster_secrets():
+    docs = render(*values("cluster"))
+    expect("Secret" not in kinds(docs), "the chart renders a Secret")
+    sts = only(docs, "StatefulSet")
+    agg = container(sts, "aggregator")
+    mounts = {m["mountPath"]: m for m in agg["volumeMounts"]}
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    config = cluster_toml(docs)["cluster"]
+    for field, secret in (("credentials", "hourglass-nats-creds"), ("ca_file", "nats-ca"),
+                          ("peer_token_file", "hourglass-peer-token")):
+        directory, _, key = config[field].rpartition("/")
+        mount = mounts.get(directory)
+        expect(mount is not None, f"{field} = {config[field]!r}, but nothing is mounted at {directory}")
+        expect(mount.get("readOnly") is True, f"{directory} is writable")
+        volume = volumes[mount["name"]]["secret"]
+        expect(volume["secretName"] == secret, f"{field} comes from {volume['secretName']}, not {secret}")
+        expect(volume["items"] == [{"key": key, "path": key}], f"{field}: the Secret's items are {volume['items']}")
+    bare = only(render(*cluster()), "StatefulSet")["spec"]["template"]["spec"]["volumes"]
+    expect({v["name"] for v in bare} == {"config", "tmp"}, f"volumes without Secrets: {[v['name'] for v in bare]}")
+
+
+@check("cluster: the PodDisruptionBudget lets owners - 1 nodes go (1 by default), whatever maxUnavailable says")
+def cluster_pdb():
+    for args, expected in (
+        ((), 1),
+        (("--set", "aggregator.cluster.owners=3"), 2),
+        (("--set", "aggregator.cluster.owners=1"), 0),
+        (("--set", "aggregator.cluster.owners=5"), 2),  # 3 nodes: each partition on all 3
+        (("--set", "aggregator.podDisruptionBudget.maxUnavailable=null",
+          "--set", "aggregator.podDisruptionBudget.minAvailable=3"), 1),
+    ):
+        pdb = only(render(*values("cluster"), *args), "PodDisruptionBudget")["spec"]
+        expect(pdb.get("maxUnavailable") == expected and "minAvailable" not in pdb,
+               f"with {' '.join(args) or 'the cluster values'}: PDB is {pdb}, not maxUnavailable {expected}")
+
+
+@check("cluster: the NetworkPolicy lets nodes reach each other's gRPC port; egress only DNS, NATS, nodes, extraEgress")
+def cluster_network_policy():
+    docs = render(*values("cluster"))
+    policy = only(docs, "NetworkPolicy")["spec"]
+    nodes = {"podSelector": {"matchLabels": only(docs, "StatefulSet")["spec"]["selector"]["matchLabels"]}}
+    expect(policy["policyTypes"] == ["Ingress", "Egress"], f"policyTypes {policy['policyTypes']}")
+    grpc_rule = policy["ingress"][0]
+    expect(grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}], "first rule is not the gRPC port")
+    expect(nodes in grpc_rule["from"], f"the nodes cannot reach each other's gRPC port: {grpc_rule['from']}")
+    expect(policy["egress"] == [
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        {"ports": [{"port": 4222, "protocol": "TCP"}]},
+        {"ports": [{"port": 7700, "protocol": "TCP"}], "to": [nodes]},
+    ], f"egress is {policy['egress']}")
+    otlp = {"ports": [{"port": 4317, "protocol": "TCP"}]}
+    policy = only(render(*values("cluster"), "--set", "aggregator.cluster.natsPort=4333",
+                         "--set-json", f"networkPolicy.extraEgress=[{json.dumps(otlp)}]"), "NetworkPolicy")["spec"]
+    expect(policy["egress"][1] == {"ports": [{"port": 4333, "protocol": "TCP"}]}, "egress does not follow natsPort")
+    expect(policy["egress"][-1] == otlp, "networkPolicy.extraEgress not appended")
+
+
+@check("cluster: the schema refuses replicas > 1 without cluster mode, and cluster mode without NATS URLs")
+def cluster_schema():
+    for args, needle in (
+        (["--set", "aggregator.replicas=3"], "/aggregator/replicas"),
+        (["--set", "aggregator.cluster.enabled=true"], "/aggregator/cluster/nats"),
+        (list(cluster("--set", "aggregator.replicas=0")), "/aggregator/replicas"),
+        (list(cluster("--set-json", 'aggregator.cluster.nats=["http://nats:4222"]')), "/aggregator/cluster/nats/0"),
+        (list(cluster("--set", "aggregator.cluster.partitions=0")), "/aggregator/cluster/partitions"),
+        (list(cluster("--set", "aggregator.cluster.partitions=4097")), "/aggregator/cluster/partitions"),
+        (list(cluster("--set", "aggregator.cluster.replicas=6")), "/aggregator/cluster/replicas"),
+        (list(cluster("--set", "aggregator.cluster.owners=0")), "/aggregator/cluster/owners"),
+        (list(cluster("--set", "aggregator.cluster.stream=a.b")), "/aggregator/cluster/stream"),
+        (list(cluster("--set", "aggregator.cluster.subjectPrefix=a..b")), "/aggregator/cluster/subjectPrefix"),
+        (list(cluster("--set", "aggregator.cluster.maxAge=7days")), "/aggregator/cluster/maxAge"),
+        (list(cluster("--set", "aggregator.cluster.peerToken.existingSecret=Not_A_Name")),
+         "/aggregator/cluster/peerToken/existingSecret"),
+        (list(cluster("--set", "aggregator.cluster.node=agg-1")), "node"),
+        (["--set", "clusterDomain=cluster_local"], "/clusterDomain"),
+    ):
+        rejected(args, needle)
+    render(*cluster("--set", "aggregator.replicas=5"))
+
+
+@check("cluster: checksum/config follows the [cluster] values; NOTES name the nodes and NATS")
+def cluster_checksum_and_notes():
+    base = checksums(*values("cluster"))
+    changed = checksums(*values("cluster"), "--set", "aggregator.cluster.owners=3")
+    expect(changed["StatefulSet"] != base["StatefulSet"], "aggregator checksum unchanged by [cluster]")
+    expect(changed["DaemonSet"] == base["DaemonSet"], "agent checksum changed by [cluster]")
+    text = render_notes(*values("cluster"))
+    expect("Cluster mode: the StatefulSet's 3 pods are nodes" in text and "tls://nats.nats.svc:4222" in text, f"NOTES in cluster mode:\n{text}")
+    expect("sync_interval: always" in text, "NOTES do not say NATS needs sync_interval: always")
+    expect("Cluster mode" not in render_notes(), "NOTES mention cluster mode with it off")
 
 
 # ------------------------------------------------------------- the real binaries
