@@ -57,17 +57,17 @@ class Skip(Exception):
 # ---------------------------------------------------------------------------- helpers
 
 
-def helm(*args, release=RELEASE):
+def helm(*args, release=RELEASE, chart=CHART):
     return subprocess.run(
-        ["helm", "template", release, str(CHART), "--namespace", NAMESPACE, *args],
+        ["helm", "template", release, str(chart), "--namespace", NAMESPACE, *args],
         capture_output=True,
         text=True,
     )
 
 
-def render(*args, release=RELEASE):
+def render(*args, release=RELEASE, chart=CHART):
     """The rendered documents, or an AssertionError with helm's message."""
-    result = helm(*args, release=release)
+    result = helm(*args, release=release, chart=chart)
     if result.returncode != 0:
         raise AssertionError(f"helm template {' '.join(args)} failed: {result.stderr.strip()}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -866,6 +866,25 @@ def cluster_schema():
     ):
         rejected(args, needle)
     render(*cluster("--set", "aggregator.replicas=5"))
+
+
+@check("cluster: `helm upgrade --reuse-values` from a release made before cluster mode renders as before")
+def cluster_reuse_values():
+    # --reuse-values renders with the old release's values in place of the new chart's
+    # defaults (Helm's Upgrade.reuseValues: chart.Values = oldVals), so the values added
+    # for cluster mode are absent: that must mean cluster mode off, not a failed upgrade.
+    old = yaml.safe_load((CHART / "values.yaml").read_text())
+    del old["aggregator"]["cluster"], old["clusterDomain"], old["networkPolicy"]["extraEgress"]
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "hourglass"
+        shutil.copytree(CHART, chart)
+        (chart / "values.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+        for args in ((), ("--set", "networkPolicy.enabled=true", "--set", "metrics.serviceMonitor.enabled=true")):
+            expect(render(*args, chart=chart) == render(*args), f"with the old values and {args}, the render differs")
+        # Turning cluster mode on over the old values names what is missing.
+        result = helm(*cluster("--set", "aggregator.replicas=3"), chart=chart)
+        expect(result.returncode != 0 and "stream" in result.stderr,
+               f"cluster mode over pre-cluster values: {result.stderr.strip() or 'rendered'}")
 
 
 @check("cluster: checksum/config follows the [cluster] values; NOTES name the nodes and NATS")
