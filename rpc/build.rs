@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "../proto/hourglass/v1/collector.proto",
         "../proto/hourglass/v1/query.proto",
         "../proto/hourglass/v1/ingest.proto",
+        "../proto/hourglass/v1/cluster.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

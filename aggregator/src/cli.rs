@@ -35,6 +35,14 @@ struct Cli {
     /// default, so the file is optional.
     #[arg(long, env = "HOURGLASS_CONFIG")]
     config: Option<PathBuf>,
+    /// Cluster mode: this node's name, in place of `[cluster] node` (a StatefulSet sets
+    /// it from the pod's name, so one config file serves every node).
+    #[arg(long, env = "HOURGLASS_CLUSTER_NODE")]
+    cluster_node: Option<String>,
+    /// Cluster mode: the HOST:PORT other nodes dial this node's gRPC port at, in place of
+    /// `[cluster] advertise`.
+    #[arg(long, env = "HOURGLASS_CLUSTER_ADVERTISE")]
+    cluster_advertise: Option<String>,
     /// Log format: human-readable text or one JSON object per line. The level comes from
     /// RUST_LOG (default info).
     #[arg(long, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -61,6 +69,20 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.data_dir = cli.data_dir;
+    match (&mut config.cluster, cli.cluster_node, cli.cluster_advertise) {
+        (Some(cluster), node, advertise) => {
+            if let Some(node) = node {
+                cluster.node = node;
+            }
+            if advertise.is_some() {
+                cluster.advertise = advertise;
+            }
+        }
+        (None, None, None) => {}
+        (None, _, _) => anyhow::bail!(
+            "--cluster-node and --cluster-advertise (HOURGLASS_CLUSTER_NODE, HOURGLASS_CLUSTER_ADVERTISE) need a [cluster] section in the config file"
+        ),
+    }
     let grpc_tls = cli.tls.server_config("gRPC")?;
     if grpc_tls.is_none() && !cli.listen.ip().is_loopback() {
         tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");

@@ -147,7 +147,7 @@ impl Aggregator {
         } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
-        let cluster = join_cluster(&config).await?;
+        let cluster = join_cluster(&config, &listeners.grpc).await?;
         // One signal, many listeners: the gRPC server, the admin server and the
         // background task each wait on their own.
         let stop = hourglass_rpc::process::Stop::new(shutdown);
@@ -162,7 +162,7 @@ impl Aggregator {
             )
             .applying_for(&cluster);
             let metrics = Arc::clone(&metrics);
-            tokio::spawn(cluster::apply(
+            tokio::spawn(cluster::run(
                 cluster,
                 consumer,
                 applier,
@@ -242,9 +242,26 @@ async fn finish(
 /// without `[cluster]`.
 async fn join_cluster(
     config: &Config,
+    grpc: &tokio::net::TcpListener,
 ) -> Result<Option<(Arc<cluster::Cluster>, String)>, AggregatorError> {
     let Some(c) = &config.cluster else {
         return Ok(None);
+    };
+    let advertise = match &c.advertise {
+        Some(advertise) => advertise.clone(),
+        None => {
+            let addr = grpc.local_addr().map_err(AggregatorError::Admin)?;
+            if addr.ip().is_unspecified() {
+                return Err(AggregatorError::Config(
+                    crate::config::ConfigError::Invalid {
+                        field: "cluster.advertise",
+                        value: "(not set)".into(),
+                        rule: "is needed when gRPC listens on every address (0.0.0.0 or [::]): the HOST:PORT other nodes dial this node at (or HOURGLASS_CLUSTER_ADVERTISE)",
+                    },
+                ));
+            }
+            addr.to_string()
+        }
     };
     let consumer = cluster::consumer_name(&config.data_dir, &c.node).map_err(|e| {
         StoreError::Io(format!(
@@ -252,7 +269,7 @@ async fn join_cluster(
             config.data_dir.display()
         ))
     })?;
-    let cluster = cluster::Cluster::connect(c.clone()).await?;
+    let cluster = cluster::Cluster::connect(c.clone(), advertise).await?;
     Ok(Some((Arc::new(cluster), consumer)))
 }
 

@@ -167,9 +167,19 @@ pub struct Metrics {
     pub(crate) cluster_published_sequence: Gauge,
     /// Cluster mode: the highest stream sequence this node applied (or refused for good).
     pub(crate) cluster_applied_sequence: Gauge,
-    /// Cluster mode: messages of the stream after the last one applied, as JetStream
-    /// counted when it delivered that one: this node's lag.
+    /// Cluster mode: messages of the stream its consumers have yet to deliver to this
+    /// node (summed over the partitions it applies): its lag.
     pub(crate) cluster_pending: Gauge,
+    /// Cluster mode: snapshots of owned partitions applied to this node's store.
+    pub(crate) cluster_applied_snapshots: Counter,
+    /// Cluster mode: live members as this node last read them.
+    pub(crate) cluster_members: Gauge,
+    /// Cluster mode: partitions this node applies.
+    pub(crate) cluster_partitions_applying: Gauge,
+    /// Cluster mode: partitions this node answers for (applied completely).
+    pub(crate) cluster_partitions_ready: Gauge,
+    /// Cluster mode: partitions missing from query answers (no ready node answered).
+    pub(crate) cluster_partitions_missing: Counter,
 }
 
 fn latency_buckets() -> Histogram {
@@ -225,6 +235,11 @@ impl Metrics {
             cluster_published_sequence: Gauge::default(),
             cluster_applied_sequence: Gauge::default(),
             cluster_pending: Gauge::default(),
+            cluster_applied_snapshots: Counter::default(),
+            cluster_members: Gauge::default(),
+            cluster_partitions_applying: Gauge::default(),
+            cluster_partitions_ready: Gauge::default(),
+            cluster_partitions_missing: Counter::default(),
             registry: Registry::default(),
         };
         m.register_requests(&mut registry);
@@ -423,20 +438,59 @@ impl Metrics {
         );
         r.register(
             "cluster_pending",
-            "Cluster mode: messages of the stream behind the last one this node applied (its lag)",
+            "Cluster mode: messages of the partitions this node applies not yet delivered to it (its lag)",
             self.cluster_pending.clone(),
+        );
+        r.register(
+            "cluster_applied_snapshots",
+            "Cluster mode: snapshots of the partitions this node owns applied to its store",
+            self.cluster_applied_snapshots.clone(),
+        );
+        r.register(
+            "cluster_members",
+            "Cluster mode: live members as this node last read them",
+            self.cluster_members.clone(),
+        );
+        r.register(
+            "cluster_partitions_applying",
+            "Cluster mode: partitions this node applies",
+            self.cluster_partitions_applying.clone(),
+        );
+        r.register(
+            "cluster_partitions_ready",
+            "Cluster mode: partitions this node answers for (applied completely)",
+            self.cluster_partitions_ready.clone(),
+        );
+        r.register(
+            "cluster_partitions_missing",
+            "Cluster mode: partitions left out of query answers because no ready node answered for them",
+            self.cluster_partitions_missing.clone(),
         );
     }
 
     /// Records the stream position of the message just applied.
-    pub(crate) fn cluster_applied_at(&self, sequence: u64, pending: u64, applied: bool) {
-        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    pub(crate) fn cluster_applied_at(&self, sequence: u64, applied: bool) {
         if applied {
             // Redeliveries of older messages do not move it back.
-            self.cluster_applied_sequence
-                .inner()
-                .fetch_max(clamp(sequence), std::sync::atomic::Ordering::Relaxed);
+            self.cluster_applied_sequence.inner().fetch_max(
+                i64::try_from(sequence).unwrap_or(i64::MAX),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
+    }
+
+    /// Records this node's view of the cluster after a heartbeat.
+    pub(crate) fn cluster_membership(
+        &self,
+        members: usize,
+        applying: usize,
+        ready: usize,
+        pending: u64,
+    ) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.cluster_members.set(clamp(members as u64));
+        self.cluster_partitions_applying.set(clamp(applying as u64));
+        self.cluster_partitions_ready.set(clamp(ready as u64));
         self.cluster_pending.set(clamp(pending));
     }
 

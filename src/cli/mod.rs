@@ -1,5 +1,6 @@
 //! The `hourglass` command's subcommands.
 
+mod cluster;
 mod demo;
 mod health;
 mod numbers;
@@ -35,6 +36,12 @@ enum Command {
     ///
     /// Example: `hourglass query distinct --metric visitors --from -7d --label region=eu`
     Query(query::QueryArgs),
+    /// Look at an aggregator cluster (cluster mode): its members, and which partitions
+    /// have a ready node to answer for them.
+    ///
+    /// Example: `hourglass cluster status --aggregator agg-1:7700`
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Send events to an agent by hand: items as arguments or one per line of a file.
     ///
     /// Example: `hourglass send visitors user42 user43 --tag country=de`
@@ -104,6 +111,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Sketch(cmd) => sketch::run(cmd),
         Command::Query(args) => query::run(args),
+        Command::Cluster(command) => cluster::run(command),
         Command::Send(args) => send::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Health(args) => health::run(args),

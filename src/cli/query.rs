@@ -1,7 +1,8 @@
 //! `hourglass query distinct | frequency | topk | membership`: questions to an aggregator.
 //!
 //! The `--json` keys are the ones `hourglass sketch inspect --json` prints, plus
-//! `sketches_merged`, `server_hours_missing` and, when grouped, `groups`.
+//! `sketches_merged`, `server_hours_missing`, `partitions_missing` (cluster mode) and,
+//! when grouped, `groups`.
 
 use super::numbers::{count, grouped, percent};
 use anyhow::{Context, bail};
@@ -325,6 +326,7 @@ fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
     let c = c.cloned().unwrap_or_default();
     v["sketches_merged"] = json!(c.sketches_merged);
     v["server_hours_missing"] = json!(c.server_hours_missing);
+    v["partitions_missing"] = json!(c.partitions_missing);
     v["missing"] = c
         .missing
         .iter()
@@ -496,6 +498,17 @@ fn topk_text(v: &Value) -> String {
     text
 }
 
+/// The warning of a cluster answer that lacks partitions no node answered for.
+fn partitions_text(v: &Value) -> Option<String> {
+    let missing = u(v, "partitions_missing");
+    (missing > 0).then(|| {
+        format!(
+            "{} partitions of the cluster had no node answering for them (all their owners down, cut off or catching up): the answer may be low",
+            grouped(missing)
+        )
+    })
+}
+
 fn missing_text(v: &Value) -> Option<String> {
     let missing = u(v, "server_hours_missing");
     if missing == 0 {
@@ -545,6 +558,9 @@ fn render(
     }
     text += &format!("merged {} sketches\n", grouped(u(total, "sketches_merged")));
     if let Some(missing) = missing_text(total) {
+        text += &format!("warning: {missing}\n");
+    }
+    if let Some(missing) = partitions_text(total) {
         text += &format!("warning: {missing}\n");
     }
     text

@@ -1,16 +1,19 @@
 //! Cluster mode (DESIGN §10) against a real 3-node NATS JetStream cluster: the same
-//! seeded traffic as the fault tests, pushed to one node, must be held byte-identically by
-//! every node, as by a single aggregator, with and without faults:
+//! seeded traffic as the fault tests, pushed to one node, must be answered
+//! byte-identically by every node, as by a single aggregator, with and without faults:
 //!
-//! - no fault;
+//! - no fault; each node applies only the partitions it owns (2 of 3 owners);
 //! - the entry node SIGKILLed mid-ingest and restarted;
 //! - the NATS server leading the stream SIGKILLed mid-ingest (and restarted later);
-//! - a node whose data dir is wiped: it applies the whole stream again.
+//! - a node whose data dir is wiped: it applies its partitions from the stream again;
+//! - two of three nodes lost: answers are right or name the missing partitions, and the
+//!   survivor takes every partition over.
 
 use std::time::Duration;
 
 use crate::faults::{
-    PARTS, agg_metric, assert_same, send_part, start_agent, stored, wait_shipped, wait_until,
+    PARTS, agg_metric, assert_same, reference, send_part, start_agent, stored, try_stored,
+    wait_shipped, wait_until,
 };
 use crate::nats::NatsCluster;
 use crate::util::{
@@ -22,17 +25,47 @@ use hourglass_rpc::proto::v1::{
 
 /// Few partitions keep the tests' stream small; the rule is the same for 64.
 const PARTITIONS: u32 = 8;
+/// The tests' membership heartbeat and time to live.
+const HEARTBEAT: Duration = Duration::from_millis(500);
+const MEMBER_TTL: Duration = Duration::from_secs(3);
 
 /// An aggregator in this process that is node `node` of the cluster on `nats`, its data
 /// in `dir/data`.
 fn node(dir: &TempDir, nats: &NatsCluster, node: &str, data: &str) -> InProcessAggregator {
+    node_with(dir, nats, node, data, PARTITIONS)
+}
+
+/// [`node`] with `partitions` partitions.
+fn node_with(
+    dir: &TempDir,
+    nats: &NatsCluster,
+    node: &str,
+    data: &str,
+    partitions: u32,
+) -> InProcessAggregator {
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(node, nats.urls());
-    cluster.partitions = PARTITIONS;
-    InProcessAggregator::start_with(hourglass_aggregator::Config {
+    cluster.partitions = partitions;
+    // Quick membership, so that a lost node's partitions move within seconds.
+    cluster.heartbeat = HEARTBEAT;
+    cluster.member_ttl = MEMBER_TTL;
+    let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
         data_dir: dir.file(data).into(),
         cluster: Some(cluster),
         ..Default::default()
-    })
+    });
+    wait_ready(&agg);
+    agg
+}
+
+/// Waits until `node` is a member, applies partitions and is ready for all of them
+/// (before, a push to it may be UNAVAILABLE: no ready owner).
+fn wait_ready(node: &dyn AggregatorAddrs) {
+    wait_until("the node to join and be ready", || {
+        let applying = agg_metric(node, "cluster_partitions_applying");
+        agg_metric(node, "cluster_members") > 0.0
+            && applying > 0.0
+            && agg_metric(node, "cluster_partitions_ready") == applying
+    });
 }
 
 /// A config file that makes an aggregator process node `node` of the cluster on `nats`.
@@ -42,31 +75,31 @@ fn config_file(dir: &TempDir, nats: &NatsCluster, node: &str) -> String {
     std::fs::write(
         &path,
         format!(
-            "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = {PARTITIONS}\n",
-            urls.join(", ")
+            "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = {PARTITIONS}\nheartbeat = \"{}ms\"\nmember_ttl = \"{}s\"\n",
+            urls.join(", "),
+            HEARTBEAT.as_millis(),
+            MEMBER_TTL.as_secs()
         ),
     )
     .unwrap();
     path
 }
 
-/// Waits until each of `nodes` has applied the stream up to the highest sequence any of
-/// them published.
+/// Waits until each of `nodes` applies partitions, is ready for all of them and has no
+/// message of them left to apply, twice a heartbeat apart.
 fn wait_applied(nodes: &[&dyn AggregatorAddrs]) {
-    let sequence = nodes
-        .iter()
-        .map(|n| agg_metric(*n, "cluster_published_sequence"))
-        .fold(0.0, f64::max);
-    for (i, node) in nodes.iter().enumerate() {
-        wait_applied_to(&format!("node {}", i + 1), *node, sequence);
+    let settled = || {
+        nodes.iter().all(|n| {
+            let applying = agg_metric(*n, "cluster_partitions_applying");
+            applying > 0.0
+                && agg_metric(*n, "cluster_partitions_ready") == applying
+                && agg_metric(*n, "cluster_pending") == 0.0
+        })
+    };
+    for _ in 0..2 {
+        wait_until("the nodes to apply the stream", settled);
+        std::thread::sleep(HEARTBEAT * 2);
     }
-}
-
-/// Waits until `node` has applied the stream up to `sequence`.
-fn wait_applied_to(name: &str, node: &dyn AggregatorAddrs, sequence: f64) {
-    wait_until(&format!("{name} to apply the stream"), || {
-        agg_metric(node, "cluster_applied_sequence") >= sequence
-    });
 }
 
 /// Pushes `request` to `agg` until it answers other than UNAVAILABLE (a node serves once
@@ -102,11 +135,17 @@ async fn push_when_ready(
         .map(|r| r.into_inner().results.iter().map(|r| r.outcome()).collect())
 }
 
-/// Waits until `node` has applied the stream up to `sequence`, then requires its Export
-/// and answers to equal the single aggregator's.
-fn assert_applied_same(name: &str, node: &impl AggregatorAddrs, sequence: f64) {
-    assert!(sequence > 0.0, "nothing was published");
-    wait_applied_to(name, node, sequence);
+/// Waits until `node`'s Export and answers equal the single aggregator's (the nodes that
+/// own the partitions apply them), then requires it, and that no message was refused.
+fn assert_applied_same(name: &str, node: &impl AggregatorAddrs) {
+    let want = reference();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while std::time::Instant::now() < deadline {
+        if try_stored(node).as_ref() == Ok(want) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_same(&stored(node));
     assert_eq!(
         agg_metric(node, r#"cluster_applied_total{outcome="refused"}"#),
@@ -116,7 +155,7 @@ fn assert_applied_same(name: &str, node: &impl AggregatorAddrs, sequence: f64) {
 }
 
 #[test]
-fn a_push_to_one_node_is_applied_by_every_node_byte_identically() {
+fn a_push_to_one_node_is_answered_by_every_node_byte_identically() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-apply");
     let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
@@ -129,14 +168,8 @@ fn a_push_to_one_node_is_applied_by_every_node_byte_identically() {
         send_part(&agent, p);
     }
     wait_shipped(&agent);
-    // Everything the agent saw acknowledged was published: every node applies all of it.
-    let sequence = agg_metric(&nodes[0], "cluster_published_sequence");
     for (i, n) in nodes.iter().enumerate() {
-        assert_applied_same(&format!("node {}", i + 1), n, sequence);
-    }
-    let published = agg_metric(&nodes[0], "cluster_published_messages_total");
-    for n in &nodes {
-        assert!(agg_metric(n, r#"cluster_applied_total{outcome="ok"}"#) >= published);
+        assert_applied_same(&format!("node {}", i + 1), n);
     }
     assert_eq!(
         agg_metric(&nodes[1], "cluster_published_messages_total"),
@@ -144,12 +177,146 @@ fn a_push_to_one_node_is_applied_by_every_node_byte_identically() {
         "only the node pushed to publishes"
     );
 
-    // A node replaced by one with an empty data dir (same name) reads the whole stream
-    // again with a consumer of its own, instead of resuming where the old store was.
+    // A node replaced by one with an empty data dir (same name) applies its partitions
+    // from the stream's start with consumers of its own, instead of resuming where the
+    // old store was; once the others are gone it answers everything from its own store.
     let mut nodes = nodes;
     drop(nodes.remove(2));
     let fresh = node(&dir, &nats, "agg-3", "agg-3-replaced");
-    assert_applied_same("the replaced node 3", &fresh, sequence);
+    wait_applied(&[&fresh]);
+    assert!(agg_metric(&fresh, "cluster_applied_snapshots_total") > 0.0);
+    drop(nodes);
+    assert_applied_same("the replaced node 3, alone", &fresh);
+    assert_eq!(agg_metric(&fresh, "cluster_members"), 1.0);
+}
+
+/// With 3 nodes and 2 owners per partition, each node applies about 2/3 of the
+/// snapshots, every snapshot is applied by exactly its 2 owners, and every node answers
+/// for all of them: the same bytes as a single aggregator holding everything.
+#[test]
+fn each_node_applies_its_partitions_and_answers_for_all() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-share");
+    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
+        .iter()
+        .map(|name| node_with(&dir, &nats, name, name, 64))
+        .collect();
+    let single = InProcessAggregator::start(&dir.file("single"));
+    wait_until("three members", || {
+        nodes
+            .iter()
+            .all(|n| agg_metric(n, "cluster_members") == 3.0)
+    });
+    let hour = crate::util::this_hour();
+    let series = 300u32;
+    let request = v1::PushRequest {
+        server: web1(),
+        snapshots: (0..series)
+            .map(|i| {
+                let mut s = crate::util::snapshot(
+                    "visits",
+                    hour,
+                    1,
+                    v1::SketchKind::Distinct,
+                    hll(i * 10..i * 10 + 40),
+                );
+                s.series.as_mut().unwrap().tags = vec![v1::Tag {
+                    key: "page".into(),
+                    value: format!("p{i}"),
+                }];
+                s
+            })
+            .collect(),
+        live_hours: vec![hour],
+    };
+    let rt = runtime();
+    let outcomes = rt.block_on(push_until_answered(&nodes[0], request.clone()));
+    assert!(outcomes.iter().all(|o| *o == v1::PushOutcome::Stored));
+    rt.block_on(push_until_answered(&single, request));
+    wait_applied(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let applied: Vec<f64> = nodes
+        .iter()
+        .map(|n| agg_metric(n, "cluster_applied_snapshots_total"))
+        .collect();
+    // Each series' partition has 2 owners: 600 applies in all (redeliveries add a few).
+    let total: f64 = applied.iter().sum();
+    assert!(
+        (f64::from(2 * series)..f64::from(2 * series) * 1.05).contains(&total),
+        "{applied:?}"
+    );
+    for a in &applied {
+        // 2/3 of 300 is 200; over 64 partitions a node's share varies by ~6%.
+        assert!((150.0..=255.0).contains(a), "{applied:?}");
+    }
+    let want = rt.block_on(async {
+        let mut q = QueryClient::new(channel(&single.grpc).await);
+        export(&mut q, hour).await
+    });
+    assert!(!want.is_empty());
+    for (i, n) in nodes.iter().enumerate() {
+        let got = rt.block_on(async {
+            let mut q = QueryClient::new(channel(&n.grpc).await);
+            export(&mut q, hour).await
+        });
+        assert!(
+            got == want,
+            "node {} answers other bytes than a single aggregator",
+            i + 1
+        );
+    }
+}
+
+/// Two of three nodes lost: until the survivor owns and has applied their partitions,
+/// an answer is either the right one or names the partitions it lacks; then the
+/// survivor alone answers everything.
+#[test]
+fn queries_while_owners_are_lost_are_right_or_name_the_missing_partitions() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-loss");
+    let mut nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
+        .iter()
+        .map(|name| node(&dir, &nats, name, name))
+        .collect();
+    let agent = start_agent(&dir, &nodes[0].grpc, "agent");
+    for p in 0..PARTS {
+        send_part(&agent, p);
+    }
+    wait_shipped(&agent);
+    assert_applied_same("node 1", &nodes[0]);
+    let survivor = nodes.remove(0);
+    drop(nodes);
+    let want = reference();
+    let (mut right, mut named) = (0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = try_stored(&survivor).expect("the survivor answers");
+        if &got == want {
+            right += 1;
+            if named > 0 || right > 20 {
+                break;
+            }
+        } else {
+            // Never a silently different number: a wrong answer names what it lacks.
+            let silent = got.silently_unlike(want);
+            assert!(
+                silent.is_empty(),
+                "answers differ without naming a missing partition: {silent:?}"
+            );
+            named += 1;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the survivor never answered everything"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("answers during the loss: {right} right, {named} naming missing partitions");
+    assert_applied_same("the survivor, alone", &survivor);
+    assert_eq!(agg_metric(&survivor, "cluster_members"), 1.0);
+    assert_eq!(
+        agg_metric(&survivor, "cluster_partitions_applying"),
+        f64::from(PARTITIONS)
+    );
 }
 
 #[test]
@@ -171,10 +338,8 @@ fn the_entry_node_sigkilled_mid_ingest_loses_nothing_acknowledged() {
     let entry = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
     send_part(&agent, 3);
     wait_shipped(&agent);
-    // The agent's last pushes went through the restarted entry: the highest sequence.
-    let sequence = agg_metric(&entry, "cluster_published_sequence");
-    assert_applied_same("the restarted entry node", &entry, sequence);
-    assert_applied_same("the other node", &other, sequence);
+    assert_applied_same("the restarted entry node", &entry);
+    assert_applied_same("the other node", &other);
 }
 
 #[test]
@@ -201,14 +366,13 @@ fn the_stream_leader_sigkilled_mid_ingest_loses_nothing_acknowledged() {
         leader,
         "a new leader was elected"
     );
-    let sequence = agg_metric(&nodes[0], "cluster_published_sequence");
     for (i, n) in nodes.iter().enumerate() {
-        assert_applied_same(&format!("node {}", i + 1), n, sequence);
+        assert_applied_same(&format!("node {}", i + 1), n);
     }
     // The killed server returns and catches up from its peers; nothing changes.
     nats.start_node(leader);
     for (i, n) in nodes.iter().enumerate() {
-        assert_applied_same(&format!("node {} after the return", i + 1), n, sequence);
+        assert_applied_same(&format!("node {} after the return", i + 1), n);
     }
 }
 
@@ -378,6 +542,7 @@ fn a_push_while_nats_is_down_is_unavailable_promptly() {
         cluster: Some(cluster),
         ..Default::default()
     });
+    wait_ready(&agg);
     let hour = crate::util::this_hour();
     let rt = runtime();
     let mut c = rt.block_on(async { CollectorClient::new(channel(&agg.grpc).await) });
@@ -492,7 +657,9 @@ fn two_bounded_nodes(
         text = text.replace("[cluster]\n", &format!("[cluster]\n{extra}"));
         text.push_str(&format!("[limits]\nmax_series_per_server = {max_series}\n"));
         std::fs::write(&config, text).unwrap();
-        InProcessAggregator::start_from_file(&dir.file(name), &config)
+        let agg = InProcessAggregator::start_from_file(&dir.file(name), &config);
+        wait_ready(&agg);
+        agg
     };
     (start("agg-1"), start("agg-2"))
 }

@@ -125,11 +125,40 @@ pub(crate) fn agg_metric(agg: &(impl AggregatorAddrs + ?Sized), name: &str) -> f
 /// the distinct answers per part and for the whole range.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Stored {
-    exports: Vec<(String, Vec<u8>)>,
+    /// Per metric and kind: the exported bytes and the partitions the export lacked
+    /// (cluster mode).
+    exports: Vec<(String, Vec<u8>, u32)>,
     distinct: Vec<String>,
 }
 
+impl Stored {
+    /// The answers that differ from `want`'s without naming a missing partition: a
+    /// silently wrong number.
+    pub(crate) fn silently_unlike(&self, want: &Stored) -> Vec<String> {
+        let mut silent: Vec<String> = self
+            .exports
+            .iter()
+            .zip(&want.exports)
+            .filter(|(got, want)| got.2 == 0 && got.1 != want.1)
+            .map(|(got, _)| format!("export {}", got.0))
+            .collect();
+        silent.extend(
+            self.distinct
+                .iter()
+                .zip(&want.distinct)
+                .filter(|(got, want)| got.ends_with(" 0 partitions") && got != want)
+                .map(|(got, want)| format!("distinct {got} (want {want})")),
+        );
+        silent
+    }
+}
+
 pub(crate) fn stored(agg: &impl AggregatorAddrs) -> Stored {
+    try_stored(agg).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`stored`], or what kept it from being read.
+pub(crate) fn try_stored(agg: &(impl AggregatorAddrs + ?Sized)) -> Result<Stored, String> {
     crate::util::runtime().block_on(async {
         let mut q = QueryClient::new(crate::util::channel(agg.grpc()).await);
         let base = base_hour();
@@ -158,11 +187,14 @@ pub(crate) fn stored(agg: &impl AggregatorAddrs) -> Stored {
                         kind: kind as i32,
                     })
                     .await
-                    .expect("export")
+                    .map_err(|e| format!("export {metric} {kind:?}: {e}"))?
                     .into_inner();
+                let missing = r.coverage.map_or(0, |c| c.partitions_missing);
                 let bytes = r.sketch.map(|s| s.data.to_vec()).unwrap_or_default();
-                assert!(!bytes.is_empty(), "{metric} {kind:?}: nothing stored");
-                exports.push((format!("{metric} {kind:?}"), bytes));
+                if bytes.is_empty() && missing == 0 {
+                    return Err(format!("{metric} {kind:?}: nothing stored"));
+                }
+                exports.push((format!("{metric} {kind:?}"), bytes, missing));
             }
         }
         let mut distinct = Vec::new();
@@ -177,16 +209,21 @@ pub(crate) fn stored(agg: &impl AggregatorAddrs) -> Stored {
                     selector: selector("visitors", hours),
                 })
                 .await
-                .expect("distinct")
+                .map_err(|e| format!("distinct: {e}"))?
                 .into_inner();
             let a = r.answer.unwrap_or_default();
             let c = r.coverage.unwrap_or_default();
             distinct.push(format!(
-                "{} ± {} [{}, {}] missing {}",
-                a.estimate, a.std_error, a.lower95, a.upper95, c.server_hours_missing
+                "{} ± {} [{}, {}] missing {} hours, {} partitions",
+                a.estimate,
+                a.std_error,
+                a.lower95,
+                a.upper95,
+                c.server_hours_missing,
+                c.partitions_missing
             ));
         }
-        Stored { exports, distinct }
+        Ok(Stored { exports, distinct })
     })
 }
 
@@ -207,10 +244,10 @@ pub(crate) fn reference() -> &'static Stored {
 
 pub(crate) fn assert_same(faulty: &Stored) {
     let reference = reference();
-    for ((name, a), (_, b)) in reference.exports.iter().zip(&faulty.exports) {
+    for ((name, a, _), (_, b, missing)) in reference.exports.iter().zip(&faulty.exports) {
         assert!(
-            a == b,
-            "{name}: the faulty run's sketch differs from the run without faults"
+            a == b && *missing == 0,
+            "{name}: the faulty run's sketch differs from the run without faults ({missing} partitions missing)"
         );
     }
     assert_eq!(faulty.distinct, reference.distinct, "query answers differ");
@@ -397,7 +434,7 @@ fn a_wiped_agent_rejoins_in_a_new_epoch_and_nothing_acknowledged_is_lost() {
     let reference = reference();
     // Epochs merge by each kind's own rule. Distinct (max) and membership (OR) are
     // idempotent, so two epochs give the very bytes of one; so are the distinct answers.
-    for ((name, a), (_, b)) in reference.exports.iter().zip(&faulty.exports) {
+    for ((name, a, _), (_, b, _)) in reference.exports.iter().zip(&faulty.exports) {
         if name.contains("Frequency") {
             // Count-Min sums, so its counters equal the single epoch's; the frequent-items
             // summary of a merge may keep other candidates than one stream's.

@@ -1,6 +1,8 @@
-//! The apply loop: this node's durable consumer of the stream, applying every message
-//! into the local store with the single aggregator's own push path.
+//! The apply loops: this node's membership heartbeat, and its durable consumers of the
+//! stream — one for the live subject (every node) and one per partition it owns — each
+//! applying messages into the local store with the single aggregator's own push path.
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -8,11 +10,13 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::kv;
 use hourglass_rpc::proto::v1;
 use prost::Message;
+use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
-use super::{Cluster, ClusterError};
+use super::{Cluster, ClusterError, LIVE};
 use crate::metrics::{ApplyLabel, Metrics};
 use crate::service::CollectorService;
 
@@ -34,47 +38,225 @@ enum Applied {
     Retry,
 }
 
-/// Consumes the whole stream with this node's durable consumer until `stopped`,
-/// applying each message through `applier` (a [`CollectorService`] that stores) and
-/// acknowledging it only after the store's write returned. A lost connection or consumer
-/// is logged and taken up again; the durable consumer resumes where this node left off.
-///
-/// The consumer is named after the node *and its store* ([`consumer_name`]): a node whose
-/// data dir was wiped or replaced gets a new consumer that starts at the stream's first
-/// message, instead of resuming where the old store had got to and missing all of it.
-pub(crate) async fn apply(
+/// One consumer's work: the live subject, or one partition.
+#[derive(Clone)]
+struct Consuming {
+    cluster: Arc<Cluster>,
+    /// The store's consumer name prefix ([`consumer_name`]).
+    durable: String,
+    applier: Arc<CollectorService>,
+    metrics: Arc<Metrics>,
+}
+
+/// A partition's consumer task and the switch that stops it.
+struct Task {
+    stop: watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+/// Runs this node's part of the cluster until `stopped`: renews its membership every
+/// heartbeat, starts a consumer for each partition it comes to own, stops one for a
+/// partition it lost once the new owners are ready for it, and consumes the live subject
+/// throughout. Consumers resume where this store left off (durable, named after the store:
+/// [`consumer_name`]); a lost connection is logged and taken up again.
+pub(crate) async fn run(
     cluster: Arc<Cluster>,
     durable: String,
     applier: CollectorService,
     metrics: Arc<Metrics>,
     stopped: impl Future<Output = ()>,
 ) {
+    let work = Consuming {
+        cluster: Arc::clone(&cluster),
+        durable,
+        applier: Arc::new(applier),
+        metrics: Arc::clone(&metrics),
+    };
+    let live = start(&work, LIVE);
+    let mut running: HashMap<u32, Task> = HashMap::new();
+    let mut bucket: Option<kv::Store> = None;
+    let mut failing = false;
+    let mut tick = tokio::time::interval(cluster.config().heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
     loop {
-        let consuming = consume(&cluster, &durable, &applier, &metrics);
-        let error = tokio::select! {
-            _ = &mut stopped => return,
-            error = consuming => error,
-        };
-        tracing::warn!(consumer = %durable, error = %error, "applying the cluster stream stopped; resuming");
         tokio::select! {
-            _ = &mut stopped => return,
-            _ = tokio::time::sleep(RETRY_DELAY) => {}
+            _ = &mut stopped => break,
+            _ = tick.tick() => {}
+        }
+        match renew(&cluster, &mut bucket).await {
+            Ok(members) => {
+                if failing {
+                    tracing::info!("cluster membership renewed again");
+                }
+                failing = false;
+                cluster.members().renewed(members);
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cluster: cannot renew this node's membership; after cluster.member_ttl it answers for no partition");
+                }
+                failing = true;
+                bucket = None;
+            }
+        }
+        rebalance(&work, &mut running);
+    }
+    // Leaving: the others move this node's partitions now, not after member_ttl.
+    if let Some(bucket) = &bucket {
+        let me = cluster.members().me().to_string();
+        match tokio::time::timeout(Duration::from_secs(2), bucket.delete(&me)).await {
+            Ok(Ok(())) => tracing::info!("left the cluster's members"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cluster: leaving the members"),
+            Err(_) => tracing::warn!("cluster: leaving the members timed out"),
         }
     }
+    for task in running.values() {
+        let _ = task.stop.send(true);
+    }
+    let _ = live.stop.send(true);
+    for (_, task) in running {
+        let _ = task.handle.await;
+    }
+    let _ = live.handle.await;
 }
 
-/// Reads and applies messages until the consumer fails; returns why.
-async fn consume(
+/// Starts and stops partition consumers to match the owners among the current members.
+fn rebalance(work: &Consuming, running: &mut HashMap<u32, Task>) {
+    let membership = work.cluster.members();
+    let members = membership.members();
+    // Out of the cluster (or not yet in): keep applying what it applies, take nothing new.
+    if members.is_empty() {
+        return;
+    }
+    let owned = membership.owned(&members);
+    for &p in &owned {
+        running.entry(p).or_insert_with(|| {
+            membership.start_applying(p);
+            start(work, p)
+        });
+    }
+    running.retain(|&p, task| {
+        if owned.contains(&p) || !membership.handed_over(p, &members) {
+            return true;
+        }
+        tracing::info!(
+            partition = p,
+            "partition handed over to its owners; no longer applied here"
+        );
+        let _ = task.stop.send(true);
+        membership.stop_applying(p);
+        false
+    });
+    let (applying, ready) = membership.counts();
+    work.metrics
+        .cluster_membership(members.len(), applying, ready, membership.pending());
+}
+
+/// Renews this node's key in the members bucket and reads every member's.
+async fn renew(
     cluster: &Cluster,
-    durable: &str,
-    applier: &CollectorService,
-    metrics: &Metrics,
-) -> ClusterError {
+    bucket: &mut Option<kv::Store>,
+) -> Result<BTreeMap<String, v1::Member>, String> {
+    let config = cluster.config();
+    let store = match bucket {
+        Some(store) => store,
+        None => {
+            let created = cluster
+                .jetstream()
+                .create_or_update_key_value(kv::Config {
+                    bucket: members_bucket(&config.stream),
+                    description: "hourglass aggregator nodes: one key per live node".into(),
+                    history: 1,
+                    max_age: config.member_ttl,
+                    num_replicas: config.replicas,
+                    ..kv::Config::default()
+                })
+                .await
+                .map_err(|e| format!("members bucket: {e}"))?;
+            bucket.insert(created)
+        }
+    };
+    let me = cluster.members().heartbeat();
+    let timeout = config.heartbeat.max(Duration::from_secs(2));
+    let read = async {
+        store
+            .put(&me.node, me.encode_to_vec().into())
+            .await
+            .map_err(|e| format!("renewing {}: {e}", me.node))?;
+        let mut keys = store
+            .keys()
+            .await
+            .map_err(|e| format!("listing members: {e}"))?;
+        let mut members = BTreeMap::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| format!("listing members: {e}"))?;
+            let Some(value) = store
+                .get(&key)
+                .await
+                .map_err(|e| format!("reading member {key}: {e}"))?
+            else {
+                continue;
+            };
+            match v1::Member::decode(value) {
+                Ok(member) if member.node == key => {
+                    members.insert(key, member);
+                }
+                Ok(_) | Err(_) => {
+                    tracing::warn!(
+                        key,
+                        "cluster: a members key that is not a member's; ignored"
+                    );
+                }
+            }
+        }
+        Ok(members)
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| format!("no answer from JetStream within {timeout:?}"))?
+}
+
+/// The KV bucket of the members of the cluster of `stream`.
+fn members_bucket(stream: &str) -> String {
+    format!("{stream}_members")
+}
+
+/// Starts consuming `p` (or the live subject, [`LIVE`]).
+fn start(work: &Consuming, p: u32) -> Task {
+    let (stop, mut stopped) = watch::channel(false);
+    let work = work.clone();
+    let handle = tokio::spawn(async move {
+        loop {
+            let error = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => return,
+                error = consume(&work, p) => error,
+            };
+            tracing::warn!(partition = p, error = %error, "applying the cluster stream stopped; resuming");
+            tokio::select! {
+                _ = stopped.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(RETRY_DELAY) => {}
+            }
+        }
+    });
+    Task { stop, handle }
+}
+
+/// Reads and applies one subject's messages until the consumer fails; returns why.
+async fn consume(work: &Consuming, p: u32) -> ClusterError {
+    let cluster = &work.cluster;
     let config = cluster.config();
     let stream_error = |detail: String| ClusterError::Stream {
         stream: config.stream.clone(),
         detail,
+    };
+    let (subject, name) = if p == LIVE {
+        (config.live_subject(), format!("{}-live", work.durable))
+    } else {
+        (
+            config.partition_subject(p),
+            format!("{}-p{p}", work.durable),
+        )
     };
     let stream = match cluster.jetstream().get_stream(&config.stream).await {
         Ok(stream) => stream,
@@ -82,10 +264,11 @@ async fn consume(
     };
     let consumer = stream
         .get_or_create_consumer(
-            durable,
+            &name,
             pull::Config {
-                durable_name: Some(durable.to_string()),
-                description: Some(format!("hourglass node {} applies the stream", config.node)),
+                durable_name: Some(name.clone()),
+                description: Some(format!("hourglass node {} applies {subject}", config.node)),
+                filter_subject: subject.clone(),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
                 max_ack_pending: MAX_ACK_PENDING,
@@ -96,23 +279,43 @@ async fn consume(
             },
         )
         .await;
-    let mut messages = match consumer {
-        Ok(consumer) => match consumer.messages().await {
-            Ok(messages) => messages,
-            Err(e) => return stream_error(format!("consumer {durable}: {e}")),
-        },
-        Err(e) => return stream_error(format!("consumer {durable}: {e}")),
+    let consumer = match consumer {
+        Ok(consumer) => consumer,
+        Err(e) => return stream_error(format!("consumer {name}: {e}")),
     };
-    tracing::info!(consumer = %durable, "applying the cluster stream");
+    // Complete unless the stream dropped messages (max_age) this store never applied:
+    // those rows would be missing here, so the partition is never ready on this node.
+    let (info, first) = match (consumer.get_info().await, stream.get_info().await) {
+        (Ok(info), Ok(stream_info)) => (info, stream_info.state.first_sequence),
+        (Err(e), _) => return stream_error(format!("consumer {name}: {e}")),
+        (_, Err(e)) => return stream_error(e.to_string()),
+    };
+    let complete = info.ack_floor.stream_sequence.saturating_add(1) >= first;
+    if !complete && p != LIVE {
+        tracing::error!(
+            partition = p,
+            applied_to = info.ack_floor.stream_sequence,
+            stream_starts_at = first,
+            "this store lacks messages of the partition that the stream no longer keeps (cluster.max_age); it applies what is there but does not answer for the partition"
+        );
+    }
+    if p != LIVE {
+        cluster.members().caught_up(p, info.num_pending, complete);
+    }
+    let mut messages = match consumer.messages().await {
+        Ok(messages) => messages,
+        Err(e) => return stream_error(format!("consumer {name}: {e}")),
+    };
+    tracing::debug!(consumer = %name, "applying {subject}");
     loop {
         let message = match messages.next().await {
             Some(Ok(message)) => message,
             // The client reconnects by itself; a missed heartbeat and the like end here.
-            Some(Err(e)) => return stream_error(format!("consumer {durable}: {e}")),
-            None => return stream_error(format!("consumer {durable} ended")),
+            Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
+            None => return stream_error(format!("consumer {name} ended")),
         };
-        let outcome = apply_one(applier, &message.subject, &message.payload).await;
-        metrics
+        let outcome = apply_one(&work.applier, p, &message.subject, &message.payload).await;
+        work.metrics
             .cluster_applied
             .get_or_create(&ApplyLabel {
                 outcome: match outcome {
@@ -126,9 +329,14 @@ async fn consume(
         if let Ok(info) = message.info() {
             // A message to retry is not applied yet; its redelivery will be.
             let applied = outcome != Applied::Retry;
-            metrics.cluster_applied_at(info.stream_sequence, info.pending, applied);
+            work.metrics
+                .cluster_applied_at(info.stream_sequence, applied);
             if applied {
-                cluster.record_applied(info.stream_sequence);
+                cluster.record_applied(p, info.stream_sequence);
+            }
+            if p != LIVE {
+                let pending = info.pending + u64::from(!applied);
+                cluster.members().caught_up(p, pending, complete);
             }
         }
         let ack = match outcome {
@@ -138,7 +346,7 @@ async fn consume(
         };
         // A lost acknowledgement only means a redelivery, which the version rule absorbs.
         if let Err(e) = message.ack_with(ack).await {
-            tracing::warn!(consumer = %durable, error = %e, "acknowledging a cluster message");
+            tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
         }
     }
 }
@@ -192,8 +400,9 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
         .is_some_and(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Decodes and stores one message.
-async fn apply_one(applier: &CollectorService, subject: &str, payload: &[u8]) -> Applied {
+/// Decodes and stores one message: a live message's server, live hours and series
+/// index, or a partition's snapshots.
+async fn apply_one(applier: &CollectorService, p: u32, subject: &str, payload: &[u8]) -> Applied {
     let request = match v1::PushRequest::decode(payload) {
         Ok(request) => request,
         Err(e) => {
@@ -201,7 +410,18 @@ async fn apply_one(applier: &CollectorService, subject: &str, payload: &[u8]) ->
             return Applied::Refused;
         }
     };
-    match applier.apply(request).await {
+    let applied = if p == LIVE {
+        applier.apply_live(request).await
+    } else {
+        let snapshots = request.snapshots.len() as u64;
+        applier.apply(request).await.inspect(|()| {
+            applier
+                .metrics()
+                .cluster_applied_snapshots
+                .inc_by(snapshots);
+        })
+    };
+    match applied {
         Ok(()) => Applied::Ok,
         Err(status) if is_retryable(status.code()) => {
             tracing::warn!(subject, error = %status.message(), "applying a cluster message failed; it will be redelivered");

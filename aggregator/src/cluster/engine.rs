@@ -93,14 +93,20 @@ pub struct Cluster {
     /// The series bound's ledger, shared by this node's entry (which refuses a series
     /// over the bound before publishing, as a single aggregator does) and its apply loop.
     ledger: std::sync::Arc<crate::service::SeriesLedger>,
-    /// The highest stream sequence this node's apply loop has applied.
-    applied: tokio::sync::watch::Sender<u64>,
+    /// Per partition (and [`super::LIVE`]), the highest stream sequence this node's
+    /// consumer of it has applied.
+    applied: std::sync::Mutex<std::collections::HashMap<u32, tokio::sync::watch::Sender<u64>>>,
+    /// The members and who owns what.
+    members: super::members::Membership,
+    /// Clients of the other nodes.
+    peers: super::peer::Peers,
     client: async_nats::Client,
     jetstream: jetstream::Context,
 }
 
-/// One message to publish: its subject and its encoded push.
+/// One message to publish: its partition (or [`super::LIVE`]), subject and encoded push.
 struct Outgoing {
+    partition: u32,
     subject: String,
     payload: Vec<u8>,
 }
@@ -108,7 +114,11 @@ struct Outgoing {
 impl Cluster {
     /// Connects to NATS and makes sure the stream exists with this configuration's
     /// partitions, waiting up to a minute for JetStream to be ready.
-    pub async fn connect(config: ClusterConfig) -> Result<Cluster, ClusterError> {
+    /// `advertise` is where the other nodes reach this node's gRPC port.
+    pub async fn connect(
+        config: ClusterConfig,
+        advertise: String,
+    ) -> Result<Cluster, ClusterError> {
         let mut options = async_nats::ConnectOptions::new()
             .name(format!("hourglass-aggregator {}", config.node))
             .retry_on_initial_connect();
@@ -145,10 +155,20 @@ impl Cluster {
         // Short requests while JetStream may still be electing its leader (each attempt
         // that meets no leader waits out the whole timeout); the publish timeout after.
         jetstream.set_timeout(STARTUP_REQUEST_TIMEOUT);
+        let members = super::members::Membership::new(
+            config.node.clone(),
+            advertise,
+            config.owners,
+            config.partitions,
+            config.member_ttl,
+        );
+        let peers = super::peer::Peers::new(&config)?;
         let mut cluster = Cluster {
+            peers,
             config,
             ledger: Default::default(),
-            applied: tokio::sync::watch::Sender::new(0),
+            applied: Default::default(),
+            members,
             client,
             jetstream,
         };
@@ -163,9 +183,19 @@ impl Cluster {
         &self.config
     }
 
-    /// Records that the apply loop applied the message at stream `sequence`.
-    pub(crate) fn record_applied(&self, sequence: u64) {
-        self.applied.send_if_modified(|held| {
+    /// The watch of partition `p`'s applied position.
+    fn applied_of(&self, p: u32) -> tokio::sync::watch::Sender<u64> {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        applied
+            .entry(p)
+            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
+            .clone()
+    }
+
+    /// Records that this node's consumer of partition `p` (or [`super::LIVE`]) applied
+    /// the message at stream `sequence`.
+    pub(crate) fn record_applied(&self, p: u32, sequence: u64) {
+        self.applied_of(p).send_if_modified(|held| {
             let newer = sequence > *held;
             if newer {
                 *held = sequence;
@@ -174,13 +204,46 @@ impl Cluster {
         });
     }
 
-    /// Waits up to `timeout` for the apply loop to reach stream `sequence`; false if it
-    /// did not.
-    pub(crate) async fn wait_applied(&self, sequence: u64, timeout: Duration) -> bool {
-        let mut applied = self.applied.subscribe();
+    /// Waits up to `timeout` for this node's consumer of `p` to reach stream `sequence`;
+    /// false if it did not.
+    pub(crate) async fn wait_applied(&self, p: u32, sequence: u64, timeout: Duration) -> bool {
+        let mut applied = self.applied_of(p).subscribe();
         tokio::time::timeout(timeout, applied.wait_for(|&a| a >= sequence))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The highest position this node applied of any subject.
+    pub(crate) fn applied_max(&self) -> u64 {
+        let applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        applied.values().map(|w| *w.borrow()).max().unwrap_or(0)
+    }
+
+    /// Clients of the other nodes.
+    pub(crate) fn peers(&self) -> &super::peer::Peers {
+        &self.peers
+    }
+
+    /// The stream's last sequence, as JetStream reports it now.
+    pub(crate) async fn stream_last_sequence(&self) -> Result<u64, ClusterError> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.config.stream)
+            .await
+            .map_err(|e| ClusterError::Stream {
+                stream: self.config.stream.clone(),
+                detail: e.to_string(),
+            })?;
+        let info = stream.get_info().await.map_err(|e| ClusterError::Stream {
+            stream: self.config.stream.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(info.state.last_sequence)
+    }
+
+    /// The members and who owns what.
+    pub(crate) fn members(&self) -> &super::members::Membership {
+        &self.members
     }
 
     /// The series bound's ledger of this node.
@@ -293,22 +356,26 @@ impl Cluster {
                     subject: m.subject.clone(),
                     detail: e.to_string(),
                 })?;
-            pending.push((m.subject, ack));
+            pending.push((m.partition, m.subject, ack));
         }
         let messages = pending.len();
         let mut last_sequence = 0;
-        for (subject, ack) in pending {
+        let mut sequences = BTreeMap::new();
+        for (p, subject, ack) in pending {
             let ack = ack.await.map_err(|e| PublishError::NotAcknowledged {
                 subject,
                 detail: e.to_string(),
             })?;
             last_sequence = last_sequence.max(ack.sequence);
+            let at = sequences.entry(p).or_insert(0);
+            *at = ack.sequence.max(*at);
         }
         Ok(PublishStats {
             messages,
             bytes,
             seconds: started.elapsed().as_secs_f64(),
             last_sequence,
+            sequences,
         })
     }
 
@@ -352,7 +419,9 @@ fn entry_bytes(snapshot: &v1::Snapshot) -> usize {
     1 + prost::length_delimiter_len(len) + len
 }
 
-/// The messages of one push for servers whose max_payload is `max`.
+/// The messages of one push for servers whose max_payload is `max`: the snapshots by
+/// partition, and the live message(s) with the server, its live hours and the push's
+/// series index ([`series_index`]).
 fn split(
     config: &ClusterConfig,
     max: usize,
@@ -361,55 +430,121 @@ fn split(
     snapshots: Vec<(u32, usize, v1::Snapshot)>,
 ) -> Result<Vec<Outgoing>, PublishError> {
     let header = header(server);
-    let base = header.encoded_len();
     let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
+    let index = series_index(snapshots.iter().map(|(_, i, s)| (*i, s)));
     for (p, index, snapshot) in snapshots {
         by_partition.entry(p).or_default().push((index, snapshot));
     }
     let mut out = Vec::new();
     for (p, group) in by_partition {
-        let subject = config.partition_subject(p);
-        let mut current = header.clone();
-        let mut size = base;
-        for (index, snapshot) in group {
-            let entry = entry_bytes(&snapshot);
-            if base + entry > max {
-                return Err(PublishError::TooLarge {
-                    index,
-                    bytes: base + entry,
-                    max,
-                });
-            }
-            if size + entry > max {
-                out.push(Outgoing {
-                    subject: subject.clone(),
-                    payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
-                });
-                size = base;
-            }
-            size += entry;
-            current.snapshots.push(snapshot);
-        }
-        out.push(Outgoing {
-            subject,
-            payload: current.encode_to_vec(),
-        });
+        pack(
+            &mut out,
+            max,
+            p,
+            config.partition_subject(p),
+            &header,
+            group,
+        )?;
     }
     // Always, so that every node registers the server and its labels, as a single
-    // aggregator does for a push with no snapshots.
+    // aggregator does for a push with no snapshots. Only the first carries live hours.
     let live = v1::PushRequest {
         live_hours: live_hours.to_vec(),
-        ..header
+        ..header.clone()
     };
-    out.push(Outgoing {
-        subject: config.live_subject(),
-        payload: live.encode_to_vec(),
-    });
+    pack(
+        &mut out,
+        max,
+        super::LIVE,
+        config.live_subject(),
+        &live,
+        index,
+    )?;
     Ok(out)
 }
 
+/// Appends `group`'s snapshots to `out` in messages of `first`'s server, as few as `max`
+/// allows; the first message is `first` itself (with its live hours), the others carry
+/// the server alone. One message even for no snapshots.
+fn pack(
+    out: &mut Vec<Outgoing>,
+    max: usize,
+    partition: u32,
+    subject: String,
+    first: &v1::PushRequest,
+    group: Vec<(usize, v1::Snapshot)>,
+) -> Result<(), PublishError> {
+    let header = v1::PushRequest {
+        live_hours: vec![],
+        ..first.clone()
+    };
+    let base = header.encoded_len();
+    let mut current = first.clone();
+    let mut size = current.encoded_len();
+    for (index, snapshot) in group {
+        let entry = entry_bytes(&snapshot);
+        if base + entry > max {
+            return Err(PublishError::TooLarge {
+                index,
+                bytes: base + entry,
+                max,
+            });
+        }
+        if size + entry > max {
+            out.push(Outgoing {
+                partition,
+                subject: subject.clone(),
+                payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
+            });
+            size = base;
+        }
+        size += entry;
+        current.snapshots.push(snapshot);
+    }
+    out.push(Outgoing {
+        partition,
+        subject,
+        payload: current.encode_to_vec(),
+    });
+    Ok(())
+}
+
+/// The series index of a push for the live subject: one entry per series and day, its
+/// sketch empty (only its kind), so that every node knows every series of every server
+/// (names for queries, the series bound) without holding their sketches.
+fn series_index<'a>(
+    snapshots: impl Iterator<Item = (usize, &'a v1::Snapshot)>,
+) -> Vec<(usize, v1::Snapshot)> {
+    let mut seen = std::collections::HashSet::new();
+    let mut index = Vec::new();
+    for (i, s) in snapshots {
+        let kind = s.sketch.as_ref().map_or(0, |k| k.kind);
+        let key = (
+            s.series.clone().map(|x| x.encode_to_vec()),
+            kind,
+            s.hour / 24,
+        );
+        if seen.insert(key) {
+            index.push((
+                i,
+                v1::Snapshot {
+                    series: s.series.clone(),
+                    hour: s.hour,
+                    epoch: 0,
+                    version: 0,
+                    sketch: Some(v1::EncodedSketch {
+                        kind,
+                        data: Default::default(),
+                    }),
+                },
+            ));
+        }
+    }
+    index
+}
+
 /// What one publish cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PublishStats {
     /// Messages published.
     pub messages: usize,
@@ -419,6 +554,8 @@ pub struct PublishStats {
     pub seconds: f64,
     /// The highest stream sequence JetStream gave the messages.
     pub last_sequence: u64,
+    /// Per partition (and [`super::LIVE`]), the highest sequence of its messages.
+    pub sequences: BTreeMap<u32, u64>,
 }
 
 #[cfg(test)]
@@ -474,13 +611,14 @@ mod tests {
                 .collect();
             let out = split(&config, max, &server(), &[1, 2], input.clone()).unwrap();
             let mut got: Vec<(u32, v1::Snapshot)> = Vec::new();
+            let mut index = Vec::new();
             for m in &out {
                 assert!(m.payload.len() <= max, "{} > {max}", m.payload.len());
                 let r = v1::PushRequest::decode(m.payload.as_slice()).unwrap();
                 assert_eq!(r.server, Some(server()));
                 if m.subject == config.live_subject() {
                     assert_eq!(r.live_hours, vec![1, 2]);
-                    assert!(r.snapshots.is_empty());
+                    index.extend(r.snapshots);
                     continue;
                 }
                 assert!(!r.snapshots.is_empty(), "an empty message on {}", m.subject);
@@ -491,6 +629,10 @@ mod tests {
                 input.into_iter().map(|(p, _, s)| (p, s)).collect();
             want.sort_by_key(|(p, _)| *p); // stable: push order within a partition
             assert_eq!(got, want, "max {max}");
+            // The live message indexes the one series (one day) without its sketch.
+            assert_eq!(index.len(), 1, "max {max}");
+            assert_eq!(index[0].series, want[0].1.series);
+            assert!(index[0].sketch.as_ref().unwrap().data.is_empty());
         }
     }
 

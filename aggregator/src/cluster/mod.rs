@@ -10,17 +10,23 @@
 //!   is answered only after JetStream acknowledged every publish. With the servers'
 //!   `sync_interval: always` and a stream of 3 replicas, an acknowledged snapshot is on
 //!   the disks of a quorum of NATS nodes.
-//! - **Apply** (`apply.rs`): every node consumes the stream with its own durable consumer
-//!   and applies each message with the single aggregator's own path (validation, the
-//!   version rule, the series bound) into its RocksDB; it acknowledges a message only after
-//!   that write. Snapshots replace by version, so a redelivered or duplicated message
-//!   changes nothing: at-least-once delivery is effectively once in the store.
-//!
-//! This stage replicates every partition to every node, so each node answers queries from
-//! its own store, as a single aggregator does, once it has applied the stream. The
-//! partitions exist from the start so that the stream's layout does not change when
-//! partition ownership (R owners of each, by rendezvous hashing) and queries that fan out
-//! to the owners come (issue 14).
+//! - **Ownership** (`members.rs`): nodes renew a key each in a JetStream KV bucket every
+//!   `heartbeat`; the keys alive are the members. Each partition's `owners` (2) are the
+//!   members that score highest for it by rendezvous hashing, computed alike by every node.
+//! - **Apply** (`apply.rs`): each node applies the partitions it owns, one durable
+//!   consumer each, with the single aggregator's own path (validation, the version rule)
+//!   into its RocksDB, acknowledging a message only after that write, and says in its
+//!   heartbeat which partitions it is *ready* for (applied to the end of the stream, with
+//!   nothing the stream no longer keeps missing). Every node also applies the live subject,
+//!   which carries each push's server, labels, live hours and series index: every node
+//!   knows every series and server (selection, coverage, the series bound) without their
+//!   sketches. Snapshots replace by version, so a redelivered or duplicated message changes
+//!   nothing: at-least-once delivery is effectively once in the store.
+//! - **Answers** (`peer.rs`, `query.rs`): the entry answers a push once an owner of each
+//!   partition confirms the versions it holds after applying the publish (STALE as a
+//!   single aggregator would); a query merges the partitions this node is ready for and
+//!   asks a ready owner of each other one for its partial merge (`Peer.Partial`), naming
+//!   in the coverage any partition no node answered for.
 //!
 //! ```toml
 //! [cluster]
@@ -32,12 +38,22 @@
 //! replicas = 3                      # copies of the stream (NATS nodes)
 //! max_age = "7d"                    # how long the stream keeps what was published
 //! publish_timeout = "10s"           # longest wait for JetStream's acknowledgement
+//! owners = 2                        # nodes that apply and answer for each partition
+//! heartbeat = "1s"                  # how often a node renews its membership
+//! member_ttl = "10s"                # a node silent this long is gone: its partitions move
+//! peer_timeout = "10s"              # longest wait for another node's part of an answer
+//! # advertise = "agg-1.hourglass:7700"           # where the others dial this node's gRPC
+//! # peer_token_file = "/etc/hourglass/peer-token" # a query token for calls between nodes
+//! # peer_ca_file = "/etc/hourglass/ca.pem"        # the CA of the nodes' gRPC TLS
 //! # credentials = "/etc/hourglass/nats.creds"  # a NATS credentials file
 //! # ca_file = "/etc/hourglass/nats-ca.pem"     # trust this CA for tls:// URLs
 //! ```
 
 mod apply;
 mod engine;
+mod members;
+mod peer;
+mod query;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,7 +61,12 @@ use std::time::Duration;
 use hourglass_rpc::time::deserialize_duration;
 use serde::Deserialize;
 
-pub(crate) use apply::{apply, consumer_name};
+pub(crate) use apply::{consumer_name, run};
+pub(crate) use peer::{PeerService, held};
+pub(crate) use query::{Asked, fan_out};
+
+/// The key of the live subject where partitions are keyed by number.
+pub(crate) const LIVE: u32 = u32::MAX;
 pub use engine::ClusterError;
 pub(crate) use engine::{Cluster, PublishError, PublishStats};
 
@@ -56,7 +77,9 @@ use crate::store::SeriesName;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// This node's name, unique in the cluster; it names the node's durable consumer.
+    /// This node's name, unique in the cluster; it names the node's durable consumers.
+    /// Required, here or from `--cluster-node` / HOURGLASS_CLUSTER_NODE.
+    #[serde(default)]
     pub node: String,
     /// The NATS servers' URLs (`nats://host:port`, `tls://host:port`).
     pub nats: Vec<String>,
@@ -87,6 +110,40 @@ pub struct ClusterConfig {
     /// A PEM file of CA certificates to trust for `tls://` NATS URLs.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// The `host:port` where the other nodes reach this node's gRPC port (query fan-out,
+    /// push answers); by default the gRPC listener's address, unless that is 0.0.0.0 or
+    /// `[::]`, which peers cannot dial.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// How many nodes own (apply and answer for) each partition.
+    #[serde(default = "default_owners")]
+    pub owners: usize,
+    /// How often a node renews its membership and re-reads the members.
+    #[serde(
+        default = "default_heartbeat",
+        deserialize_with = "deserialize_duration"
+    )]
+    pub heartbeat: Duration,
+    /// A node whose membership was not renewed for this long is gone: its partitions move.
+    #[serde(
+        default = "default_member_ttl",
+        deserialize_with = "deserialize_duration"
+    )]
+    pub member_ttl: Duration,
+    /// The longest wait for another node's part of a query or of a push's answer.
+    #[serde(
+        default = "default_peer_timeout",
+        deserialize_with = "deserialize_duration"
+    )]
+    pub peer_timeout: Duration,
+    /// A file holding the bearer token this node sends to the other nodes (a token of
+    /// role query or admin in their `[[auth.tokens]]`); needed when they have tokens.
+    #[serde(default)]
+    pub peer_token_file: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust for the other nodes' gRPC when it has TLS;
+    /// without it, peers are dialled in plaintext.
+    #[serde(default)]
+    pub peer_ca_file: Option<PathBuf>,
 }
 
 fn default_stream() -> String {
@@ -107,6 +164,18 @@ fn default_max_age() -> Duration {
 fn default_publish_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_owners() -> usize {
+    2
+}
+fn default_heartbeat() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_member_ttl() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_peer_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 
 impl ClusterConfig {
     /// A configuration with every default, for `node` on the servers `nats`.
@@ -122,6 +191,13 @@ impl ClusterConfig {
             publish_timeout: default_publish_timeout(),
             credentials: None,
             ca_file: None,
+            advertise: None,
+            owners: default_owners(),
+            heartbeat: default_heartbeat(),
+            member_ttl: default_member_ttl(),
+            peer_timeout: default_peer_timeout(),
+            peer_token_file: None,
+            peer_ca_file: None,
         }
     }
 
@@ -140,7 +216,7 @@ impl ClusterConfig {
             return Err(invalid(
                 "cluster.node",
                 &self.node,
-                "must be a server name (letters, digits, '-', '_') without '.'",
+                "must be a server name (letters, digits, '-', '_') without '.', given here or by --cluster-node (HOURGLASS_CLUSTER_NODE)",
             ));
         }
         if self.nats.is_empty() || server_addrs(&self.nats).is_err() {
@@ -193,6 +269,53 @@ impl ClusterConfig {
                 "must be between 100ms and 600s",
             ));
         }
+        self.validate_membership()
+    }
+
+    /// Checks the fields of membership, ownership and the calls between nodes.
+    fn validate_membership(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: &dyn std::fmt::Debug, rule| ConfigError::Invalid {
+            field,
+            value: format!("{value:?}"),
+            rule,
+        };
+        if let Some(a) = &self.advertise
+            && !is_host_port(a)
+        {
+            return Err(invalid(
+                "cluster.advertise",
+                a,
+                "must be HOST:PORT, the address other nodes dial this node's gRPC port at",
+            ));
+        }
+        if !(1..=16).contains(&self.owners) {
+            return Err(invalid(
+                "cluster.owners",
+                &self.owners,
+                "must be between 1 and 16",
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&self.heartbeat) {
+            return Err(invalid(
+                "cluster.heartbeat",
+                &self.heartbeat,
+                "must be between 100ms and 60s",
+            ));
+        }
+        if self.member_ttl < self.heartbeat * 3 {
+            return Err(invalid(
+                "cluster.member_ttl",
+                &self.member_ttl,
+                "must be at least 3 heartbeats, so one late heartbeat does not move partitions",
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&self.peer_timeout) {
+            return Err(invalid(
+                "cluster.peer_timeout",
+                &self.peer_timeout,
+                "must be between 100ms and 600s",
+            ));
+        }
         Ok(())
     }
 
@@ -205,6 +328,13 @@ impl ClusterConfig {
     pub(crate) fn live_subject(&self) -> String {
         format!("{}.live", self.subject_prefix)
     }
+}
+
+/// `s` is `HOST:PORT` with a port number.
+fn is_host_port(s: &str) -> bool {
+    s.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok()
+    })
 }
 
 /// The NATS servers' addresses, each parsed; the error names the URL that is not one.

@@ -67,13 +67,15 @@ pub(crate) struct Coverage {
     pub(crate) server_hours_missing: u64,
     /// Servers with missing hours and how many each, at most [`MAX_MISSING_LISTED`].
     pub(crate) missing: Vec<(String, u64)>,
+    /// Cluster mode: partitions of selected series no ready owner answered for.
+    pub(crate) missing_partitions: Vec<u32>,
 }
 
 /// The most servers with missing hours an answer lists by name.
 pub(crate) const MAX_MISSING_LISTED: usize = 100;
 
 /// A merged sketch and what went into it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Merged {
     /// The merge of every selected sketch; `None` if there was none.
     pub(crate) sketch: Option<Sketch>,
@@ -82,7 +84,7 @@ pub(crate) struct Merged {
 }
 
 /// The answer to a selection.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Answer {
     /// Over the whole selection.
     pub(crate) total: Merged,
@@ -90,6 +92,9 @@ pub(crate) struct Answer {
     pub(crate) groups: Vec<(String, Merged)>,
     /// Which rows and rollups were read: for traces and tests.
     pub(crate) plan: PlanStats,
+    /// With [`Planner::only_partitions`]: the partitions of every selected series, merged
+    /// here or not.
+    pub(crate) partitions: std::collections::BTreeSet<u32>,
 }
 
 /// What a query read.
@@ -314,6 +319,8 @@ pub(crate) struct Planner<'a> {
     store: &'a dyn Store,
     max_fanout: u64,
     retire_hours: u32,
+    /// Cluster mode: the partition count and the partitions whose series are merged.
+    only: Option<(u32, std::collections::BTreeSet<u32>)>,
 }
 
 /// A resolved piece of work: which series, servers and hours merge into one answer.
@@ -330,7 +337,26 @@ impl<'a> Planner<'a> {
             store,
             max_fanout: u64::MAX,
             retire_hours: 7 * 24,
+            only: None,
         }
+    }
+
+    /// Cluster mode: merges only the series of `partitions` (of `count`); everything else
+    /// (the selection, its checks, its groups and coverage) is the whole selection's.
+    pub(crate) fn only_partitions(
+        mut self,
+        count: u32,
+        partitions: std::collections::BTreeSet<u32>,
+    ) -> Planner<'a> {
+        self.only = Some((count, partitions));
+        self
+    }
+
+    /// Whether a series is merged here (always, outside cluster mode).
+    fn merges(&self, name: &SeriesName) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|(count, keep)| keep.contains(&crate::cluster::partition(name, *count)))
     }
 
     /// A server is expected from its first live hour until `hours` after its last one;
@@ -417,10 +443,18 @@ impl<'a> Planner<'a> {
                 merged_groups,
             )
         };
+        let partitions = match &self.only {
+            Some((count, _)) => series
+                .iter()
+                .map(|(_, name)| crate::cluster::partition(name, *count))
+                .collect(),
+            None => Default::default(),
+        };
         Ok(Answer {
             total,
             groups,
             plan,
+            partitions,
         })
     }
 
@@ -437,6 +471,9 @@ impl<'a> Planner<'a> {
         let mut acc: Option<Sketch> = None;
         let mut sketches_merged = 0;
         for (series_id, name) in unit.series.iter().map(|s| (s.0, &s.1)) {
+            if !self.merges(name) {
+                continue;
+            }
             let days: Vec<(Day, Range<Hour>)> = days_of(&unit.hours).collect();
             let one_day = |(day, hours): &(Day, Range<Hour>)| {
                 self.day_sketch(

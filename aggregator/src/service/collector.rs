@@ -35,8 +35,11 @@ pub(crate) struct CollectorService {
     retention_hourly: std::time::Duration,
     ledger: Arc<SeriesLedger>,
     /// In cluster mode, checked pushes are published to the stream instead of stored
-    /// here; the apply loop stores them (on every node) through a service without one.
+    /// here; the apply loop stores them (on their owners) through a service without one.
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Cluster mode's apply loop: the series bound was decided at the entry, so every
+    /// owner of a partition stores the same snapshots.
+    applying: bool,
 }
 
 impl CollectorService {
@@ -54,6 +57,7 @@ impl CollectorService {
             retention_hourly,
             ledger: Arc::new(SeriesLedger::new()),
             cluster: None,
+            applying: false,
         }
     }
 
@@ -71,7 +75,69 @@ impl CollectorService {
     /// node's entry uses, so both count the same series.
     pub(crate) fn applying_for(mut self, cluster: &crate::cluster::Cluster) -> Self {
         self.ledger = Arc::clone(cluster.ledger());
+        self.applying = true;
         self
+    }
+
+    /// The metrics this service counts in.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Applies a live message read from the cluster's stream: registers the server and
+    /// its labels, marks its live hours and records the push's series index (which series
+    /// the server holds on which day) in the store and the series ledger, storing no
+    /// sketch. Every node applies every live message, so every node knows every series of
+    /// every server: the entry's series bound and the queries' selection see them all.
+    pub(crate) async fn apply_live(&self, mut request: v1::PushRequest) -> Result<(), Status> {
+        let server = request
+            .server
+            .take()
+            .ok_or_else(|| Status::invalid_argument("server is required"))?;
+        checked_server(&server, None)?;
+        let labels = checked_labels(&server)?;
+        let now = hourglass_rpc::time::since_unix_epoch().as_secs();
+        let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
+        let oldest = crate::background::accepted_from(now, self.retention_hourly);
+        let accepted_hours = oldest.0..=now_hour.saturating_add(1);
+        let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
+        let mut index = Vec::with_capacity(request.snapshots.len());
+        for (i, s) in request.snapshots.iter().enumerate() {
+            let Some(series) = s.series.as_ref() else {
+                continue;
+            };
+            let series = Series::try_from(series)
+                .map_err(|e| Status::invalid_argument(format!("snapshots[{i}].series: {e}")))?;
+            let kind = convert::kind(s.sketch.as_ref().map_or(0, |k| k.kind), "sketch.kind")
+                .map_err(Status::invalid_argument)?;
+            // A day gone with retention would only be swept again.
+            if Hour(s.hour).day() >= Hour(*accepted_hours.start()).day() {
+                let name = SeriesName::new(series.metric(), series.tags().to_vec(), kind);
+                index.push((name, Hour(s.hour).day()));
+            }
+        }
+        let (store, ledger) = (Arc::clone(&self.store), Arc::clone(&self.ledger));
+        let oldest_day = Hour(*accepted_hours.start()).day();
+        tokio::task::spawn_blocking(move || {
+            let server_id = store.register_server(&server.name, &labels)?;
+            let mut held = Vec::with_capacity(index.len());
+            ledger.with_server(store.as_ref(), server_id, oldest_day, |counted| {
+                for (name, day) in &index {
+                    let id = store.series_id_or_create(name)?;
+                    counted.admit(id, *day, oldest_day, usize::MAX);
+                    held.push((id, *day));
+                }
+                Ok(())
+            })?;
+            let live = (!live.is_empty()).then_some((server_id, &live[..]));
+            store.put_index(live, server_id, &held)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("live task failed: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "storing a live message failed");
+            convert::store_status(&e)
+        })
     }
 
     /// Applies a push read from the cluster's stream: every check and the store's write,
@@ -314,11 +380,22 @@ fn store_push(
         .collect()
 }
 
+/// One snapshot's place: what a held version is looked up by.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldKey {
+    /// Its series.
+    pub(crate) name: SeriesName,
+    /// Its hour.
+    pub(crate) hour: Hour,
+    /// Its epoch.
+    pub(crate) epoch: u64,
+}
+
 /// The version this store holds for each of `sent` (pushed by `server`), or `None`.
-fn held_versions(
+pub(crate) fn held_versions(
     store: &dyn Store,
     server: &str,
-    sent: &[Valid],
+    sent: &[HeldKey],
 ) -> Result<Vec<Option<u64>>, crate::store::StoreError> {
     let Some(server_id) = store.server_id(server)? else {
         return Ok(vec![None; sent.len()]);
@@ -470,7 +547,11 @@ impl CollectorService {
         let store = Arc::clone(&self.store);
         let ledger = Arc::clone(&self.ledger);
         let name = server.name.clone();
-        let max_series = limits.max_series_per_server;
+        // Applying a partition: the entry decided the bound, for all owners alike.
+        let max_series = match self.applying {
+            true => usize::MAX,
+            false => limits.max_series_per_server,
+        };
         let answers = tokio::task::spawn_blocking(move || {
             let target = PushTarget {
                 server: &name,
@@ -529,14 +610,8 @@ impl CollectorService {
             .await
             .map_err(|e| self.publish_failed(e))?;
         self.metrics.cluster_published(&stats, published);
-        self.answer_from_store(
-            cluster,
-            &server.name,
-            stats.last_sequence,
-            sent,
-            &mut results,
-        )
-        .await?;
+        self.answer_from_owners(cluster, &server.name, &stats.sequences, sent, &mut results)
+            .await?;
         Ok(v1::PushResponse { results })
     }
 
@@ -627,45 +702,49 @@ impl CollectorService {
         }
     }
 
-    /// Answers the published snapshots `sent` as a single aggregator would, from this
-    /// node's store once it has applied the stream up to `sequence`: STALE with the
-    /// version held where a newer one is, else STORED. UNAVAILABLE if the apply loop does
-    /// not get there within the publish timeout (the push is in the stream; a retry
-    /// gets its answer).
-    async fn answer_from_store(
+    /// Answers the published snapshots `sent` as a single aggregator would, from what
+    /// their owners hold once they applied the publish (`sequences`, per partition):
+    /// STALE with the version held where a newer one is, else STORED. UNAVAILABLE if
+    /// this node does not apply its live message, or no owner answers, within the
+    /// publish timeout (the push is in the stream; a retry gets its answer).
+    async fn answer_from_owners(
         &self,
         cluster: &crate::cluster::Cluster,
         server: &str,
-        sequence: u64,
+        sequences: &std::collections::BTreeMap<u32, u64>,
         sent: Vec<Valid>,
         results: &mut [v1::SnapshotResult],
     ) -> Result<(), Status> {
-        if !cluster
-            .wait_applied(sequence, cluster.config().publish_timeout)
-            .await
+        // The live message first: this node's next check of the server's series bound
+        // then counts this push's series.
+        let timeout = cluster.config().publish_timeout;
+        if let Some(&live) = sequences.get(&crate::cluster::LIVE)
+            && !cluster
+                .wait_applied(crate::cluster::LIVE, live, timeout)
+                .await
         {
             return Err(Status::unavailable(format!(
-                "cluster: this node has not yet applied the stream up to its own publish (sequence {sequence}) within cluster.publish_timeout; the push is in the stream, retry it for its answer"
+                "cluster: this node has not yet applied the stream up to its own publish (sequence {live}) within cluster.publish_timeout; the push is in the stream, retry it for its answer"
             )));
         }
-        let store = Arc::clone(&self.store);
-        let name = server.to_string();
-        let (sent, held) = tokio::task::spawn_blocking(move || {
-            held_versions(store.as_ref(), &name, &sent).map(|h| (sent, h))
-        })
-        .await
-        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
-        .map_err(|e| convert::store_status(&e))?;
-        // Applied up to the publish, yet not held at its version: the apply loop refused
-        // it (the series bound, counted in the stream's order) or will retry it. Nothing
-        // of the push is acknowledged; the agent's retry gets the answer.
+        let keys: Vec<HeldKey> = sent
+            .iter()
+            .map(|v| HeldKey {
+                name: v.name.clone(),
+                hour: v.hour,
+                epoch: v.epoch,
+            })
+            .collect();
+        let held = crate::cluster::held(cluster, &self.store, server, keys, sequences).await?;
+        // Applied up to the publish, yet not held at its version: the owner refused it
+        // or will retry it. Nothing of the push is acknowledged; the retry gets the answer.
         if let Some(v) = sent
             .iter()
             .zip(&held)
             .find_map(|(v, h)| (h.is_none_or(|h| h < v.version)).then_some(v))
         {
             return Err(Status::unavailable(format!(
-                "cluster: snapshots[{}] is not held at version {} after this node applied its publish (refused or to be retried there); nothing of this push is acknowledged, retry it",
+                "cluster: snapshots[{}] is not held at version {} after its owner applied its publish (refused or to be retried there); nothing of this push is acknowledged, retry it",
                 v.index, v.version
             )));
         }

@@ -157,6 +157,13 @@ pub fn coverage(c: &Coverage) -> v1::Coverage {
                 hours: *hours,
             })
             .collect(),
+        partitions_missing: u32::try_from(c.missing_partitions.len()).unwrap_or(u32::MAX),
+        missing_partitions: c
+            .missing_partitions
+            .iter()
+            .take(crate::planner::MAX_MISSING_LISTED)
+            .copied()
+            .collect(),
     }
 }
 

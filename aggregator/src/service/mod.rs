@@ -3,7 +3,7 @@
 //! server reflection, and the server that carries them with compression and size limits.
 
 mod collector;
-mod convert;
+pub(crate) mod convert;
 mod ledger;
 mod query;
 
@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use hourglass_rpc::proto::v1::collector_server::CollectorServer;
+use hourglass_rpc::proto::v1::peer_server::PeerServer;
 use hourglass_rpc::proto::v1::query_server::QueryServer;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
@@ -18,7 +19,7 @@ use tonic::codec::CompressionEncoding;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
-pub(crate) use collector::CollectorService;
+pub(crate) use collector::{CollectorService, HeldKey, held_versions};
 pub(crate) use ledger::SeriesLedger;
 pub(crate) use query::QueryService;
 
@@ -65,7 +66,7 @@ pub async fn serve(
         limits.clone(),
         retention_hourly,
     )
-    .publishing_to(cluster);
+    .publishing_to(cluster.clone());
     let collector = CollectorServer::new(collector)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
@@ -74,7 +75,9 @@ pub async fn serve(
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let query = QueryServer::new(
-        QueryService::new(store, Arc::clone(&metrics), limits).retire_after(retire_after),
+        QueryService::new(Arc::clone(&store), Arc::clone(&metrics), limits)
+            .retire_after(retire_after)
+            .in_cluster(cluster.clone()),
     )
     .accept_compressed(CompressionEncoding::Gzip)
     .accept_compressed(CompressionEncoding::Zstd)
@@ -112,13 +115,27 @@ pub async fn serve(
     let collector = tonic::service::interceptor::InterceptedService::new(collector, move |r| {
         push_auth.check(crate::auth::Service::Collector, r)
     });
+    let query_auth = auth.clone();
     let query = tonic::service::interceptor::InterceptedService::new(query, move |r| {
-        auth.check(crate::auth::Service::Query, r)
+        query_auth.check(crate::auth::Service::Query, r)
+    });
+    // The nodes of a cluster call each other with a query (or admin) token.
+    let peer = cluster.map(|cluster| {
+        let peer_auth = auth.clone();
+        let service = PeerServer::new(crate::cluster::PeerService::new(cluster, store))
+            .accept_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Zstd)
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(usize::MAX);
+        tonic::service::interceptor::InterceptedService::new(service, move |r| {
+            peer_auth.check(crate::auth::Service::Query, r)
+        })
     });
     let router = builder
         .add_service(health_service)
         .add_service(collector)
-        .add_service(query);
+        .add_service(query)
+        .add_optional_service(peer);
     let router = with_reflection(router);
     hourglass_rpc::tls::serve_router(router, listener, tls, shutdown).await
 }

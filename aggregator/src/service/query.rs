@@ -29,6 +29,8 @@ pub(crate) struct QueryService {
     metrics: Arc<Metrics>,
     limits: LimitsConfig,
     retire_after: std::time::Duration,
+    /// Cluster mode: answers merge the partials of every partition's owners.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl QueryService {
@@ -39,7 +41,14 @@ impl QueryService {
             metrics,
             limits,
             retire_after: crate::config::CoverageConfig::default().retire_after,
+            cluster: None,
         }
+    }
+
+    /// This service answering over `cluster`'s nodes (cluster mode); unchanged with `None`.
+    pub(crate) fn in_cluster(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
+        self.cluster = cluster;
+        self
     }
 
     /// Servers silent for longer than `after` stop counting as missing (see
@@ -91,6 +100,7 @@ impl QueryService {
 
     /// Converts the selector and asks the planner, off the async threads.
     async fn plan(&self, selector: Option<&v1::Selector>, kind: Kind) -> Result<Answer, Status> {
+        let proto = selector;
         let selector: Selector = convert::selector(selector, kind, self.limits.max_query_hours())
             .inspect_err(|status| {
             if status
@@ -106,6 +116,27 @@ impl QueryService {
         let store = Arc::clone(&self.store);
         let fanout = self.limits.max_query_fanout;
         let retire_hours = u32::try_from(self.retire_after.as_secs() / 3600).unwrap_or(u32::MAX);
+        if let (Some(cluster), Some(proto)) = (&self.cluster, proto) {
+            let asked = crate::cluster::Asked {
+                selector,
+                proto: proto.clone(),
+                kind,
+                max_fanout: fanout,
+                retire_hours,
+            };
+            let answer = crate::cluster::fan_out(cluster, &store, asked)
+                .await
+                .inspect_err(|status| {
+                    if status.message().contains("limits.max_query_fanout") {
+                        self.metrics.query_refused("limits.max_query_fanout");
+                    }
+                })?;
+            self.metrics
+                .cluster_partitions_missing
+                .inc_by(answer.total.coverage.missing_partitions.len() as u64);
+            span.record("sketches_merged", answer.total.coverage.sketches_merged);
+            return Ok(answer);
+        }
         let answer = tokio::task::spawn_blocking(move || {
             Planner::new(store.as_ref())
                 .limit_fanout(fanout)

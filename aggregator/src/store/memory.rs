@@ -67,6 +67,22 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if let Some((server, hours)) = live {
+            inner.live.extend(hours.iter().map(|h| (server, *h)));
+        }
+        for (series, day) in held {
+            inner.server_series.insert((server, *day, *series));
+        }
+        Ok(())
+    }
+
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,

@@ -248,6 +248,17 @@ pub trait Store: Send + Sync + 'static {
         batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError>;
 
+    /// Cluster mode's live subject: [`Store::mark_live`] for `live`, and that `server`
+    /// holds each of `held`'s series on its day (the index of [`Store::server_series`]),
+    /// in one atomic, durable write that stores no sketch: every node keeps every
+    /// server's series index, also of partitions it does not own.
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError>;
+
     /// The series `server` has stored snapshots of on a day from `since` on, each with the
     /// latest such day, in series order. This is the index the collector bounds the series
     /// per server with (`limits.max_series_per_server`); hourly retention trims it.

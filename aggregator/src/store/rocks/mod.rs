@@ -654,6 +654,28 @@ impl Store for RocksStore {
         Ok(outcomes)
     }
 
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError> {
+        let meta = self.cf(CF_META);
+        let mut write = WriteBatch::default();
+        if let Some((server, hours)) = live {
+            for hour in hours {
+                write.put_cf(meta, meta::live(server, *hour), []);
+            }
+        }
+        for (series, day) in held {
+            write.put_cf(meta, meta::server_series(server, *day, *series), []);
+        }
+        if !write.is_empty() {
+            self.write(write)?;
+        }
+        Ok(())
+    }
+
     fn scan_hourly(
         &self,
         series: SeriesId,

@@ -1,0 +1,400 @@
+//! What the nodes of a cluster ask each other (the `Peer` gRPC service): partial merges
+//! for queries, held versions for push answers, and the cluster's status; and the
+//! clients that ask.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hourglass_rpc::proto::v1::{self, peer_client::PeerClient, peer_server::Peer};
+use hourglass_sketch::Sketch;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use super::{Cluster, ClusterConfig, ClusterError};
+use crate::planner::{Answer, Planner, QueryError};
+use crate::service::convert;
+use crate::service::{HeldKey, held_versions};
+use crate::store::{SeriesName, Store};
+
+/// Clients of the other nodes: one channel per address, the bearer token and TLS of
+/// `[cluster]`.
+pub(crate) struct Peers {
+    tls: hourglass_rpc::tls::ClientTls,
+    bearer: Option<MetadataValue<Ascii>>,
+    timeout: Duration,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Peers {
+    /// The clients `config` describes; an unreadable token file is an error at start.
+    pub(crate) fn new(config: &ClusterConfig) -> Result<Peers, ClusterError> {
+        let bearer = match &config.peer_token_file {
+            Some(path) => {
+                let token = std::fs::read_to_string(path).map_err(|source| ClusterError::File {
+                    what: "cluster.peer_token_file",
+                    path: path.clone(),
+                    source,
+                })?;
+                let header = hourglass_rpc::tls::bearer_header(token.trim()).map_err(|e| {
+                    ClusterError::File {
+                        what: "cluster.peer_token_file",
+                        path: path.clone(),
+                        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+                    }
+                })?;
+                Some(header)
+            }
+            None => None,
+        };
+        Ok(Peers {
+            tls: hourglass_rpc::tls::ClientTls {
+                ca: config.peer_ca_file.clone(),
+                cert: None,
+                key: None,
+            },
+            bearer,
+            timeout: config.peer_timeout,
+            channels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A client of the node at `advertise`.
+    fn client(&self, advertise: &str) -> Result<PeerClient<Channel>, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let channel = match channels.get(advertise) {
+            Some(channel) => channel.clone(),
+            None => {
+                let endpoint = self
+                    .tls
+                    .endpoint(advertise)
+                    .map_err(|e| Status::unavailable(format!("peer {advertise}: {e}")))?
+                    .connect_timeout(self.timeout);
+                let channel = endpoint.connect_lazy();
+                channels.insert(advertise.to_string(), channel.clone());
+                channel
+            }
+        };
+        // Partials are whole sketches per group: bounded by what the asker merges anyway.
+        Ok(PeerClient::new(channel)
+            .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
+            .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+
+    /// `message` as a request with the token and the deadline.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.timeout);
+        if let Some(bearer) = &self.bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+        }
+        request
+    }
+
+    /// Asks the node at `advertise` for its partial merge.
+    pub(crate) async fn partial(
+        &self,
+        advertise: &str,
+        message: v1::PartialRequest,
+    ) -> Result<v1::PartialResponse, Status> {
+        let mut client = self.client(advertise)?;
+        Ok(client.partial(self.request(message)).await?.into_inner())
+    }
+
+    /// Asks the node at `advertise` for held versions.
+    async fn held(
+        &self,
+        advertise: &str,
+        message: v1::HeldRequest,
+    ) -> Result<v1::HeldResponse, Status> {
+        let mut client = self.client(advertise)?;
+        Ok(client.held(self.request(message)).await?.into_inner())
+    }
+}
+
+/// The version held of each of `keys` (snapshots of `server` published at `sequences`,
+/// per partition), from this node's store for partitions it is ready for and from a
+/// ready owner for the others, each once it applied the publish. UNAVAILABLE when no
+/// ready owner of a partition answers.
+pub(crate) async fn held(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    server: &str,
+    keys: Vec<HeldKey>,
+    sequences: &BTreeMap<u32, u64>,
+) -> Result<Vec<Option<u64>>, Status> {
+    let count = cluster.config().partitions;
+    let timeout = cluster.config().publish_timeout;
+    let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        by_partition
+            .entry(super::partition(&k.name, count))
+            .or_default()
+            .push(i);
+    }
+    let mut out = vec![None; keys.len()];
+    for (p, indices) in by_partition {
+        let at = sequences.get(&p).copied().unwrap_or(0);
+        let part: Vec<HeldKey> = indices.iter().map(|&i| keys[i].clone()).collect();
+        let held = held_of_partition(cluster, store, server, p, at, part, timeout).await?;
+        for (i, h) in indices.into_iter().zip(held) {
+            out[i] = h;
+        }
+    }
+    Ok(out)
+}
+
+/// [`held`] for the snapshots of one partition `p`, published at `at`.
+async fn held_of_partition(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    server: &str,
+    p: u32,
+    at: u64,
+    keys: Vec<HeldKey>,
+    timeout: Duration,
+) -> Result<Vec<Option<u64>>, Status> {
+    let mut last_error = format!("no node is ready for partition {p}");
+    for candidate in cluster.members().candidates(p) {
+        if candidate.node == cluster.members().me() {
+            if !cluster.wait_applied(p, at, timeout).await {
+                last_error = format!("this node did not apply partition {p} up to {at} in time");
+                continue;
+            }
+            return local_held(store, server, keys).await;
+        }
+        let request = v1::HeldRequest {
+            server: server.to_string(),
+            snapshots: keys.iter().map(held_snapshot).collect(),
+            wait_for: HashMap::from([(p, at)]),
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        };
+        match cluster.peers().held(&candidate.advertise, request).await {
+            Ok(reply) if reply.held.len() == keys.len() => {
+                return Ok(reply
+                    .held
+                    .into_iter()
+                    .map(|v| (v > 0).then_some(v))
+                    .collect());
+            }
+            Ok(reply) => {
+                last_error = format!(
+                    "{} answered {} versions for {} snapshots",
+                    candidate.node,
+                    reply.held.len(),
+                    keys.len()
+                );
+            }
+            Err(status) => {
+                last_error = format!("{}: {}", candidate.node, status.message());
+            }
+        }
+    }
+    Err(Status::unavailable(format!(
+        "cluster: no owner of partition {p} confirmed this push's snapshots ({last_error}); the push is in the stream, retry it for its answer"
+    )))
+}
+
+/// The versions this node's store holds of `keys`.
+async fn local_held(
+    store: &Arc<dyn Store>,
+    server: &str,
+    keys: Vec<HeldKey>,
+) -> Result<Vec<Option<u64>>, Status> {
+    let store = Arc::clone(store);
+    let server = server.to_string();
+    tokio::task::spawn_blocking(move || held_versions(store.as_ref(), &server, &keys))
+        .await
+        .map_err(|e| Status::internal(format!("held task failed: {e}")))?
+        .map_err(|e| convert::store_status(&e))
+}
+
+/// A held key as the Held request carries it.
+fn held_snapshot(k: &HeldKey) -> v1::HeldSnapshot {
+    v1::HeldSnapshot {
+        series: Some(v1::Series {
+            metric: k.name.metric.clone(),
+            tags: k
+                .name
+                .tags
+                .iter()
+                .map(|(key, value)| v1::Tag {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        }),
+        kind: v1::SketchKind::from(k.name.kind) as i32,
+        hour: k.hour.0,
+        epoch: k.epoch,
+    }
+}
+
+/// The `Peer` gRPC service of one node.
+pub(crate) struct PeerService {
+    cluster: Arc<Cluster>,
+    store: Arc<dyn Store>,
+}
+
+impl PeerService {
+    /// The service of this node, answering from `store`.
+    pub(crate) fn new(cluster: Arc<Cluster>, store: Arc<dyn Store>) -> PeerService {
+        PeerService { cluster, store }
+    }
+
+    /// Refuses partitions this node is not ready for.
+    fn check_ready(&self, partitions: impl IntoIterator<Item = u32>) -> Result<(), Status> {
+        let count = self.cluster.config().partitions;
+        for p in partitions {
+            if p >= count {
+                return Err(Status::invalid_argument(format!(
+                    "partition {p} is not below the cluster's {count} partitions"
+                )));
+            }
+            if !self.cluster.members().is_ready_here(p) {
+                return Err(Status::failed_precondition(format!(
+                    "node {} is not ready for partition {p}",
+                    self.cluster.members().me()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A partial answer as the Peer service sends it.
+fn partial_group(key: &str, sketch: Option<&Sketch>, merged: u64) -> v1::PartialGroup {
+    v1::PartialGroup {
+        key: key.to_string(),
+        sketch: sketch.map(|s| v1::EncodedSketch {
+            kind: v1::SketchKind::from(s.kind()) as i32,
+            data: s.encode().into(),
+        }),
+        sketches_merged: merged,
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn partial(
+        &self,
+        request: Request<v1::PartialRequest>,
+    ) -> Result<Response<v1::PartialResponse>, Status> {
+        let request = request.into_inner();
+        let count = self.cluster.config().partitions;
+        if request.partition_count != count {
+            return Err(Status::failed_precondition(format!(
+                "the asking node has {} partitions, this one {count}",
+                request.partition_count
+            )));
+        }
+        let kind = convert::kind(request.kind, "kind").map_err(Status::invalid_argument)?;
+        let selector = convert::selector(request.selector.as_ref(), kind, u64::MAX)?;
+        let wanted: BTreeSet<u32> = request.partitions.iter().copied().collect();
+        let (ready, not_ready): (Vec<u32>, Vec<u32>) = wanted
+            .into_iter()
+            .partition(|&p| p < count && self.cluster.members().is_ready_here(p));
+        let ready: BTreeSet<u32> = ready.into_iter().collect();
+        let store = Arc::clone(&self.store);
+        let answer = tokio::task::spawn_blocking(move || {
+            Planner::new(store.as_ref())
+                .only_partitions(count, ready)
+                .answer(&selector)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("partial task failed: {e}")))?;
+        let answer = match answer {
+            Ok(answer) => answer,
+            // What this node's store does not name, it holds no rows of.
+            Err(
+                QueryError::UnknownMetric { .. }
+                | QueryError::WrongKind { .. }
+                | QueryError::NoSeries { .. }
+                | QueryError::NoServers { .. },
+            ) => Answer::default(),
+            Err(e) => return Err(convert::query_status(&e)),
+        };
+        Ok(Response::new(v1::PartialResponse {
+            total: Some(partial_group(
+                "",
+                answer.total.sketch.as_ref(),
+                answer.total.coverage.sketches_merged,
+            )),
+            groups: answer
+                .groups
+                .iter()
+                .map(|(key, m)| partial_group(key, m.sketch.as_ref(), m.coverage.sketches_merged))
+                .collect(),
+            not_ready,
+        }))
+    }
+
+    async fn held(
+        &self,
+        request: Request<v1::HeldRequest>,
+    ) -> Result<Response<v1::HeldResponse>, Status> {
+        let request = request.into_inner();
+        self.check_ready(request.wait_for.keys().copied())?;
+        let timeout = Duration::from_millis(u64::from(request.timeout_ms))
+            .min(self.cluster.config().publish_timeout);
+        for (&p, &at) in &request.wait_for {
+            if !self.cluster.wait_applied(p, at, timeout).await {
+                return Err(Status::unavailable(format!(
+                    "node {} did not apply partition {p} up to {at} within {timeout:?}",
+                    self.cluster.members().me()
+                )));
+            }
+        }
+        let mut keys = Vec::with_capacity(request.snapshots.len());
+        for (i, s) in request.snapshots.iter().enumerate() {
+            let series = s.series.as_ref().ok_or_else(|| {
+                Status::invalid_argument(format!("snapshots[{i}].series is missing"))
+            })?;
+            let series = hourglass_rpc::series::Series::try_from(series)
+                .map_err(|e| Status::invalid_argument(format!("snapshots[{i}].series: {e}")))?;
+            let kind = convert::kind(s.kind, "kind").map_err(Status::invalid_argument)?;
+            keys.push(HeldKey {
+                name: SeriesName::new(series.metric(), series.tags().to_vec(), kind),
+                hour: crate::keys::Hour(s.hour),
+                epoch: s.epoch,
+            });
+        }
+        let held = local_held(&self.store, &request.server, keys).await?;
+        Ok(Response::new(v1::HeldResponse {
+            held: held.into_iter().map(|h| h.unwrap_or(0)).collect(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        let members = self.cluster.members();
+        let view = members.members();
+        let partitions = (0..self.cluster.config().partitions)
+            .map(|p| v1::PartitionStatus {
+                partition: p,
+                owners: members.owners(p),
+                ready: view
+                    .values()
+                    .filter(|m| m.ready.contains(&p))
+                    .map(|m| m.node.clone())
+                    .collect(),
+            })
+            .collect();
+        let stream_last_sequence = self.cluster.stream_last_sequence().await.unwrap_or(0);
+        Ok(Response::new(v1::StatusResponse {
+            node: members.me().to_string(),
+            members: view.into_values().collect(),
+            partitions,
+            owners: u32::try_from(self.cluster.config().owners).unwrap_or(u32::MAX),
+            stream_last_sequence,
+            applied_sequence: self.cluster.applied_max(),
+        }))
+    }
+}
