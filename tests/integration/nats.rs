@@ -48,7 +48,24 @@ impl NatsCluster {
     /// Starts `n` servers routed to each other and waits until each accepts clients.
     /// JetStream elects its meta leader by itself shortly after; the aggregators wait
     /// for it when they create the stream.
+    ///
+    /// The ports are free when chosen but may be taken before a server binds them (other
+    /// tests pick ports at the same time): a server that exits for it is retried with a
+    /// new set of ports.
     pub fn start(n: usize) -> NatsCluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let mut cluster = NatsCluster::configure(n);
+            match (0..n).try_for_each(|i| cluster.try_start_node(i)) {
+                Ok(()) => return cluster,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("the NATS cluster did not start:\n{}", failures.join("\n"))
+    }
+
+    /// `n` servers' configs on ports free now; none started.
+    fn configure(n: usize) -> NatsCluster {
         let dir = TempDir::new("nats");
         let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let routes: Vec<String> = cluster_ports
@@ -81,15 +98,18 @@ impl NatsCluster {
                 child: None,
             });
         }
-        let mut cluster = NatsCluster { nodes, _dir: dir };
-        for i in 0..n {
-            cluster.start_node(i);
-        }
-        cluster
+        NatsCluster { nodes, _dir: dir }
     }
 
     /// Starts node `i` (again, after [`Self::kill`]) with its store as it was left.
     pub fn start_node(&mut self, i: usize) {
+        if let Err(e) = self.try_start_node(i) {
+            panic!("{e}");
+        }
+    }
+
+    /// [`Self::start_node`], or why the server did not come up (its log).
+    fn try_start_node(&mut self, i: usize) -> Result<(), String> {
         let node = &mut self.nodes[i];
         assert!(node.child.is_none(), "{} is running", node.name);
         let log = std::fs::OpenOptions::new()
@@ -106,14 +126,24 @@ impl NatsCluster {
         node.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", node.client_port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "{} did not listen; its log:\n{}",
-                node.name,
-                std::fs::read_to_string(&node.log).unwrap_or_default()
-            );
+            let exited = node
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited || Instant::now() > deadline {
+                if let Some(mut child) = node.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(format!(
+                    "{} did not listen; its log:\n{}",
+                    node.name,
+                    std::fs::read_to_string(&node.log).unwrap_or_default()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// SIGKILLs node `i`.

@@ -217,18 +217,7 @@ async fn local_held(
 /// A held key as the Held request carries it.
 fn held_snapshot(k: &HeldKey) -> v1::HeldSnapshot {
     v1::HeldSnapshot {
-        series: Some(v1::Series {
-            metric: k.name.metric.clone(),
-            tags: k
-                .name
-                .tags
-                .iter()
-                .map(|(key, value)| v1::Tag {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-        }),
+        series: Some(v1::Series::from(&k.name)),
         kind: v1::SketchKind::from(k.name.kind) as i32,
         hour: k.hour.0,
         epoch: k.epoch,

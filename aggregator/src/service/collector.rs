@@ -96,10 +96,7 @@ impl CollectorService {
             .ok_or_else(|| Status::invalid_argument("server is required"))?;
         checked_server(&server, None)?;
         let labels = checked_labels(&server)?;
-        let now = hourglass_rpc::time::since_unix_epoch().as_secs();
-        let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
-        let oldest = crate::background::accepted_from(now, self.retention_hourly);
-        let accepted_hours = oldest.0..=now_hour.saturating_add(1);
+        let accepted_hours = self.accepted_hours();
         let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
         let mut index = Vec::with_capacity(request.snapshots.len());
         for (i, s) in request.snapshots.iter().enumerate() {
@@ -480,6 +477,16 @@ impl Collector for CollectorService {
 }
 
 impl CollectorService {
+    /// The hours a push may carry now: from the first hour of the oldest day hourly
+    /// retention keeps (whole days, as retention deletes them), so no snapshot lands in a
+    /// day whose hours are gone, to one hour ahead of the clock.
+    fn accepted_hours(&self) -> std::ops::RangeInclusive<u32> {
+        let now = hourglass_rpc::time::since_unix_epoch().as_secs();
+        let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
+        let oldest = crate::background::accepted_from(now, self.retention_hourly);
+        oldest.0..=now_hour.saturating_add(1)
+    }
+
     /// Counts a refused snapshot under its rule and makes its result.
     fn rejection(&self, r: Rejection) -> v1::SnapshotResult {
         self.metrics.rejected(r.rule);
@@ -511,12 +518,7 @@ impl CollectorService {
         checked_server(&server, principal.as_ref())?;
         span.record("server", server.name.as_str());
         let labels = checked_labels(&server)?;
-        let now = hourglass_rpc::time::since_unix_epoch().as_secs();
-        let now_hour = u32::try_from(now / 3600).unwrap_or(u32::MAX);
-        // From the first hour of the oldest day hourly retention keeps (whole days, as
-        // retention deletes them), so no snapshot lands in a day whose hours are gone.
-        let oldest = crate::background::accepted_from(now, self.retention_hourly);
-        let accepted_hours = oldest.0..=now_hour.saturating_add(1);
+        let accepted_hours = self.accepted_hours();
         let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
         if let Some(cluster) = &self.cluster {
             return self

@@ -308,14 +308,7 @@ impl Query for QueryService {
                 series: names
                     .into_iter()
                     .map(|name| v1::SeriesInfo {
-                        series: Some(v1::Series {
-                            metric: name.metric,
-                            tags: name
-                                .tags
-                                .into_iter()
-                                .map(|(key, value)| v1::Tag { key, value })
-                                .collect(),
-                        }),
+                        series: Some(v1::Series::from(&name)),
                         kind: v1::SketchKind::from(name.kind) as i32,
                     })
                     .collect(),

@@ -100,6 +100,22 @@ impl SeriesName {
     }
 }
 
+impl From<&SeriesName> for hourglass_rpc::proto::v1::Series {
+    fn from(name: &SeriesName) -> Self {
+        hourglass_rpc::proto::v1::Series {
+            metric: name.metric.clone(),
+            tags: name
+                .tags
+                .iter()
+                .map(|(key, value)| hourglass_rpc::proto::v1::Tag {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl std::fmt::Display for SeriesName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}{{", self.metric)?;
