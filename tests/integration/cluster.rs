@@ -264,6 +264,41 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
             i + 1
         );
     }
+    // The status command sees the three members and a ready node for every partition.
+    let run = crate::util::hourglass(&["cluster", "status", "--aggregator", &nodes[1].grpc], b"");
+    let text = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(run.status.success(), "{text}{}", run.stderr);
+    assert!(
+        text.starts_with("node agg-2 sees 3 members; 64 partitions, 2 owners each"),
+        "{text}"
+    );
+    assert!(text.contains("every partition has a ready node"), "{text}");
+    let run = crate::util::hourglass(
+        &[
+            "cluster",
+            "status",
+            "--aggregator",
+            &nodes[0].grpc,
+            "--json",
+        ],
+        b"",
+    );
+    let status = run.json();
+    let partitions = status["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 64);
+    assert!(
+        partitions
+            .iter()
+            .all(|p| p["owners"].as_array().unwrap().len() == 2)
+    );
+    // Not in cluster mode: said plainly.
+    let run = crate::util::hourglass(&["cluster", "status", "--aggregator", &single.grpc], b"");
+    assert!(!run.status.success());
+    assert!(
+        run.stderr.contains("is not in cluster mode"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// Two of three nodes lost: until the survivor owns and has applied their partitions,
