@@ -27,7 +27,7 @@ use hourglass_rpc::proto::v1::{
 const PARTITIONS: u32 = 8;
 /// The tests' membership heartbeat and time to live.
 const HEARTBEAT: Duration = Duration::from_millis(500);
-const MEMBER_TTL: Duration = Duration::from_secs(3);
+const MEMBER_TTL: Duration = Duration::from_secs(6);
 
 /// An aggregator in this process that is node `node` of the cluster on `nats`, its data
 /// in `dir/data`.

@@ -232,6 +232,9 @@ fn start(work: &Consuming, p: u32) -> Task {
                 _ = stopped.wait_for(|s| *s) => return,
                 error = consume(&work, p) => error,
             };
+            if p != LIVE {
+                work.cluster.members().withdraw(p);
+            }
             tracing::warn!(partition = p, error = %error, "applying the cluster stream stopped; resuming");
             tokio::select! {
                 _ = stopped.wait_for(|s| *s) => return,
@@ -299,8 +302,13 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             "this store lacks messages of the partition that the stream no longer keeps (cluster.max_age); it applies what is there but does not answer for the partition"
         );
     }
+    // Messages a previous run was delivered and never acknowledged come back only after
+    // ACK_WAIT: until then they are missing here, so they count as pending.
+    let outstanding = |info: &async_nats::jetstream::consumer::Info| {
+        info.num_pending + info.num_ack_pending as u64
+    };
     if p != LIVE {
-        cluster.members().caught_up(p, info.num_pending, complete);
+        cluster.members().caught_up(p, outstanding(&info), complete);
     }
     let mut messages = match consumer.messages().await {
         Ok(messages) => messages,
@@ -334,19 +342,28 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             if applied {
                 cluster.record_applied(p, info.stream_sequence);
             }
-            if p != LIVE {
-                let pending = info.pending + u64::from(!applied);
-                cluster.members().caught_up(p, pending, complete);
-            }
         }
+        if let (Ok(info), true) = (message.info(), p != LIVE) {
+            cluster.members().set_pending(p, info.pending);
+        }
+        let caught_up = message.info().is_ok_and(|i| i.pending == 0) && outcome != Applied::Retry;
         let ack = match outcome {
             Applied::Ok => AckKind::Ack,
             Applied::Refused => AckKind::Term,
             Applied::Retry => AckKind::Nak(Some(RETRY_DELAY)),
         };
         // A lost acknowledgement only means a redelivery, which the version rule absorbs.
-        if let Err(e) = message.ack_with(ack).await {
+        // Double: the readiness check below must not count this message as outstanding.
+        if let Err(e) = message.double_ack_with(ack).await {
             tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
+        }
+        // Nothing left to deliver: ready once nothing delivered is unacknowledged either
+        // (one request, only while not ready yet).
+        if p != LIVE && caught_up && !cluster.members().is_ready_here(p) {
+            match consumer.get_info().await {
+                Ok(info) => cluster.members().caught_up(p, outstanding(&info), complete),
+                Err(e) => return stream_error(format!("consumer {name}: {e}")),
+            }
         }
     }
 }

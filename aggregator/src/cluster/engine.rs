@@ -161,6 +161,7 @@ impl Cluster {
             config.owners,
             config.partitions,
             config.member_ttl,
+            config.heartbeat,
         );
         let peers = super::peer::Peers::new(&config)?;
         let mut cluster = Cluster {

@@ -28,6 +28,8 @@ pub(crate) struct Membership {
     owners: usize,
     partitions: u32,
     member_ttl: Duration,
+    /// How recent the last renewal must be for this node to answer for partitions.
+    fresh: Duration,
     started_unix: u64,
     state: Mutex<State>,
 }
@@ -64,6 +66,7 @@ impl Membership {
         owners: usize,
         partitions: u32,
         member_ttl: Duration,
+        heartbeat: Duration,
     ) -> Membership {
         let started_unix = hourglass_rpc::time::since_unix_epoch().as_secs();
         Membership {
@@ -72,6 +75,10 @@ impl Membership {
             owners,
             partitions,
             member_ttl,
+            // Half the time to live (at least two renewals): cut off from NATS, its
+            // partitions may be moving on without it, so it stops answering for them
+            // well before the others drop it.
+            fresh: member_ttl.min((member_ttl / 2).max(heartbeat * 2)),
             started_unix,
             state: Mutex::new(State::default()),
         }
@@ -120,7 +127,9 @@ impl Membership {
             return BTreeMap::new();
         }
         let mut members = self.lock().members.clone();
-        members.insert(self.me.clone(), self.heartbeat());
+        let mut me = self.heartbeat();
+        me.ready = self.ready_here().into_iter().collect();
+        members.insert(self.me.clone(), me);
         members
     }
 
@@ -162,9 +171,18 @@ impl Membership {
             .collect()
     }
 
-    /// The partitions this node answers for now: ready, and a member.
+    /// Whether this node renewed its membership within two heartbeats or so: a node
+    /// that cannot reach NATS stops answering for its partitions long before the others
+    /// drop it at `member_ttl`.
+    fn is_fresh(&self) -> bool {
+        self.lock()
+            .renewed
+            .is_some_and(|at| at.elapsed() < self.fresh)
+    }
+
+    /// The partitions this node answers for now: ready, and freshly a member.
     pub(crate) fn ready_here(&self) -> BTreeSet<u32> {
-        if !self.is_member() {
+        if !self.is_fresh() {
             return BTreeSet::new();
         }
         self.lock().ready.clone()
@@ -172,7 +190,12 @@ impl Membership {
 
     /// Whether this node answers for `p` now.
     pub(crate) fn is_ready_here(&self, p: u32) -> bool {
-        self.is_member() && self.lock().ready.contains(&p)
+        self.is_fresh() && self.lock().ready.contains(&p)
+    }
+
+    /// Records that `p`'s consumer lost its stream: not ready until it caught up again.
+    pub(crate) fn withdraw(&self, p: u32) {
+        self.lock().ready.remove(&p);
     }
 
     /// Records that this node applies `p` (from now on, not yet ready).
@@ -200,6 +223,14 @@ impl Membership {
         state.pending.insert(p, pending);
         if pending == 0 && complete {
             state.ready.insert(p);
+        }
+    }
+
+    /// Records how many messages `p`'s consumer has yet to deliver.
+    pub(crate) fn set_pending(&self, p: u32, pending: u64) {
+        let mut state = self.lock();
+        if state.applying.contains(&p) {
+            state.pending.insert(p, pending);
         }
     }
 
@@ -295,7 +326,14 @@ mod tests {
 
     #[test]
     fn a_node_that_has_not_renewed_answers_for_nothing() {
-        let m = Membership::new("agg-1".into(), "127.0.0.1:1".into(), 2, 4, Duration::ZERO);
+        let m = Membership::new(
+            "agg-1".into(),
+            "127.0.0.1:1".into(),
+            2,
+            4,
+            Duration::ZERO,
+            Duration::from_secs(1),
+        );
         m.start_applying(1);
         m.caught_up(1, 0, true);
         m.renewed(BTreeMap::new());
@@ -309,6 +347,7 @@ mod tests {
             2,
             4,
             Duration::from_secs(60),
+            Duration::from_secs(1),
         );
         m.start_applying(1);
         m.caught_up(1, 3, true);

@@ -57,7 +57,10 @@ pub(crate) async fn fan_out(
         .map_err(|e| Status::internal(format!("query task failed: {e}")))?
     };
     let mut answer = local.map_err(|e| convert::query_status(&e))?;
-    let needed: BTreeSet<u32> = answer.partitions.difference(&here).copied().collect();
+    // Every partition not merged here, not only those of the series this node knows: its
+    // live consumer may lag the owners', and a series it has not heard of yet is still
+    // theirs to merge.
+    let needed: BTreeSet<u32> = (0..count).filter(|p| !here.contains(p)).collect();
     let missing = gather(cluster, &asked, needed, &mut answer).await?;
     let missing: Vec<u32> = missing.into_iter().collect();
     answer

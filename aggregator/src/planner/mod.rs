@@ -67,7 +67,7 @@ pub(crate) struct Coverage {
     pub(crate) server_hours_missing: u64,
     /// Servers with missing hours and how many each, at most [`MAX_MISSING_LISTED`].
     pub(crate) missing: Vec<(String, u64)>,
-    /// Cluster mode: partitions of selected series no ready owner answered for.
+    /// Cluster mode: partitions no ready node answered for.
     pub(crate) missing_partitions: Vec<u32>,
 }
 
@@ -92,9 +92,6 @@ pub(crate) struct Answer {
     pub(crate) groups: Vec<(String, Merged)>,
     /// Which rows and rollups were read: for traces and tests.
     pub(crate) plan: PlanStats,
-    /// With [`Planner::only_partitions`]: the partitions of every selected series, merged
-    /// here or not.
-    pub(crate) partitions: std::collections::BTreeSet<u32>,
 }
 
 /// What a query read.
@@ -443,18 +440,10 @@ impl<'a> Planner<'a> {
                 merged_groups,
             )
         };
-        let partitions = match &self.only {
-            Some((count, _)) => series
-                .iter()
-                .map(|(_, name)| crate::cluster::partition(name, *count))
-                .collect(),
-            None => Default::default(),
-        };
         Ok(Answer {
             total,
             groups,
             plan,
-            partitions,
         })
     }
 

@@ -256,6 +256,23 @@ struct PushTarget<'a> {
     oldest_day: Day,
     /// `limits.max_series_per_server`.
     max_series: usize,
+    /// Cluster mode: the labels of a server already known are left alone; only the live
+    /// subject, applied in the stream's order on every node, sets them, so every node
+    /// ends with the latest push's labels whatever order its consumers run in.
+    keep_labels: bool,
+}
+
+/// The server's id, registering it (or, unless `keep_labels`, updating its labels).
+fn server_of(
+    store: &dyn Store,
+    target: &PushTarget<'_>,
+) -> Result<crate::keys::ServerId, crate::store::StoreError> {
+    if target.keep_labels
+        && let Some(id) = store.server_id(target.server)?
+    {
+        return Ok(id);
+    }
+    store.register_server(target.server, target.labels)
 }
 
 /// The series bound's decision for each of `valid`, in order: the series' id, or how
@@ -343,7 +360,7 @@ fn store_push(
     target: &PushTarget<'_>,
     valid: Vec<Valid>,
 ) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
-    let server_id = store.register_server(target.server, target.labels)?;
+    let server_id = server_of(store, target)?;
     let decisions = admit(store, ledger, server_id, target, &valid, true)?;
     let mut answers: Vec<Option<Result<PutOutcome, Rejection>>> = Vec::with_capacity(valid.len());
     let mut batch = Vec::with_capacity(valid.len());
@@ -424,7 +441,7 @@ fn admit_push(
     target: &PushTarget<'_>,
     valid: &[Valid],
 ) -> Result<Vec<Option<Rejection>>, crate::store::StoreError> {
-    let server_id = store.register_server(target.server, target.labels)?;
+    let server_id = server_of(store, target)?;
     let decisions = admit(store, ledger, server_id, target, valid, false)?;
     Ok(valid
         .iter()
@@ -554,6 +571,7 @@ impl CollectorService {
             true => usize::MAX,
             false => limits.max_series_per_server,
         };
+        let keep_labels = self.applying;
         let answers = tokio::task::spawn_blocking(move || {
             let target = PushTarget {
                 server: &name,
@@ -561,6 +579,7 @@ impl CollectorService {
                 live_hours: &live,
                 oldest_day: Hour(*accepted_hours.start()).day(),
                 max_series,
+                keep_labels,
             };
             store_push(store.as_ref(), &ledger, &target, valid)
         })
@@ -677,6 +696,7 @@ impl CollectorService {
                 live_hours: &[],
                 oldest_day,
                 max_series,
+                keep_labels: true,
             };
             admit_push(store.as_ref(), &ledger, &target, &valid).map(|r| (valid, r))
         })
