@@ -1,0 +1,958 @@
+//! Cluster mode's cost, with real processes on loopback: a 3-server NATS JetStream
+//! cluster (`sync_interval: always`, as the design requires) and `hourglass-aggregator`
+//! processes, against the same load as a single aggregator.
+//!
+//! Three setups, each on fresh data dirs and a stream of its own:
+//!
+//! - **single**: one aggregator without `[cluster]` (the baseline);
+//! - **cluster-1**: one node in cluster mode (owners 2, 64 partitions): every push is
+//!   published to JetStream, applied back from it, and answered after that;
+//! - **cluster-3**: three nodes (owners 2, 64 partitions): each applies the partitions it
+//!   owns (about 2/3 of them), pushes go round-robin to the three, queries fan out.
+//!
+//! For each: K in-process gRPC clients, each a server `web-{i}`, push 50 HyperLogLog
+//! series of the current hour as fast as they are answered for a fixed time; then, once
+//! every node has applied the stream, `Query/Distinct` over all of it against every
+//! node (the answers must be identical across the nodes of a setup). Printed: pushes/s,
+//! snapshots/s, push and query latency, errors, the engine's own figures from each node's
+//! `/metrics` (publish latency, bytes published, snapshots applied), the stream's size
+//! from the NATS monitoring endpoint, RocksDB bytes per node, and the CPU seconds of
+//! every process during the load (from `/proc/PID/stat`).
+//!
+//! `cargo bench --bench cluster` runs the full size (30 s of load per setup); without
+//! `--bench` (as `cargo test --all-targets` runs it) it is a short smoke run of the same
+//! code (8 partitions, 5 queries per node, no three-node setup: under 20 s in debug).
+//! `cargo bench --bench cluster -- single cluster-3` runs only the setups named.
+//! The NATS server is the pinned binary `scripts/nats-server` fetches (cached in
+//! `~/.cache/hourglass`).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hourglass_rpc::proto::Bytes;
+use hourglass_rpc::proto::v1::{
+    self, collector_client::CollectorClient, query_client::QueryClient,
+};
+use tonic::transport::Channel;
+
+struct Sizes {
+    /// Concurrent pushing clients, each a server of its own.
+    clients: usize,
+    /// Series (page tags of metric `visits`) in each push.
+    series: usize,
+    /// Items in each series' sketch (plus a few per variant).
+    items: u32,
+    /// How long each setup is pushed to.
+    load: Duration,
+    /// Distinct queries per node after the load.
+    queries: usize,
+    /// The stream's partitions. 64 is the default and what the figures are for; the
+    /// smoke run takes 8, as each partition a node owns is a durable consumer (a Raft
+    /// group of the NATS servers) that takes a while to create on a busy machine.
+    partitions: u32,
+    /// The setups run when none is named on the command line. The smoke run leaves the
+    /// three-node cluster out: its nodes take ~12 s to agree on members and be ready
+    /// (debug build), which would double the smoke run's time.
+    setups: &'static [&'static str],
+    /// Pause between the checks that the stream is applied and the answers settled.
+    settle: Duration,
+}
+
+const FULL: Sizes = Sizes {
+    clients: 16,
+    series: 50,
+    items: 300,
+    load: Duration::from_secs(30),
+    queries: 50,
+    partitions: 64,
+    setups: &["single", "cluster-1", "cluster-3"],
+    settle: Duration::from_secs(1),
+};
+
+const SMOKE: Sizes = Sizes {
+    clients: 4,
+    series: 50,
+    items: 300,
+    load: Duration::from_secs(2),
+    queries: 5,
+    partitions: 8,
+    setups: &["single", "cluster-1"],
+    settle: Duration::from_millis(300),
+};
+
+/// Each client cycles through this many versions of each series' sketch, so that the
+/// last push decides what every node must hold.
+const VARIANTS: usize = 4;
+const OWNERS: usize = 2;
+const HEARTBEAT: &str = "500ms";
+const MEMBER_TTL: &str = "3s";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `GET path` as HTTP/1.0 (no chunked body, the connection closes after the answer):
+/// the body of a 200 answer, else `None`.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    (head.split(' ').nth(1) == Some("200")).then(|| body.to_string())
+}
+
+/// The sum of the samples of `hourglass_aggregator_{name}` (every label set).
+fn metric(text: &str, name: &str) -> f64 {
+    let full = format!("hourglass_aggregator_{name}");
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(&full)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A quantile of a Prometheus histogram: the upper bound of the bucket it falls in.
+fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
+    let prefix = format!("hourglass_aggregator_{name}_bucket");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    if total == 0.0 {
+        return f64::NAN;
+    }
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map_or(f64::NAN, |b| b.0)
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces:
+    // state is the first of them, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 / rustix::param::clock_ticks_per_second() as f64
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+/// A quantile of sorted `values`.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A process killed when dropped.
+struct Process {
+    child: Child,
+}
+
+impl Process {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The NATS server binary, fetched by `scripts/nats-server` if it is not cached yet.
+fn nats_server_binary() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/nats-server");
+    let out = Command::new(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Three NATS servers routed to each other, JetStream on, every write synced.
+struct Nats {
+    servers: Vec<Process>,
+    client_ports: Vec<u16>,
+    http_ports: Vec<u16>,
+}
+
+impl Nats {
+    fn start(binary: &Path, dir: &Path) -> Nats {
+        let n = 3;
+        let route_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect();
+        let (mut servers, mut client_ports, mut http_ports) = (vec![], vec![], vec![]);
+        for (i, route_port) in route_ports.iter().enumerate() {
+            let name = format!("nats-{}", i + 1);
+            let (client_port, http_port) = (free_port(), free_port());
+            let config = dir.join(format!("{name}.conf"));
+            std::fs::write(
+                &config,
+                format!(
+                    "server_name: {name}\nlisten: 127.0.0.1:{client_port}\nhttp: 127.0.0.1:{http_port}\n\
+                     jetstream {{ store_dir: \"{store}\", sync_interval: always }}\n\
+                     cluster {{ name: hourglass-bench, listen: 127.0.0.1:{route_port}, routes: [{routes}] }}\n",
+                    store = dir.join(&name).display(),
+                    routes = routes.join(", "),
+                ),
+            )
+            .expect("write the NATS config");
+            let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
+            let child = Command::new(binary)
+                .arg("-c")
+                .arg(&config)
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("start nats-server");
+            servers.push(Process { child });
+            client_ports.push(client_port);
+            http_ports.push(http_port);
+        }
+        for port in &client_ports {
+            wait_until("nats-server to listen", Duration::from_secs(20), || {
+                std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok()
+            });
+        }
+        Nats {
+            servers,
+            client_ports,
+            http_ports,
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.client_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    fn cpu(&self) -> Vec<f64> {
+        self.servers.iter().map(|s| cpu_seconds(s.pid())).collect()
+    }
+
+    /// `(messages, bytes, leader)` of `stream` as the monitoring endpoint reports them
+    /// (the bytes of one replica).
+    fn stream(&self, stream: &str) -> Option<(u64, u64, String)> {
+        for port in &self.http_ports {
+            let Some(body) = http_get(
+                &format!("127.0.0.1:{port}"),
+                "/jsz?accounts=true&streams=true",
+            ) else {
+                continue;
+            };
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let found = json["account_details"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+                .find(|s| s["name"] == stream);
+            if let Some(s) = found {
+                return Some((
+                    s["state"]["messages"].as_u64().unwrap_or(0),
+                    s["state"]["bytes"].as_u64().unwrap_or(0),
+                    s["cluster"]["leader"].as_str().unwrap_or("?").to_string(),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// One `hourglass-aggregator` process on free loopback ports.
+struct Node {
+    process: Process,
+    grpc: String,
+    admin: String,
+    data: PathBuf,
+}
+
+impl Node {
+    fn start(dir: &Path, name: &str, config: Option<&str>) -> Node {
+        use std::os::unix::process::CommandExt;
+        let data = dir.join(name);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        command.arg0("hourglass-aggregator").args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ]);
+        if let Some(config) = config {
+            let path = dir.join(format!("{name}.toml"));
+            std::fs::write(&path, config).expect("config file");
+            command.arg("--config").arg(path);
+        }
+        let log_path = dir.join(format!("{name}.log"));
+        let mut child = command
+            .env("RUST_LOG", "warn")
+            .stdout(std::fs::File::create(&log_path).expect("log file"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start hourglass-aggregator");
+        let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let (mut grpc, mut admin) = (String::new(), String::new());
+        while grpc.is_empty() || admin.is_empty() {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("{name} ended before announcing its ports"))
+                .expect("line");
+            if let Some(addr) = line.strip_prefix("grpc listening on ") {
+                grpc = format!("http://{}", addr.trim());
+            } else if let Some(addr) = line.strip_prefix("admin listening on ") {
+                admin = addr.trim().to_string();
+            }
+        }
+        // The rest of stderr (warnings) after the announcements, for a look afterwards.
+        let mut rest = std::fs::File::create(dir.join(format!("{name}.stderr"))).expect("log");
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = writeln!(rest, "{line}");
+            }
+        });
+        Node {
+            process: Process { child },
+            grpc,
+            admin,
+            data,
+        }
+    }
+
+    fn metrics(&self) -> String {
+        http_get(&self.admin, "/metrics").unwrap_or_default()
+    }
+
+    fn cpu(&self) -> f64 {
+        cpu_seconds(self.process.pid())
+    }
+}
+
+/// A setup's `[cluster]` section for node `node`.
+fn cluster_config(nats: &Nats, node: &str, stream: &str, partitions: u32) -> String {
+    let urls: Vec<String> = nats.urls().iter().map(|u| format!("{u:?}")).collect();
+    format!(
+        "[cluster]\nnode = \"{node}\"\nnats = [{}]\nstream = \"{stream}\"\nsubject_prefix = \"{}\"\n\
+         partitions = {partitions}\nreplicas = 3\nowners = {OWNERS}\nheartbeat = \"{HEARTBEAT}\"\n\
+         member_ttl = \"{MEMBER_TTL}\"\n",
+        urls.join(", "),
+        stream.to_lowercase(),
+    )
+}
+
+/// Waits until every node sees all of them as members and is ready for every partition
+/// it applies, and the nodes together apply each partition `min(owners, nodes)` times.
+fn wait_ready(nodes: &[Node], partitions: u32) {
+    let n = nodes.len();
+    let want = f64::from(partitions) * OWNERS.min(n) as f64;
+    wait_until(
+        "the nodes to join and be ready",
+        Duration::from_secs(90),
+        || {
+            let mut total = 0.0;
+            for node in nodes {
+                let text = node.metrics();
+                let applying = metric(&text, "cluster_partitions_applying");
+                if metric(&text, "cluster_members") != n as f64
+                    || applying == 0.0
+                    || metric(&text, "cluster_partitions_ready") != applying
+                {
+                    return false;
+                }
+                total += applying;
+            }
+            total == want
+        },
+    );
+}
+
+/// Every client's encoded sketches: `[client][series][variant]`. Client `i`'s visitors
+/// are its own; its series overlap each other.
+fn sketches(sizes: &Sizes) -> Arc<Vec<Vec<Vec<Bytes>>>> {
+    let all = (0..sizes.clients as u64)
+        .map(|i| {
+            (0..sizes.series as u64)
+                .map(|j| {
+                    (0..VARIANTS as u64)
+                        .map(|v| {
+                            let mut h = hourglass_sketch::hll::Hll::new(12).expect("p = 12");
+                            for k in 0..u64::from(sizes.items) + 10 * v {
+                                let visitor = i * 1_000_000 + j * 37 + k;
+                                h.insert(&visitor.to_le_bytes());
+                            }
+                            Bytes::from(h.encode())
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    Arc::new(all)
+}
+
+fn push_request(
+    sketches: &[Vec<Bytes>],
+    client: usize,
+    hour: u32,
+    version: u64,
+) -> v1::PushRequest {
+    v1::PushRequest {
+        server: Some(v1::Server {
+            name: format!("web-{client}"),
+            labels: vec![],
+        }),
+        snapshots: sketches
+            .iter()
+            .enumerate()
+            .map(|(j, variants)| v1::Snapshot {
+                series: Some(v1::Series {
+                    metric: "visits".into(),
+                    tags: vec![v1::Tag {
+                        key: "page".into(),
+                        value: format!("p{j}"),
+                    }],
+                }),
+                hour,
+                epoch: 1,
+                version,
+                sketch: Some(v1::EncodedSketch {
+                    kind: v1::SketchKind::Distinct as i32,
+                    data: variants[version as usize % VARIANTS].clone(),
+                }),
+            })
+            .collect(),
+        live_hours: vec![hour],
+    }
+}
+
+async fn connect(url: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(url.to_string())
+        .expect("url")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+#[derive(Default)]
+struct Load {
+    seconds: f64,
+    pushes: u64,
+    stored: u64,
+    stale: u64,
+    rejected: u64,
+    errors: BTreeMap<String, u64>,
+    /// Answered pushes' latencies, seconds, sorted.
+    latencies: Vec<f64>,
+    /// Bytes of sketches per push.
+    sketch_bytes_per_push: u64,
+}
+
+/// `sizes.clients` clients push to `urls` round-robin for `sizes.load`.
+async fn load(
+    sizes: &Sizes,
+    urls: &[String],
+    sketches: &Arc<Vec<Vec<Vec<Bytes>>>>,
+    hour: u32,
+) -> Load {
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    let deadline = started + sizes.load;
+    for client in 0..sizes.clients {
+        let sketches = sketches.clone();
+        let urls = urls.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut clients = Vec::new();
+            for url in &urls {
+                clients.push(CollectorClient::new(connect(url).await));
+            }
+            let mut out = Load::default();
+            let mut version = 0u64;
+            while Instant::now() < deadline {
+                version += 1;
+                let target = (client + version as usize) % clients.len();
+                let mut request =
+                    tonic::Request::new(push_request(&sketches[client], client, hour, version));
+                request.set_timeout(Duration::from_secs(30));
+                let t = Instant::now();
+                match clients[target].push(request).await {
+                    Ok(answer) => {
+                        out.latencies.push(t.elapsed().as_secs_f64());
+                        out.pushes += 1;
+                        for r in &answer.get_ref().results {
+                            match r.outcome() {
+                                v1::PushOutcome::Stored => out.stored += 1,
+                                v1::PushOutcome::Stale => out.stale += 1,
+                                _ => out.rejected += 1,
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        *out.errors
+                            .entry(format!("{:?}", status.code()))
+                            .or_default() += 1;
+                        // Not a busy loop against a node that refuses everything.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            out
+        }));
+    }
+    let mut total = Load::default();
+    for task in tasks {
+        let one = task.await.expect("client task");
+        total.pushes += one.pushes;
+        total.stored += one.stored;
+        total.stale += one.stale;
+        total.rejected += one.rejected;
+        for (code, n) in one.errors {
+            *total.errors.entry(code).or_default() += n;
+        }
+        total.latencies.extend(one.latencies);
+    }
+    total.seconds = started.elapsed().as_secs_f64();
+    total.latencies.sort_by(f64::total_cmp);
+    total.sketch_bytes_per_push = sketches[0].iter().map(|v| v[0].len() as u64).sum();
+    total
+}
+
+/// The distinct count of `visits` over every server in `hour`, and partitions missing.
+async fn distinct(q: &mut QueryClient<Channel>, hour: u32) -> Result<(f64, u32), tonic::Status> {
+    let answer = q
+        .distinct(v1::DistinctRequest {
+            selector: Some(v1::Selector {
+                metric: "visits".into(),
+                range: Some(v1::TimeRange {
+                    start_hour: hour,
+                    end_hour: hour + 1,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    Ok((
+        answer.answer.map_or(f64::NAN, |a| a.estimate),
+        answer.coverage.map_or(0, |c| c.partitions_missing),
+    ))
+}
+
+struct Queries {
+    /// Per node: its estimate and its latencies, seconds, sorted.
+    per_node: Vec<(f64, Vec<f64>)>,
+    /// Seconds from the end of the load until every node gave the same full answer
+    /// twice in a row.
+    settle_seconds: f64,
+}
+
+/// Waits until every node answers the same estimate with no partition missing, twice a
+/// `sizes.settle` apart, then times `sizes.queries` queries against each node.
+async fn queries(sizes: &Sizes, nodes: &[Node], hour: u32, load_end: Instant) -> Queries {
+    let mut clients = Vec::new();
+    for n in nodes {
+        clients.push(QueryClient::new(connect(&n.grpc).await));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut previous = None;
+    loop {
+        let mut answers = Vec::new();
+        for c in &mut clients {
+            answers.push(distinct(c, hour).await.ok());
+        }
+        let settled = answers.iter().all(|a| {
+            a.is_some_and(|(e, missing)| missing == 0 && Some(e) == answers[0].map(|a| a.0))
+        });
+        if settled && previous == Some(answers.clone()) {
+            break;
+        }
+        previous = settled.then_some(answers);
+        if Instant::now() > deadline {
+            println!("  WARNING: the nodes' answers did not settle within 60 s: {previous:?}");
+            break;
+        }
+        tokio::time::sleep(sizes.settle).await;
+    }
+    let settle_seconds = load_end.elapsed().as_secs_f64();
+    let mut per_node = Vec::new();
+    for c in &mut clients {
+        let mut latencies = Vec::new();
+        let mut estimate = f64::NAN;
+        for _ in 0..sizes.queries {
+            let t = Instant::now();
+            if let Ok((e, _)) = distinct(c, hour).await {
+                latencies.push(t.elapsed().as_secs_f64());
+                estimate = e;
+            }
+        }
+        latencies.sort_by(f64::total_cmp);
+        per_node.push((estimate, latencies));
+    }
+    Queries {
+        per_node,
+        settle_seconds,
+    }
+}
+
+/// What one setup measured, for the ratios at the end.
+struct Summary {
+    name: &'static str,
+    pushes_per_second: f64,
+    push_p50: f64,
+    query_p50: f64,
+    /// Aggregators' and NATS servers' CPU seconds during the load.
+    cpu: f64,
+    pushes: u64,
+}
+
+fn run_setup(
+    name: &'static str,
+    sizes: &Sizes,
+    dir: &Path,
+    nats: Option<&Nats>,
+    nodes_wanted: usize,
+    sketches: &Arc<Vec<Vec<Vec<Bytes>>>>,
+    rt: &tokio::runtime::Runtime,
+) -> Summary {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).expect("setup dir");
+    let stream = format!("BENCH_{}", name.replace('-', "_").to_uppercase());
+    let started = Instant::now();
+    let nodes: Vec<Node> = (1..=nodes_wanted)
+        .map(|i| {
+            let node = format!("{name}-agg-{i}");
+            let config = nats.map(|n| cluster_config(n, &node, &stream, sizes.partitions));
+            Node::start(&dir, &node, config.as_deref())
+        })
+        .collect();
+    if nats.is_some() {
+        wait_ready(&nodes, sizes.partitions);
+    }
+    let ready_seconds = started.elapsed().as_secs_f64();
+    let hour = hourglass_rpc::time::hour_of(hourglass_rpc::time::unix_now()).expect("an hour");
+    let urls: Vec<String> = nodes.iter().map(|n| n.grpc.clone()).collect();
+
+    let cpu_before: Vec<f64> = nodes.iter().map(Node::cpu).collect();
+    let nats_before = nats.map(Nats::cpu).unwrap_or_default();
+    let bench_before = cpu_seconds(std::process::id());
+    let load = rt.block_on(load(sizes, &urls, sketches, hour));
+    let load_end = Instant::now();
+    let cpu_load: Vec<f64> = nodes
+        .iter()
+        .zip(&cpu_before)
+        .map(|(n, b)| n.cpu() - b)
+        .collect();
+    let nats_load: Vec<f64> = nats
+        .map(Nats::cpu)
+        .unwrap_or_default()
+        .iter()
+        .zip(&nats_before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let bench_load = cpu_seconds(std::process::id()) - bench_before;
+
+    // Everything published applied: no message pending on any node, twice in a row.
+    if nats.is_some() {
+        for _ in 0..2 {
+            wait_until(
+                "the nodes to apply the stream",
+                Duration::from_secs(120),
+                || {
+                    nodes
+                        .iter()
+                        .all(|n| metric(&n.metrics(), "cluster_pending") == 0.0)
+                },
+            );
+            std::thread::sleep(sizes.settle);
+        }
+    }
+    let queries = rt.block_on(queries(sizes, &nodes, hour, load_end));
+
+    let texts: Vec<String> = nodes.iter().map(Node::metrics).collect();
+    let rocksdb: Vec<u64> = nodes.iter().map(|n| dir_bytes(&n.data)).collect();
+    let stream_state = nats.and_then(|n| n.stream(&stream));
+
+    // The table.
+    let pps = load.pushes as f64 / load.seconds;
+    let snapshots = load.stored + load.stale;
+    let errors: u64 = load.errors.values().sum();
+    let cpu_aggs: f64 = cpu_load.iter().sum();
+    let cpu_nats: f64 = nats_load.iter().sum();
+    println!();
+    println!(
+        "== {name}: {} aggregator node(s){}; {} clients x {} series of HLL p=12 ({} B of sketches per push), {:.1} s of load; ready {ready_seconds:.1} s after start",
+        nodes.len(),
+        if nats.is_some() {
+            format!(
+                ", cluster mode (partitions {}, owners {OWNERS}, replicas 3, stream {stream})",
+                sizes.partitions
+            )
+        } else {
+            ", no [cluster] (baseline)".to_string()
+        },
+        sizes.clients,
+        sizes.series,
+        load.sketch_bytes_per_push,
+        load.seconds,
+    );
+    println!(
+        "   pushes/s {pps:.1} | snapshots/s {:.0} acknowledged ({} STORED, {} STALE, {} REJECTED) | push latency p50 {:.1} ms, p99 {:.1} ms | errors {errors} {:?}",
+        snapshots as f64 / load.seconds,
+        load.stored,
+        load.stale,
+        load.rejected,
+        quantile(&load.latencies, 0.5) * 1e3,
+        quantile(&load.latencies, 0.99) * 1e3,
+        load.errors,
+    );
+    let estimates: Vec<f64> = queries.per_node.iter().map(|q| q.0).collect();
+    let same = estimates
+        .iter()
+        .all(|e| e.to_bits() == estimates[0].to_bits());
+    println!(
+        "   Distinct(visits, all servers, this hour) = {:.1} on every node: {} (settled {:.1} s after the load)",
+        estimates[0],
+        if same { "yes" } else { "NO" },
+        queries.settle_seconds,
+    );
+    println!(
+        "   CPU seconds during the load: aggregators {cpu_aggs:.2} {:?}, NATS {cpu_nats:.2} {:?}, bench clients {bench_load:.2}; pushes per CPU-second (aggregators + NATS) {:.1}",
+        cpu_load
+            .iter()
+            .map(|c| (c * 100.0).round() / 100.0)
+            .collect::<Vec<_>>(),
+        nats_load
+            .iter()
+            .map(|c| (c * 100.0).round() / 100.0)
+            .collect::<Vec<_>>(),
+        load.pushes as f64 / (cpu_aggs + cpu_nats),
+    );
+    println!(
+        "   {:<16} {:>10} {:>10} {:>11} {:>13} {:>12} {:>13} {:>12} {:>10} {:>10}",
+        "node",
+        "query p50",
+        "query p99",
+        "published",
+        "published MB",
+        "publish p50",
+        "publish mean",
+        "applied",
+        "share",
+        "RocksDB MB"
+    );
+    let applied: Vec<f64> = texts
+        .iter()
+        .map(|t| metric(t, "cluster_applied_snapshots_total"))
+        .collect();
+    let published_snapshots: f64 = texts
+        .iter()
+        .map(|t| metric(t, "cluster_published_snapshots_total"))
+        .sum();
+    for (i, node) in nodes.iter().enumerate() {
+        let t = &texts[i];
+        let count = metric(t, "cluster_publish_duration_seconds_count");
+        let sum = metric(t, "cluster_publish_duration_seconds_sum");
+        let lat = &queries.per_node[i].1;
+        println!(
+            "   {:<16} {:>7.1} ms {:>7.1} ms {:>11.0} {:>13.2} {:>9.1} ms {:>10.1} ms {:>12.0} {:>10} {:>10.2}",
+            format!("{name}-agg-{}", i + 1),
+            quantile(lat, 0.5) * 1e3,
+            quantile(lat, 0.99) * 1e3,
+            metric(t, "cluster_published_messages_total"),
+            metric(t, "cluster_published_bytes_total") / 1e6,
+            histogram_quantile(t, "cluster_publish_duration_seconds", 0.5) * 1e3,
+            if count > 0.0 {
+                sum / count * 1e3
+            } else {
+                f64::NAN
+            },
+            applied[i],
+            if published_snapshots > 0.0 {
+                format!("{:.2}", applied[i] / published_snapshots)
+            } else {
+                "-".into()
+            },
+            rocksdb[i] as f64 / 1e6,
+        );
+        let _ = node;
+    }
+    if let Some((messages, bytes, leader)) = &stream_state {
+        let published_bytes: f64 = texts
+            .iter()
+            .map(|t| metric(t, "cluster_published_bytes_total"))
+            .sum();
+        // Pushes published: an UNAVAILABLE answer may come after the publish.
+        let published_pushes = (published_snapshots / sizes.series as f64).max(1.0);
+        println!(
+            "   stream {stream}: {messages} messages, {:.2} MB per replica (x3 replicas on disk), leader {leader}; {published_pushes:.0} pushes published ({published_snapshots:.0} snapshots), {:.0} B of stream and {:.0} B published per push",
+            *bytes as f64 / 1e6,
+            *bytes as f64 / published_pushes,
+            published_bytes / published_pushes,
+        );
+    }
+    // What cannot flake: a single aggregator answers pushes. A cluster on an overloaded
+    // machine may answer none in a 2 s smoke run (its consumers and heartbeats time out
+    // against NATS), which is a figure to report, not a failure of the bench.
+    if nats.is_none() {
+        assert!(
+            load.pushes > 0,
+            "{name}: no push was answered ({:?})",
+            load.errors
+        );
+    }
+    if !same {
+        println!("   WARNING: {name}: the nodes answer differently: {estimates:?}");
+    }
+    Summary {
+        name,
+        pushes_per_second: pps,
+        push_p50: quantile(&load.latencies, 0.5),
+        query_p50: quantile(&queries.per_node[0].1, 0.5),
+        cpu: cpu_aggs + cpu_nats,
+        pushes: load.pushes,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let full = args.iter().any(|a| a == "--bench");
+    let parts: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .map(String::as_str)
+        .collect();
+    let sizes = if full { &FULL } else { &SMOKE };
+    let runs = |part: &str| {
+        if parts.is_empty() {
+            sizes.setups.contains(&part)
+        } else {
+            parts.contains(&part)
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("hourglass-cluster-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let sketches = sketches(sizes);
+    println!(
+        "cluster bench ({}): {} CPUs; every process on loopback on this machine",
+        if full { "full" } else { "smoke" },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    let mut summaries = Vec::new();
+    if runs("single") {
+        summaries.push(run_setup("single", sizes, &dir, None, 1, &sketches, &rt));
+    }
+    if runs("cluster-1") || runs("cluster-3") {
+        match nats_server_binary() {
+            Some(binary) => {
+                let nats_dir = dir.join("nats");
+                std::fs::create_dir_all(&nats_dir).expect("nats dir");
+                let nats = Nats::start(&binary, &nats_dir);
+                for (name, n) in [("cluster-1", 1), ("cluster-3", 3)] {
+                    if runs(name) {
+                        summaries.push(run_setup(
+                            name,
+                            sizes,
+                            &dir,
+                            Some(&nats),
+                            n,
+                            &sketches,
+                            &rt,
+                        ));
+                    }
+                }
+            }
+            // The smoke run must not fail for want of a download; the full run must
+            // measure what it was asked to.
+            None if !full => {
+                println!("no nats-server (scripts/nats-server failed): cluster setups skipped")
+            }
+            None => panic!("scripts/nats-server failed: no NATS server to run cluster mode on"),
+        }
+    }
+
+    if let Some(base) = summaries.iter().find(|s| s.name == "single") {
+        println!();
+        println!("ratios to the single aggregator:");
+        for s in summaries.iter().filter(|s| s.name != "single") {
+            println!(
+                "   {}: pushes/s x{:.2}, push p50 x{:.2}, query p50 x{:.2}, CPU-seconds per push x{:.2}",
+                s.name,
+                s.pushes_per_second / base.pushes_per_second,
+                s.push_p50 / base.push_p50,
+                s.query_p50 / base.query_p50,
+                (s.cpu / s.pushes as f64) / (base.cpu / base.pushes as f64),
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
