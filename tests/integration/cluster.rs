@@ -855,3 +855,402 @@ fn a_failed_publish_leaves_no_series_in_the_ledger() {
         )
     );
 }
+
+// ---- Review of d2c3394: wrong answers and silent loss ----
+//
+// Each test below demonstrates a suspected defect: it fails on d2c3394.
+
+/// [`node`] on the NATS servers `urls`, with `tweak` applied to its `[cluster]`.
+fn review_node(
+    dir: &TempDir,
+    urls: Vec<String>,
+    name: &str,
+    data: &str,
+    tweak: impl FnOnce(&mut hourglass_aggregator::cluster::ClusterConfig),
+) -> InProcessAggregator {
+    let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, urls);
+    cluster.partitions = PARTITIONS;
+    cluster.heartbeat = HEARTBEAT;
+    cluster.member_ttl = MEMBER_TTL;
+    tweak(&mut cluster);
+    let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
+        data_dir: dir.file(data).into(),
+        cluster: Some(cluster),
+        ..Default::default()
+    });
+    wait_ready(&agg);
+    agg
+}
+
+/// A distinct snapshot of `metric{tags}` at `hour` holding `items`.
+fn review_snapshot(
+    metric: &str,
+    tags: &[(&str, &str)],
+    hour: u32,
+    version: u64,
+    items: std::ops::Range<u32>,
+) -> v1::Snapshot {
+    let mut s = crate::util::snapshot(metric, hour, version, v1::SketchKind::Distinct, hll(items));
+    s.series.as_mut().unwrap().tags = tags
+        .iter()
+        .map(|(k, v)| v1::Tag {
+            key: (*k).into(),
+            value: (*v).into(),
+        })
+        .collect();
+    s
+}
+
+/// The partition of the distinct series `metric{tags}`.
+fn review_partition(metric: &str, tags: &[(&str, &str)]) -> u32 {
+    let tags = tags
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+    hourglass_aggregator::cluster::partition(
+        &hourglass_aggregator::store::SeriesName::new(metric, tags, hourglass_sketch::Kind::Distinct),
+        PARTITIONS,
+    )
+}
+
+/// The distinct Export of `metric` over `hour` from every server with `labels`: its
+/// bytes and how many partitions it says it lacks.
+async fn review_export(grpc: &str, metric: &str, hour: u32, labels: &[(&str, &str)]) -> (Vec<u8>, u32) {
+    let mut q = QueryClient::new(channel(grpc).await);
+    let r = q
+        .export(v1::ExportRequest {
+            selector: Some(v1::Selector {
+                metric: metric.into(),
+                range: Some(v1::TimeRange {
+                    start_hour: hour,
+                    end_hour: hour + 1,
+                }),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| v1::Tag {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            kind: v1::SketchKind::Distinct as i32,
+        })
+        .await
+        .unwrap_or_else(|s| panic!("export {metric} from {grpc}: {s}"))
+        .into_inner();
+    (
+        r.sketch.map(|s| s.data.to_vec()).unwrap_or_default(),
+        r.coverage.map_or(0, |c| c.partitions_missing),
+    )
+}
+
+/// The owners of each partition, as the node at `grpc` sees them.
+async fn review_owners(grpc: &str) -> Vec<Vec<String>> {
+    let mut c = v1::peer_client::PeerClient::new(channel(grpc).await);
+    c.status(v1::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+        .partitions
+        .into_iter()
+        .map(|p| p.owners)
+        .collect()
+}
+
+/// A node whose NATS server stops answering (a network partition) keeps answering
+/// queries from its store as complete (`partitions_missing` 0) for up to `member_ttl`,
+/// while the rest of the cluster acknowledges newer snapshots of its partitions: readiness
+/// is only ever set, never withdrawn when the consumer stops receiving.
+#[test]
+fn review_a_node_cut_off_from_nats_answers_stale_rows_as_complete() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("review-cutoff");
+    let urls = nats.urls();
+    // The default member_ttl is 10 s; 30 s leaves room for a stream leader election.
+    let ttl = Duration::from_secs(30);
+    let x = review_node(&dir, vec![urls[0].clone()], "agg-x", "agg-x", |c| {
+        c.member_ttl = ttl
+    });
+    let y = review_node(
+        &dir,
+        vec![urls[1].clone(), urls[2].clone()],
+        "agg-y",
+        "agg-y",
+        |c| c.member_ttl = ttl,
+    );
+    wait_until("two members", || {
+        agg_metric(&x, "cluster_members") == 2.0 && agg_metric(&y, "cluster_members") == 2.0
+    });
+    wait_applied(&[&x, &y]);
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    let push = |version, items| v1::PushRequest {
+        server: web1(),
+        snapshots: vec![review_snapshot("visits", &[], hour, version, items)],
+        live_hours: vec![hour],
+    };
+    use v1::PushOutcome::Stored;
+    assert_eq!(rt.block_on(push_until_answered(&y, push(1, 0..100))), vec![Stored]);
+    wait_applied(&[&x, &y]);
+    // X's only NATS server freezes: its connection stays open, nothing arrives.
+    nats.signal(0, "-STOP");
+    let cut = std::time::Instant::now();
+    assert_eq!(rt.block_on(push_until_answered(&y, push(2, 0..5000))), vec![Stored]);
+    let (want, _) = rt.block_on(review_export(&y.grpc, "visits", hour, &[]));
+    let (got, missing) = rt.block_on(review_export(&x.grpc, "visits", hour, &[]));
+    let after = cut.elapsed();
+    nats.signal(0, "-CONT");
+    assert!(
+        got == want || missing > 0,
+        "{after:?} after its NATS server stopped answering, agg-x answers the acknowledged version 2 \
+         with the rows of version 1 and partitions_missing = {missing}: a silently wrong answer"
+    );
+}
+
+/// A SIGKILLed owner restarted within ACK_WAIT (60 s): its durable consumers still have
+/// the messages the dead process had been delivered but not acknowledged. `consume` takes
+/// `num_pending` (undelivered only, not `num_ack_pending`) as what is left and declares
+/// the partitions ready at once; those messages come back only after ACK_WAIT, and until
+/// then the node answers without them, naming no missing partition.
+#[test]
+fn review_a_restarted_owner_is_ready_before_its_unacknowledged_messages_are_redelivered() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("review-inflight");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = config_file(&dir, &nats, "agg-1");
+    let args = ["--config", config.as_str()];
+    let x = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
+    wait_ready(&x);
+    let y = node(&dir, &nats, "agg-2", "agg-2");
+    wait_until("two members", || {
+        agg_metric(&x, "cluster_members") == 2.0 && agg_metric(&y, "cluster_members") == 2.0
+    });
+    wait_applied(&[&x, &y]);
+    let hour = crate::util::this_hour();
+    // A burst through agg-2: 16 pushers, each push 16 new series over the partitions.
+    const PUSHES: u32 = 600;
+    let grpc = y.grpc.clone();
+    let burst = std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let mut set = tokio::task::JoinSet::new();
+            for w in 0..16u32 {
+                let grpc = grpc.clone();
+                set.spawn(async move {
+                    let mut c = CollectorClient::new(channel(&grpc).await);
+                    for i in (w..PUSHES).step_by(16) {
+                        let request = v1::PushRequest {
+                            server: web1(),
+                            snapshots: (0..16u32)
+                                .map(|j| {
+                                    let n = (i * 16 + j).to_string();
+                                    let first = (i * 16 + j) * 10;
+                                    review_snapshot("visits", &[("n", &n)], hour, 1, first..first + 10)
+                                })
+                                .collect(),
+                            live_hours: vec![hour],
+                        };
+                        loop {
+                            match c.push(request.clone()).await {
+                                Ok(_) => break,
+                                Err(s) if s.code() == tonic::Code::Unavailable => {
+                                    tokio::time::sleep(Duration::from_millis(100)).await
+                                }
+                                Err(s) => panic!("push refused: {s}"),
+                            }
+                        }
+                    }
+                });
+            }
+            while let Some(done) = set.join_next().await {
+                done.unwrap();
+            }
+        })
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    x.kill();
+    burst.join().unwrap();
+    let x = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
+    wait_ready(&x);
+    wait_until("agg-1 to have nothing pending", || {
+        agg_metric(&x, "cluster_pending") == 0.0
+    });
+    let rt = runtime();
+    let (want, _) = rt.block_on(review_export(&y.grpc, "visits", hour, &[]));
+    let (got, missing) = rt.block_on(review_export(&x.grpc, "visits", hour, &[]));
+    assert!(
+        got == want || missing > 0,
+        "the restarted agg-1 says it is ready for every partition with nothing pending, yet answers \
+         other bytes than agg-2 with partitions_missing = {missing} (messages delivered to the killed \
+         process return only after ACK_WAIT)"
+    );
+}
+
+/// The node asked decides which partitions to ask others for from the series *it* knows
+/// (`answer.partitions`), and it learns other partitions' series only from the live
+/// subject. A node whose live consumer lags (here: restarted after pushes it missed,
+/// ready for its own partitions long before its live consumer caught up) never asks for a
+/// partition whose series it does not know yet: the answer lacks acknowledged series with
+/// partitions_missing 0.
+#[test]
+fn review_a_query_node_behind_on_the_live_subject_answers_low_without_missing_partitions() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("review-live-lag");
+    let a = node(&dir, &nats, "agg-1", "agg-1");
+    let b = node(&dir, &nats, "agg-2", "agg-2");
+    let c = node(&dir, &nats, "agg-3", "agg-3");
+    wait_until("three members", || {
+        [&a, &b, &c]
+            .iter()
+            .all(|n| agg_metric(*n, "cluster_members") == 3.0)
+    });
+    let rt = runtime();
+    let owners = rt.block_on(review_owners(&a.grpc));
+    let not_c: Vec<u32> = (0..PARTITIONS)
+        .filter(|&p| !owners[p as usize].iter().any(|o| o == "agg-3"))
+        .collect();
+    assert!(!not_c.is_empty(), "agg-3 owns every partition: {owners:?}");
+    let hour = crate::util::this_hour();
+    // A series agg-3 owns and knows before it stops.
+    let old = (0..)
+        .map(|i| format!("old{i}"))
+        .find(|t| !not_c.contains(&review_partition("visits", &[("page", t)])))
+        .unwrap();
+    let probe = (0..)
+        .map(|i| format!("probe{i}"))
+        .find(|t| not_c.contains(&review_partition("visits", &[("page", t)])))
+        .unwrap();
+    use v1::PushOutcome::Stored;
+    let one = |tag: &str, items| v1::PushRequest {
+        server: web1(),
+        snapshots: vec![review_snapshot("visits", &[("page", tag)], hour, 1, items)],
+        live_hours: vec![hour],
+    };
+    assert_eq!(rt.block_on(push_until_answered(&a, one(&old, 0..100))), vec![Stored]);
+    wait_applied(&[&a, &b, &c]);
+    drop(c);
+    // While agg-3 is away: a backlog on the live subject only (series of partitions
+    // agg-3 does not own), then the probe.
+    let fillers: Vec<String> = (0..)
+        .map(|i| format!("f{i}"))
+        .filter(|t| not_c.contains(&review_partition("filler", &[("n", t)])))
+        .take(20_000)
+        .collect();
+    rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for (w, chunk) in fillers.chunks(100).enumerate() {
+            let grpc = a.grpc.clone();
+            let chunk = chunk.to_vec();
+            set.spawn(async move {
+                let mut c = CollectorClient::new(channel(&grpc).await);
+                let request = v1::PushRequest {
+                    server: Some(v1::Server {
+                        name: format!("filler-{}", w % 8),
+                        labels: vec![],
+                    }),
+                    snapshots: chunk
+                        .iter()
+                        .map(|t| review_snapshot("filler", &[("n", t)], hour, 1, 0..3))
+                        .collect(),
+                    live_hours: vec![hour],
+                };
+                loop {
+                    match c.push(request.clone()).await {
+                        Ok(_) => break,
+                        Err(s) if s.code() == tonic::Code::Unavailable => {
+                            tokio::time::sleep(Duration::from_millis(100)).await
+                        }
+                        Err(s) => panic!("push refused: {s}"),
+                    }
+                }
+            });
+            if set.len() >= 8 {
+                set.join_next().await.unwrap().unwrap();
+            }
+        }
+        while let Some(done) = set.join_next().await {
+            done.unwrap();
+        }
+    });
+    assert_eq!(rt.block_on(push_until_answered(&a, one(&probe, 1000..2000))), vec![Stored]);
+    let c = node(&dir, &nats, "agg-3", "agg-3");
+    let (want, _) = rt.block_on(review_export(&a.grpc, "visits", hour, &[]));
+    let (got, missing) = rt.block_on(review_export(&c.grpc, "visits", hour, &[]));
+    assert!(
+        got == want || missing > 0,
+        "agg-3, ready for its partitions but still applying the live subject, answers other bytes \
+         than agg-1 for visits with partitions_missing = {missing}: series visits{{page={probe}}} \
+         (partition {}) was acknowledged and is missing silently",
+        review_partition("visits", &[("page", &probe)])
+    );
+}
+
+/// A server's labels are written by every message applied, from the live subject *and*
+/// from each partition's subject, by independent consumers. A node whose partition
+/// consumer applies an older push after its live consumer applied a newer one ends with
+/// the older labels, unlike a single aggregator (the latest push's labels) and unlike the
+/// other nodes; queries selecting by label then answer differently, silently.
+#[test]
+fn review_server_labels_depend_on_the_order_of_independent_consumers() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("review-labels");
+    let a = node(&dir, &nats, "agg-1", "agg-1");
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    const SERVERS: usize = 20;
+    let server = |s: usize, env: &str| {
+        Some(v1::Server {
+            name: format!("web-{s}"),
+            labels: vec![v1::Tag {
+                key: "env".into(),
+                value: env.into(),
+            }],
+        })
+    };
+    rt.block_on(async {
+        for s in 0..SERVERS {
+            // The push with data, labelled env=old; then the server's next push, labelled
+            // env=new, with live hours only.
+            let first = v1::PushRequest {
+                server: server(s, "old"),
+                snapshots: vec![review_snapshot("visits", &[], hour, 1, 0..(100 + s as u32))],
+                live_hours: vec![hour],
+            };
+            push_until_answered(&a, first).await;
+            let second = v1::PushRequest {
+                server: server(s, "new"),
+                snapshots: vec![],
+                live_hours: vec![hour],
+            };
+            push_until_answered(&a, second).await;
+        }
+    });
+    // A second node joins (owners = 2: it owns every partition) and applies the stream.
+    let d = node(&dir, &nats, "agg-2", "agg-2");
+    wait_applied(&[&a, &d]);
+    let labels = |grpc: &str| {
+        rt.block_on(async {
+            let mut q = QueryClient::new(channel(grpc).await);
+            q.list_servers(v1::ListServersRequest {})
+                .await
+                .expect("list servers")
+                .into_inner()
+                .servers
+                .into_iter()
+                .map(|s| {
+                    let env = s.labels.iter().map(|t| t.value.clone()).collect::<Vec<_>>();
+                    (s.name, env.join(","))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let on_a = labels(&a.grpc);
+    let on_d = labels(&d.grpc);
+    let (want, _) = rt.block_on(review_export(&a.grpc, "visits", hour, &[("env", "new")]));
+    let (got, missing) = rt.block_on(review_export(&d.grpc, "visits", hour, &[("env", "new")]));
+    assert!(
+        on_a == on_d && (got == want || missing > 0),
+        "the nodes disagree on the servers' labels (agg-1 {on_a:?}, agg-2 {on_d:?}); a query by \
+         env=new answers other bytes on agg-2 with partitions_missing = {missing}"
+    );
+}

@@ -220,3 +220,18 @@ impl Drop for NatsCluster {
         }
     }
 }
+
+impl NatsCluster {
+    /// Sends `signal` (`-STOP`, `-CONT`) to node `i`: a stopped server keeps its clients'
+    /// TCP connections open but answers nothing, as behind a network partition.
+    pub fn signal(&self, i: usize, signal: &str) {
+        if let Some(child) = &self.nodes[i].child {
+            let ok = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("run kill")
+                .success();
+            assert!(ok, "kill {signal} {}", self.nodes[i].name);
+        }
+    }
+}
