@@ -908,14 +908,23 @@ fn review_partition(metric: &str, tags: &[(&str, &str)]) -> u32 {
         .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
         .collect();
     hourglass_aggregator::cluster::partition(
-        &hourglass_aggregator::store::SeriesName::new(metric, tags, hourglass_sketch::Kind::Distinct),
+        &hourglass_aggregator::store::SeriesName::new(
+            metric,
+            tags,
+            hourglass_sketch::Kind::Distinct,
+        ),
         PARTITIONS,
     )
 }
 
 /// The distinct Export of `metric` over `hour` from every server with `labels`: its
 /// bytes and how many partitions it says it lacks.
-async fn review_export(grpc: &str, metric: &str, hour: u32, labels: &[(&str, &str)]) -> (Vec<u8>, u32) {
+async fn review_export(
+    grpc: &str,
+    metric: &str,
+    hour: u32,
+    labels: &[(&str, &str)],
+) -> (Vec<u8>, u32) {
     let mut q = QueryClient::new(channel(grpc).await);
     let r = q
         .export(v1::ExportRequest {
@@ -991,16 +1000,22 @@ fn review_a_node_cut_off_from_nats_answers_stale_rows_as_complete() {
         live_hours: vec![hour],
     };
     use v1::PushOutcome::Stored;
-    assert_eq!(rt.block_on(push_until_answered(&y, push(1, 0..100))), vec![Stored]);
+    assert_eq!(
+        rt.block_on(push_until_answered(&y, push(1, 0..100))),
+        vec![Stored]
+    );
     wait_applied(&[&x, &y]);
     // X's only NATS server freezes: its connection stays open, nothing arrives.
-    nats.signal(0, "-STOP");
+    nats.pause(0, true);
     let cut = std::time::Instant::now();
-    assert_eq!(rt.block_on(push_until_answered(&y, push(2, 0..5000))), vec![Stored]);
+    assert_eq!(
+        rt.block_on(push_until_answered(&y, push(2, 0..5000))),
+        vec![Stored]
+    );
     let (want, _) = rt.block_on(review_export(&y.grpc, "visits", hour, &[]));
     let (got, missing) = rt.block_on(review_export(&x.grpc, "visits", hour, &[]));
     let after = cut.elapsed();
-    nats.signal(0, "-CONT");
+    nats.pause(0, false);
     assert!(
         got == want || missing > 0,
         "{after:?} after its NATS server stopped answering, agg-x answers the acknowledged version 2 \
@@ -1045,7 +1060,13 @@ fn review_a_restarted_owner_is_ready_before_its_unacknowledged_messages_are_rede
                                 .map(|j| {
                                     let n = (i * 16 + j).to_string();
                                     let first = (i * 16 + j) * 10;
-                                    review_snapshot("visits", &[("n", &n)], hour, 1, first..first + 10)
+                                    review_snapshot(
+                                        "visits",
+                                        &[("n", &n)],
+                                        hour,
+                                        1,
+                                        first..first + 10,
+                                    )
                                 })
                                 .collect(),
                             live_hours: vec![hour],
@@ -1126,7 +1147,10 @@ fn review_a_query_node_behind_on_the_live_subject_answers_low_without_missing_pa
         snapshots: vec![review_snapshot("visits", &[("page", tag)], hour, 1, items)],
         live_hours: vec![hour],
     };
-    assert_eq!(rt.block_on(push_until_answered(&a, one(&old, 0..100))), vec![Stored]);
+    assert_eq!(
+        rt.block_on(push_until_answered(&a, one(&old, 0..100))),
+        vec![Stored]
+    );
     wait_applied(&[&a, &b, &c]);
     drop(c);
     // While agg-3 is away: a backlog on the live subject only (series of partitions
@@ -1172,7 +1196,10 @@ fn review_a_query_node_behind_on_the_live_subject_answers_low_without_missing_pa
             done.unwrap();
         }
     });
-    assert_eq!(rt.block_on(push_until_answered(&a, one(&probe, 1000..2000))), vec![Stored]);
+    assert_eq!(
+        rt.block_on(push_until_answered(&a, one(&probe, 1000..2000))),
+        vec![Stored]
+    );
     let c = node(&dir, &nats, "agg-3", "agg-3");
     let (want, _) = rt.block_on(review_export(&a.grpc, "visits", hour, &[]));
     let (got, missing) = rt.block_on(review_export(&c.grpc, "visits", hour, &[]));
@@ -1213,7 +1240,13 @@ fn review_server_labels_depend_on_the_order_of_independent_consumers() {
             // env=new, with live hours only.
             let first = v1::PushRequest {
                 server: server(s, "old"),
-                snapshots: vec![review_snapshot("visits", &[], hour, 1, s as u32 * 1000..s as u32 * 1000 + 100)],
+                snapshots: vec![review_snapshot(
+                    "visits",
+                    &[],
+                    hour,
+                    1,
+                    s as u32 * 1000..s as u32 * 1000 + 100,
+                )],
                 live_hours: vec![hour],
             };
             push_until_answered(&a, first).await;

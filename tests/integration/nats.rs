@@ -222,16 +222,19 @@ impl Drop for NatsCluster {
 }
 
 impl NatsCluster {
-    /// Sends `signal` (`-STOP`, `-CONT`) to node `i`: a stopped server keeps its clients'
-    /// TCP connections open but answers nothing, as behind a network partition.
-    pub fn signal(&self, i: usize, signal: &str) {
+    /// Stops (`stop` true, SIGSTOP) or resumes (SIGCONT) node `i`: a stopped server keeps
+    /// its clients' TCP connections open but answers nothing, as behind a network
+    /// partition. By the system call: a new machine need not have a `kill` program.
+    pub fn pause(&self, i: usize, stop: bool) {
+        use rustix::process::{Pid, Signal, kill_process};
         if let Some(child) = &self.nodes[i].child {
-            let ok = Command::new("kill")
-                .args([signal, &child.id().to_string()])
-                .status()
-                .expect("run kill")
-                .success();
-            assert!(ok, "kill {signal} {}", self.nodes[i].name);
+            let pid = i32::try_from(child.id())
+                .ok()
+                .and_then(Pid::from_raw)
+                .expect("a positive pid");
+            let signal = if stop { Signal::STOP } else { Signal::CONT };
+            kill_process(pid, signal)
+                .unwrap_or_else(|e| panic!("{signal:?} {}: {e}", self.nodes[i].name));
         }
     }
 }
