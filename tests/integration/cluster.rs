@@ -119,6 +119,23 @@ async fn push_until_answered(
     }
 }
 
+/// Pushes `request` with `c` until it is answered other than UNAVAILABLE (which
+/// acknowledges nothing: no ready owner yet).
+async fn push_retrying(
+    c: &mut CollectorClient<tonic::transport::Channel>,
+    request: &v1::PushRequest,
+) {
+    loop {
+        match c.push(request.clone()).await {
+            Ok(_) => return,
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(s) => panic!("push refused: {s}"),
+        }
+    }
+}
+
 /// Pushes `request` to `agg` once, connecting as soon as it listens.
 async fn push_when_ready(
     agg: &InProcessAggregator,
@@ -1079,15 +1096,7 @@ fn review_a_restarted_owner_is_ready_before_its_unacknowledged_messages_are_rede
                                 .collect(),
                             live_hours: vec![hour],
                         };
-                        loop {
-                            match c.push(request.clone()).await {
-                                Ok(_) => break,
-                                Err(s) if s.code() == tonic::Code::Unavailable => {
-                                    tokio::time::sleep(Duration::from_millis(100)).await
-                                }
-                                Err(s) => panic!("push refused: {s}"),
-                            }
-                        }
+                        push_retrying(&mut c, &request).await;
                     }
                 });
             }
@@ -1206,15 +1215,7 @@ fn review_a_query_node_behind_on_the_live_subject_answers_low_without_missing_pa
                         .collect(),
                     live_hours: vec![hour],
                 };
-                loop {
-                    match c.push(request.clone()).await {
-                        Ok(_) => break,
-                        Err(s) if s.code() == tonic::Code::Unavailable => {
-                            tokio::time::sleep(Duration::from_millis(100)).await
-                        }
-                        Err(s) => panic!("push refused: {s}"),
-                    }
-                }
+                push_retrying(&mut c, &request).await;
             });
             if set.len() >= 8 {
                 set.join_next().await.unwrap().unwrap();

@@ -334,19 +334,20 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             })
             .inc();
         // After the count, so that a reader who sees the position also sees the count.
+        // A message to retry is not applied yet; its redelivery will be.
+        let applied = outcome != Applied::Retry;
+        let mut caught_up = false;
         if let Ok(info) = message.info() {
-            // A message to retry is not applied yet; its redelivery will be.
-            let applied = outcome != Applied::Retry;
             work.metrics
                 .cluster_applied_at(info.stream_sequence, applied);
             if applied {
                 cluster.record_applied(p, info.stream_sequence);
             }
+            if p != LIVE {
+                cluster.members().set_pending(p, info.pending);
+            }
+            caught_up = info.pending == 0 && applied;
         }
-        if let (Ok(info), true) = (message.info(), p != LIVE) {
-            cluster.members().set_pending(p, info.pending);
-        }
-        let caught_up = message.info().is_ok_and(|i| i.pending == 0) && outcome != Applied::Retry;
         let ack = match outcome {
             Applied::Ok => AckKind::Ack,
             Applied::Refused => AckKind::Term,

@@ -576,6 +576,15 @@ impl RocksStore {
     }
 }
 
+/// Adds the live hours of `live` (a server and the hours it declared) to `write`.
+fn put_live(write: &mut WriteBatch, meta: &ColumnFamily, live: Option<(ServerId, &[Hour])>) {
+    if let Some((server, hours)) = live {
+        for hour in hours {
+            write.put_cf(meta, meta::live(server, *hour), []);
+        }
+    }
+}
+
 impl Store for RocksStore {
     fn put_push(
         &self,
@@ -586,11 +595,7 @@ impl Store for RocksStore {
         let hourly = self.cf(CF_HOURLY);
         let meta = self.cf(CF_META);
         let mut write = WriteBatch::default();
-        if let Some((server, hours)) = live {
-            for hour in hours {
-                write.put_cf(meta, meta::live(server, *hour), []);
-            }
-        }
+        put_live(&mut write, meta, live);
         if batch.is_empty() {
             if !write.is_empty() {
                 self.write(write)?;
@@ -662,11 +667,7 @@ impl Store for RocksStore {
     ) -> Result<(), StoreError> {
         let meta = self.cf(CF_META);
         let mut write = WriteBatch::default();
-        if let Some((server, hours)) = live {
-            for hour in hours {
-                write.put_cf(meta, meta::live(server, *hour), []);
-            }
-        }
+        put_live(&mut write, meta, live);
         for (series, day) in held {
             write.put_cf(meta, meta::server_series(server, *day, *series), []);
         }
