@@ -9,6 +9,7 @@ mod faults;
 mod install_deps;
 mod multicall;
 mod nats;
+mod netcut;
 mod otel;
 mod robustness;
 mod sketch_cli;

@@ -265,23 +265,19 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
-    let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                description: Some(format!("hourglass node {} applies {subject}", config.node)),
-                filter_subject: subject.clone(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
-                max_ack_pending: MAX_ACK_PENDING,
-                // The consumer of a store that is gone (a wiped node) is removed by the
-                // servers once it has been idle as long as the stream keeps messages.
-                inactive_threshold: config.max_age,
-                ..pull::Config::default()
-            },
-        )
-        .await;
+    let consumer_config = pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(format!("hourglass node {} applies {subject}", config.node)),
+        filter_subject: subject.clone(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: MAX_ACK_PENDING,
+        // The consumer of a store that is gone (a wiped node) is removed by the
+        // servers once it has been idle as long as the stream keeps messages.
+        inactive_threshold: config.max_age,
+        ..pull::Config::default()
+    };
+    let consumer = stream.get_or_create_consumer(&name, consumer_config).await;
     let consumer = match consumer {
         Ok(consumer) => consumer,
         Err(e) => return stream_error(format!("consumer {name}: {e}")),
@@ -293,7 +289,8 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         (Err(e), _) => return stream_error(format!("consumer {name}: {e}")),
         (_, Err(e)) => return stream_error(e.to_string()),
     };
-    let complete = info.ack_floor.stream_sequence.saturating_add(1) >= first;
+    let floor = info.ack_floor.stream_sequence;
+    let complete = floor.saturating_add(1) >= first;
     if !complete && p != LIVE {
         tracing::error!(
             partition = p,
@@ -307,7 +304,12 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
     let outstanding = |info: &async_nats::jetstream::consumer::Info| {
         info.num_pending + info.num_ack_pending as u64
     };
-    if p != LIVE {
+    // What the store acknowledged is applied (acknowledged only after the write).
+    cluster.record_applied(p, floor);
+    if p == LIVE {
+        cluster.members().set_pending(LIVE, outstanding(&info));
+        cluster.barrier().set_live_consumer(consumer.clone());
+    } else {
         cluster.members().caught_up(p, outstanding(&info), complete);
     }
     let mut messages = match consumer.messages().await {
@@ -322,7 +324,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
             None => return stream_error(format!("consumer {name} ended")),
         };
-        let outcome = apply_one(&work.applier, p, &message.subject, &message.payload).await;
+        let outcome = apply_one(work, p, &message).await;
         work.metrics
             .cluster_applied
             .get_or_create(&ApplyLabel {
@@ -343,9 +345,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             if applied {
                 cluster.record_applied(p, info.stream_sequence);
             }
-            if p != LIVE {
-                cluster.members().set_pending(p, info.pending);
-            }
+            cluster.members().set_pending(p, info.pending);
             caught_up = info.pending == 0 && applied;
         }
         let ack = match outcome {
@@ -419,9 +419,10 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
 }
 
 /// Decodes and stores one message: a live message's server, live hours and series
-/// index, or a partition's snapshots.
-async fn apply_one(applier: &CollectorService, p: u32, subject: &str, payload: &[u8]) -> Applied {
-    let request = match v1::PushRequest::decode(payload) {
+/// index (and the positions it names, for the read barrier), or a partition's snapshots.
+async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> Applied {
+    let (applier, subject) = (&work.applier, message.subject.as_str());
+    let request = match v1::PushRequest::decode(message.payload.as_ref()) {
         Ok(request) => request,
         Err(e) => {
             tracing::error!(subject, error = %e, "a cluster message is not a push; skipped");
@@ -429,7 +430,27 @@ async fn apply_one(applier: &CollectorService, p: u32, subject: &str, payload: &
         }
     };
     let applied = if p == LIVE {
-        applier.apply_live(request).await
+        let positions = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(super::barrier::POSITIONS_HEADER))
+            .map(|v| super::barrier::parse_positions(v.as_str()))
+            .transpose();
+        let applied = applier.apply_live(request).await;
+        match positions {
+            Ok(positions) if applied.is_ok() => {
+                work.cluster
+                    .barrier()
+                    .require(&positions.unwrap_or_default());
+            }
+            Ok(_) => {}
+            // Only the read barrier's wait for this push's rows is lost: its series are
+            // indexed all the same.
+            Err(e) => {
+                tracing::error!(subject, error = %e, "a live message's positions header is malformed; ignored")
+            }
+        }
+        applied
     } else {
         let snapshots = request.snapshots.len() as u64;
         applier.apply(request).await.inspect(|()| {

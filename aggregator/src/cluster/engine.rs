@@ -96,6 +96,8 @@ pub struct Cluster {
     /// Per partition (and [`super::LIVE`]), the highest stream sequence this node's
     /// consumer of it has applied.
     applied: std::sync::Mutex<std::collections::HashMap<u32, tokio::sync::watch::Sender<u64>>>,
+    /// What this node must have applied before it answers (`barrier.rs`).
+    barrier: super::barrier::Barrier,
     /// The members and who owns what.
     members: super::members::Membership,
     /// Clients of the other nodes.
@@ -169,6 +171,7 @@ impl Cluster {
             config,
             ledger: Default::default(),
             applied: Default::default(),
+            barrier: Default::default(),
             members,
             client,
             jetstream,
@@ -212,6 +215,16 @@ impl Cluster {
         tokio::time::timeout(timeout, applied.wait_for(|&a| a >= sequence))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The highest position this node's consumer of `p` (or [`super::LIVE`]) applied.
+    pub(crate) fn applied(&self, p: u32) -> u64 {
+        *self.applied_of(p).borrow()
+    }
+
+    /// What this node must have applied before it answers.
+    pub(crate) fn barrier(&self) -> &super::barrier::Barrier {
+        &self.barrier
     }
 
     /// The highest position this node applied of any subject.
@@ -344,33 +357,21 @@ impl Cluster {
         snapshots: Vec<(u32, usize, v1::Snapshot)>,
     ) -> Result<PublishStats, PublishError> {
         let started = Instant::now();
-        let messages = self.messages(server, live_hours, snapshots)?;
-        let mut pending = Vec::with_capacity(messages.len());
-        let mut bytes = 0;
-        for m in messages {
-            bytes += m.payload.len();
-            let ack = self
-                .jetstream
-                .publish(m.subject.clone(), m.payload.into())
-                .await
-                .map_err(|e| PublishError::NotAcknowledged {
-                    subject: m.subject.clone(),
-                    detail: e.to_string(),
-                })?;
-            pending.push((m.partition, m.subject, ack));
-        }
-        let messages = pending.len();
-        let mut last_sequence = 0;
+        let (partitions, live): (Vec<Outgoing>, Vec<Outgoing>) = self
+            .messages(server, live_hours, snapshots)?
+            .into_iter()
+            .partition(|m| m.partition != super::LIVE);
+        let (messages, mut bytes) = (partitions.len() + live.len(), 0);
+        // The partitions' messages first; the live message(s) only once JetStream holds
+        // them, naming their positions: a node that applied the live message knows how
+        // far each partition must be applied to answer for this push (`barrier.rs`).
         let mut sequences = BTreeMap::new();
-        for (p, subject, ack) in pending {
-            let ack = ack.await.map_err(|e| PublishError::NotAcknowledged {
-                subject,
-                detail: e.to_string(),
-            })?;
-            last_sequence = last_sequence.max(ack.sequence);
-            let at = sequences.entry(p).or_insert(0);
-            *at = ack.sequence.max(*at);
-        }
+        bytes += self.publish_all(partitions, None, &mut sequences).await?;
+        let positions = super::barrier::encode_positions(&sequences);
+        bytes += self
+            .publish_all(live, Some(&positions), &mut sequences)
+            .await?;
+        let last_sequence = sequences.values().copied().max().unwrap_or(0);
         Ok(PublishStats {
             messages,
             bytes,
@@ -378,6 +379,51 @@ impl Cluster {
             last_sequence,
             sequences,
         })
+    }
+
+    /// Publishes `messages` (with `positions` as their [`super::barrier::POSITIONS_HEADER`])
+    /// at once and waits for every acknowledgement, recording in `sequences` the highest
+    /// of each partition. Returns the payload bytes published.
+    async fn publish_all(
+        &self,
+        messages: Vec<Outgoing>,
+        positions: Option<&str>,
+        sequences: &mut BTreeMap<u32, u64>,
+    ) -> Result<usize, PublishError> {
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut bytes = 0;
+        for m in messages {
+            bytes += m.payload.len();
+            let not_acknowledged = |e: &dyn std::fmt::Display| PublishError::NotAcknowledged {
+                subject: m.subject.clone(),
+                detail: e.to_string(),
+            };
+            let ack = match positions {
+                Some(positions) => {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(super::barrier::POSITIONS_HEADER, positions);
+                    self.jetstream
+                        .publish_with_headers(m.subject.clone(), headers, m.payload.into())
+                        .await
+                }
+                None => {
+                    self.jetstream
+                        .publish(m.subject.clone(), m.payload.into())
+                        .await
+                }
+            }
+            .map_err(|e| not_acknowledged(&e))?;
+            pending.push((m.partition, m.subject, ack));
+        }
+        for (p, subject, ack) in pending {
+            let ack = ack.await.map_err(|e| PublishError::NotAcknowledged {
+                subject,
+                detail: e.to_string(),
+            })?;
+            let at = sequences.entry(p).or_insert(0);
+            *at = ack.sequence.max(*at);
+        }
+        Ok(bytes)
     }
 
     /// The message `snapshot` alone needs, from `server`, when it is more than the NATS

@@ -226,10 +226,10 @@ impl Membership {
         }
     }
 
-    /// Records how many messages `p`'s consumer has yet to deliver.
+    /// Records how many messages `p`'s consumer (or the live subject's) has yet to deliver.
     pub(crate) fn set_pending(&self, p: u32, pending: u64) {
         let mut state = self.lock();
-        if state.applying.contains(&p) {
+        if p == super::LIVE || state.applying.contains(&p) {
             state.pending.insert(p, pending);
         }
     }

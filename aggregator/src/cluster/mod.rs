@@ -50,6 +50,7 @@
 //! ```
 
 mod apply;
+mod barrier;
 mod engine;
 mod members;
 mod peer;

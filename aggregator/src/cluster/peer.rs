@@ -288,7 +288,18 @@ impl Peer for PeerService {
         let (ready, not_ready): (Vec<u32>, Vec<u32>) = wanted
             .into_iter()
             .partition(|&p| p < count && self.cluster.members().is_ready_here(p));
-        let ready: BTreeSet<u32> = ready.into_iter().collect();
+        let mut ready: BTreeSet<u32> = ready.into_iter().collect();
+        let mut not_ready = not_ready;
+        // Half the asker's wait: it hears "not ready" in time to ask another owner.
+        let timeout = self.cluster.config().peer_timeout / 2;
+        match super::barrier::pass(&self.cluster, &ready, timeout).await {
+            Ok(behind) => not_ready.extend(behind.iter().copied()),
+            Err(e) => {
+                tracing::warn!(error = %e, "answering for no partition of a query");
+                not_ready.extend(ready.iter().copied());
+            }
+        }
+        ready.retain(|p| !not_ready.contains(p));
         let store = Arc::clone(&self.store);
         let answer = tokio::task::spawn_blocking(move || {
             Planner::new(store.as_ref())

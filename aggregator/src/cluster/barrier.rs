@@ -1,0 +1,198 @@
+//! The read barrier: what a node must have applied before it answers for a partition, so
+//! that every answer reflects every push acknowledged before the question was asked.
+//!
+//! A node's readiness for a partition says it once reached the end of the partition; it
+//! does not say it is there *now*: a consumer that lags (a backlog after a restart, a
+//! connection to NATS that stopped delivering) keeps its readiness for a while. So a
+//! node answering for partitions first
+//!
+//! 1. reads its live consumer's position from JetStream, *after* the question arrived,
+//!    and waits until it has applied the live subject up to the last message delivered
+//!    by then, when nothing was left undelivered (else it asks again once it applied
+//!    more). Every push acknowledged before that read published its live message before
+//!    it, so this node's series index now names every acknowledged series;
+//! 2. waits, for each partition it answers for, until it has applied that partition up
+//!    to the highest position the applied live messages name for it: the entry publishes
+//!    a push's live message only after JetStream acknowledged its partitions' messages,
+//!    and writes their positions in the live message's [`POSITIONS_HEADER`].
+//!
+//! A node that cannot do (1) within its time (cut off from NATS, or far behind) answers
+//! for nothing; a partition that does not pass (2) is left to another owner. Neither is
+//! ever answered from rows that may be older than an acknowledgement.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{Consumer, pull};
+
+use super::{Cluster, LIVE};
+
+/// The header of a live message naming, per partition of the push, the highest stream
+/// sequence JetStream gave the push's messages of that partition: `P:SEQ` pairs
+/// separated by spaces (docs/FORMAT.md).
+pub(crate) const POSITIONS_HEADER: &str = "Hourglass-Positions";
+
+/// How long to wait between two reads of the live consumer's position while it has
+/// messages left to deliver.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What a node must have applied before it answers: per partition, the highest position
+/// named by the live messages it applied, and its live consumer.
+#[derive(Default)]
+pub(crate) struct Barrier {
+    required: Mutex<HashMap<u32, u64>>,
+    live: Mutex<Option<Consumer<pull::Config>>>,
+}
+
+impl Barrier {
+    /// Records the positions a just-applied live message names. Called before the live
+    /// message's own position is recorded as applied, so that a reader who sees that
+    /// position also sees these.
+    pub(crate) fn require(&self, positions: &[(u32, u64)]) {
+        let mut required = self.required.lock().unwrap_or_else(|e| e.into_inner());
+        for &(p, sequence) in positions {
+            let at = required.entry(p).or_insert(0);
+            *at = (*at).max(sequence);
+        }
+    }
+
+    /// The position of `p` this node must have applied before answering for it.
+    fn required(&self, p: u32) -> u64 {
+        let required = self.required.lock().unwrap_or_else(|e| e.into_inner());
+        required.get(&p).copied().unwrap_or(0)
+    }
+
+    /// This node's live consumer, from when it runs.
+    pub(crate) fn set_live_consumer(&self, consumer: Consumer<pull::Config>) {
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(consumer);
+    }
+
+    fn live_consumer(&self) -> Option<Consumer<pull::Config>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Passes the read barrier (module docs) for `partitions` within `timeout`. Returns the
+/// partitions this node has not applied far enough (another owner must answer for them),
+/// or why it can answer for none.
+pub(crate) async fn pass(
+    cluster: &Cluster,
+    partitions: &BTreeSet<u32>,
+    timeout: Duration,
+) -> Result<BTreeSet<u32>, String> {
+    let deadline = Instant::now() + timeout;
+    live_caught_up(cluster, deadline).await?;
+    let mut behind = BTreeSet::new();
+    for &p in partitions {
+        let required = cluster.barrier().required(p);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if required > 0 && !cluster.wait_applied(p, required, left).await {
+            behind.insert(p);
+        }
+    }
+    if !behind.is_empty() {
+        tracing::warn!(
+            partitions = behind.len(),
+            first = behind.first().copied(),
+            "this node has not applied acknowledged pushes of partitions it is ready for; others answer for them"
+        );
+    }
+    Ok(behind)
+}
+
+/// Step (1) of the module docs: waits until this node applied every live message
+/// JetStream had delivered when it was asked, with nothing left undelivered.
+async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), String> {
+    let behind = |detail: String| {
+        format!(
+            "node {} cannot confirm it has applied the cluster's series index: {detail}",
+            cluster.members().me()
+        )
+    };
+    let consumer = cluster
+        .barrier()
+        .live_consumer()
+        .ok_or_else(|| behind("its live consumer is not running yet".into()))?;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let info = tokio::time::timeout(left, consumer.get_info())
+            .await
+            .map_err(|_| behind("JetStream did not answer in time".into()))?
+            .map_err(|e| behind(format!("JetStream: {e}")))?;
+        let delivered = info.delivered.stream_sequence;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let applied = cluster.wait_applied(LIVE, delivered, left).await;
+        if info.num_pending == 0 && applied {
+            return Ok(());
+        }
+        if Instant::now() + POLL >= deadline {
+            return Err(behind(format!(
+                "{} live messages were still to be delivered and it had applied up to {} of {delivered}",
+                info.num_pending,
+                cluster.applied(LIVE)
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The [`POSITIONS_HEADER`] value of `positions`.
+pub(crate) fn encode_positions(positions: &BTreeMap<u32, u64>) -> String {
+    positions
+        .iter()
+        .map(|(p, s)| format!("{p}:{s}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The positions a [`POSITIONS_HEADER`] value names.
+pub(crate) fn parse_positions(value: &str) -> Result<Vec<(u32, u64)>, String> {
+    value
+        .split_ascii_whitespace()
+        .map(|pair| {
+            let (p, s) = pair
+                .split_once(':')
+                .ok_or_else(|| format!("{pair:?} is not PARTITION:SEQUENCE"))?;
+            let p = p
+                .parse()
+                .map_err(|e| format!("partition {p:?} in {pair:?}: {e}"))?;
+            let s = s
+                .parse()
+                .map_err(|e| format!("sequence {s:?} in {pair:?}: {e}"))?;
+            Ok((p, s))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_round_trip_and_bad_ones_say_what_is_wrong() {
+        let positions = BTreeMap::from([(0, 17), (5, 3), (63, u64::MAX)]);
+        let value = encode_positions(&positions);
+        assert_eq!(value, "0:17 5:3 63:18446744073709551615");
+        assert_eq!(
+            parse_positions(&value).unwrap(),
+            positions.into_iter().collect::<Vec<_>>()
+        );
+        assert_eq!(parse_positions("").unwrap(), vec![]);
+        let e = parse_positions("1:2 7").unwrap_err();
+        assert!(e.contains("\"7\" is not PARTITION:SEQUENCE"), "{e}");
+        let e = parse_positions("x:2").unwrap_err();
+        assert!(e.contains("partition \"x\""), "{e}");
+        let e = parse_positions("1:-2").unwrap_err();
+        assert!(e.contains("sequence \"-2\""), "{e}");
+    }
+
+    #[test]
+    fn the_requirement_of_a_partition_is_the_highest_named() {
+        let barrier = Barrier::default();
+        assert_eq!(barrier.required(3), 0);
+        barrier.require(&[(3, 10), (4, 2)]);
+        barrier.require(&[(3, 7)]);
+        assert_eq!((barrier.required(3), barrier.required(4)), (10, 2));
+    }
+}
