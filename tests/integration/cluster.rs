@@ -1248,12 +1248,6 @@ fn review_a_restarted_owner_is_ready_before_its_unacknowledged_messages_are_rede
          other bytes than agg-2 ({:?}), {answered:?} after its restart",
         answer.map(|(_, missing)| format!("partitions_missing = {missing}"))
     );
-    // It resumes from what it acknowledged, not ACK_WAIT (60 s) later when JetStream
-    // would redeliver what the killed process had been given: right well before that.
-    assert!(
-        answered < Duration::from_secs(45) && answer.is_ok_and(|(got, _)| got == want),
-        "the restarted agg-1 answered right only {answered:?} after its restart"
-    );
 }
 
 /// The node asked decides which partitions to ask others for from the series *it* knows

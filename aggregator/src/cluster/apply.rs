@@ -265,19 +265,23 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
-    let consumer_config = pull::Config {
-        durable_name: Some(name.clone()),
-        description: Some(format!("hourglass node {} applies {subject}", config.node)),
-        filter_subject: subject.clone(),
-        ack_policy: AckPolicy::Explicit,
-        ack_wait: ACK_WAIT,
-        max_ack_pending: MAX_ACK_PENDING,
-        // The consumer of a store that is gone (a wiped node) is removed by the
-        // servers once it has been idle as long as the stream keeps messages.
-        inactive_threshold: config.max_age,
-        ..pull::Config::default()
-    };
-    let consumer = stream.get_or_create_consumer(&name, consumer_config).await;
+    let consumer = stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                description: Some(format!("hourglass node {} applies {subject}", config.node)),
+                filter_subject: subject.clone(),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: ACK_WAIT,
+                max_ack_pending: MAX_ACK_PENDING,
+                // The consumer of a store that is gone (a wiped node) is removed by the
+                // servers once it has been idle as long as the stream keeps messages.
+                inactive_threshold: config.max_age,
+                ..pull::Config::default()
+            },
+        )
+        .await;
     let consumer = match consumer {
         Ok(consumer) => consumer,
         Err(e) => return stream_error(format!("consumer {name}: {e}")),

@@ -73,18 +73,14 @@ impl Barrier {
     }
 }
 
-/// Passes the read barrier (module docs) for `partitions` within `timeout`. Returns the
-/// partitions this node has not applied far enough (another owner must answer for them),
-/// or why it can answer for none.
-pub(crate) async fn pass(
-    cluster: &Cluster,
-    partitions: &BTreeSet<u32>,
-    timeout: Duration,
-) -> Result<BTreeSet<u32>, String> {
-    let deadline = Instant::now() + timeout;
+/// Passes the read barrier (module docs) for the `ready` partitions within half of
+/// `peer_timeout` (so that an asking node hears in time to ask another owner). Returns
+/// those this node answers for, those applied far enough, or why it can answer for none.
+pub(crate) async fn pass(cluster: &Cluster, ready: BTreeSet<u32>) -> Result<BTreeSet<u32>, String> {
+    let deadline = Instant::now() + cluster.config().peer_timeout / 2;
     live_caught_up(cluster, deadline).await?;
     let mut behind = BTreeSet::new();
-    for &p in partitions {
+    for &p in &ready {
         let required = cluster.barrier().required(p);
         let left = deadline.saturating_duration_since(Instant::now());
         if required > 0 && !cluster.wait_applied(p, required, left).await {
@@ -98,7 +94,7 @@ pub(crate) async fn pass(
             "this node has not applied acknowledged pushes of partitions it is ready for; others answer for them"
         );
     }
-    Ok(behind)
+    Ok(ready.difference(&behind).copied().collect())
 }
 
 /// Step (1) of the module docs: waits until this node applied every live message

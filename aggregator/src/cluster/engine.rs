@@ -394,10 +394,6 @@ impl Cluster {
         let mut bytes = 0;
         for m in messages {
             bytes += m.payload.len();
-            let not_acknowledged = |e: &dyn std::fmt::Display| PublishError::NotAcknowledged {
-                subject: m.subject.clone(),
-                detail: e.to_string(),
-            };
             let ack = match positions {
                 Some(positions) => {
                     let mut headers = async_nats::HeaderMap::new();
@@ -412,7 +408,10 @@ impl Cluster {
                         .await
                 }
             }
-            .map_err(|e| not_acknowledged(&e))?;
+            .map_err(|e| PublishError::NotAcknowledged {
+                subject: m.subject.clone(),
+                detail: e.to_string(),
+            })?;
             pending.push((m.partition, m.subject, ack));
         }
         for (p, subject, ack) in pending {

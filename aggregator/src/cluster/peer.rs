@@ -285,21 +285,18 @@ impl Peer for PeerService {
         let kind = convert::kind(request.kind, "kind").map_err(Status::invalid_argument)?;
         let selector = convert::selector(request.selector.as_ref(), kind, u64::MAX)?;
         let wanted: BTreeSet<u32> = request.partitions.iter().copied().collect();
-        let (ready, not_ready): (Vec<u32>, Vec<u32>) = wanted
-            .into_iter()
-            .partition(|&p| p < count && self.cluster.members().is_ready_here(p));
-        let mut ready: BTreeSet<u32> = ready.into_iter().collect();
-        let mut not_ready = not_ready;
-        // Half the asker's wait: it hears "not ready" in time to ask another owner.
-        let timeout = self.cluster.config().peer_timeout / 2;
-        match super::barrier::pass(&self.cluster, &ready, timeout).await {
-            Ok(behind) => not_ready.extend(behind.iter().copied()),
-            Err(e) => {
+        let ready: BTreeSet<u32> = wanted
+            .iter()
+            .copied()
+            .filter(|&p| p < count && self.cluster.members().is_ready_here(p))
+            .collect();
+        let ready = super::barrier::pass(&self.cluster, ready)
+            .await
+            .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "answering for no partition of a query");
-                not_ready.extend(ready.iter().copied());
-            }
-        }
-        ready.retain(|p| !not_ready.contains(p));
+                BTreeSet::new()
+            });
+        let not_ready: Vec<u32> = wanted.difference(&ready).copied().collect();
         let store = Arc::clone(&self.store);
         let answer = tokio::task::spawn_blocking(move || {
             Planner::new(store.as_ref())

@@ -43,11 +43,9 @@ pub(crate) async fn fan_out(
 ) -> Result<Answer, Status> {
     let count = cluster.config().partitions;
     // Ready, and applied as far as every push acknowledged before this question.
-    let mut here = cluster.members().ready_here();
-    let behind = super::barrier::pass(cluster, &here, cluster.config().peer_timeout / 2)
+    let here = super::barrier::pass(cluster, cluster.members().ready_here())
         .await
         .map_err(Status::unavailable)?;
-    here.retain(|p| !behind.contains(p));
     let local = {
         let (store, here, selector) = (Arc::clone(store), here.clone(), asked.selector.clone());
         let (max_fanout, retire_hours) = (asked.max_fanout, asked.retire_hours);
