@@ -469,14 +469,12 @@ impl Metrics {
     }
 
     /// Records the stream position of the message just applied.
-    pub(crate) fn cluster_applied_at(&self, sequence: u64, applied: bool) {
-        if applied {
-            // Redeliveries of older messages do not move it back.
-            self.cluster_applied_sequence.inner().fetch_max(
-                i64::try_from(sequence).unwrap_or(i64::MAX),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
+    pub(crate) fn cluster_applied_at(&self, sequence: u64) {
+        // Redeliveries of older messages do not move it back.
+        self.cluster_applied_sequence.inner().fetch_max(
+            i64::try_from(sequence).unwrap_or(i64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Records this node's view of the cluster after a heartbeat.

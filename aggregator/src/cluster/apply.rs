@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::kv;
 use hourglass_rpc::proto::v1;
 use prost::Message;
@@ -34,7 +34,7 @@ enum Applied {
     Ok,
     /// Not a push the rules accept at all (bad bytes, a bad server name): never retried.
     Refused,
-    /// The store failed: redelivered later.
+    /// The store failed: tried again.
     Retry,
 }
 
@@ -265,30 +265,29 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
+    let consumer_config = |deliver_policy| pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(format!("hourglass node {} applies {subject}", config.node)),
+        filter_subject: subject.clone(),
+        deliver_policy,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: MAX_ACK_PENDING,
+        // The consumer of a store that is gone (a wiped node) is removed by the
+        // servers once it has been idle as long as the stream keeps messages.
+        inactive_threshold: config.max_age,
+        ..pull::Config::default()
+    };
     let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                description: Some(format!("hourglass node {} applies {subject}", config.node)),
-                filter_subject: subject.clone(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
-                max_ack_pending: MAX_ACK_PENDING,
-                // The consumer of a store that is gone (a wiped node) is removed by the
-                // servers once it has been idle as long as the stream keeps messages.
-                inactive_threshold: config.max_age,
-                ..pull::Config::default()
-            },
-        )
+        .get_or_create_consumer(&name, consumer_config(DeliverPolicy::All))
         .await;
-    let consumer = match consumer {
+    let mut consumer = match consumer {
         Ok(consumer) => consumer,
         Err(e) => return stream_error(format!("consumer {name}: {e}")),
     };
     // Complete unless the stream dropped messages (max_age) this store never applied:
     // those rows would be missing here, so the partition is never ready on this node.
-    let (info, first) = match (consumer.get_info().await, stream.get_info().await) {
+    let (mut info, first) = match (consumer.get_info().await, stream.get_info().await) {
         (Ok(info), Ok(stream_info)) => (info, stream_info.state.first_sequence),
         (Err(e), _) => return stream_error(format!("consumer {name}: {e}")),
         (_, Err(e)) => return stream_error(e.to_string()),
@@ -303,18 +302,45 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             "this store lacks messages of the partition that the stream no longer keeps (cluster.max_age); it applies what is there but does not answer for the partition"
         );
     }
-    // Messages a previous run was delivered and never acknowledged come back only after
-    // ACK_WAIT: until then they are missing here, so they count as pending.
-    let outstanding = |info: &async_nats::jetstream::consumer::Info| {
-        info.num_pending + info.num_ack_pending as u64
-    };
+    // Messages delivered to an earlier run and neither applied by this process nor
+    // acknowledged (a restart, a stop while they waited in the client's buffer) would come
+    // back only after ACK_WAIT, *after* later ones: the position recorded as applied
+    // would then claim them too. So the consumer starts again from what the store
+    // acknowledged, and delivers in order from there (what it re-delivers was applied or
+    // not; the version rule makes both the same).
+    if info.num_ack_pending > 0 && cluster.applied(p) < info.delivered.stream_sequence {
+        tracing::info!(
+            consumer = %name,
+            unacknowledged = info.num_ack_pending,
+            from = floor + 1,
+            "resuming the consumer from its acknowledged position"
+        );
+        if let Err(e) = stream.delete_consumer(&name).await {
+            return stream_error(format!("consumer {name}: {e}"));
+        }
+        let from = DeliverPolicy::ByStartSequence {
+            start_sequence: floor + 1,
+        };
+        consumer = match stream.create_consumer(consumer_config(from)).await {
+            Ok(consumer) => consumer,
+            Err(e) => return stream_error(format!("consumer {name}: {e}")),
+        };
+        info = match consumer.get_info().await {
+            Ok(info) => info,
+            Err(e) => return stream_error(format!("consumer {name}: {e}")),
+        };
+    }
     // What the store acknowledged is applied (acknowledged only after the write).
     cluster.record_applied(p, floor);
     if p == LIVE {
-        cluster.members().set_pending(LIVE, outstanding(&info));
+        cluster
+            .members()
+            .set_pending(LIVE, outstanding(cluster, p, &info));
         cluster.barrier().set_live_consumer(consumer.clone());
     } else {
-        cluster.members().caught_up(p, outstanding(&info), complete);
+        cluster
+            .members()
+            .caught_up(p, outstanding(cluster, p, &info), complete);
     }
     let mut messages = match consumer.messages().await {
         Ok(messages) => messages,
@@ -328,34 +354,30 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
             None => return stream_error(format!("consumer {name} ended")),
         };
-        let outcome = apply_one(work, p, &message).await;
-        work.metrics
-            .cluster_applied
-            .get_or_create(&ApplyLabel {
-                outcome: match outcome {
-                    Applied::Ok => "ok",
-                    Applied::Refused => "refused",
-                    Applied::Retry => "retry",
-                },
-            })
-            .inc();
+        // A message the store could not take is retried here, before any later one: the
+        // position recorded as applied must never pass a message not applied.
+        let outcome = loop {
+            let outcome = apply_one(work, p, &message).await;
+            count(work, outcome);
+            if outcome != Applied::Retry {
+                break outcome;
+            }
+            if let Err(e) = message.ack_with(AckKind::Progress).await {
+                tracing::warn!(consumer = %name, error = %e, "telling JetStream a cluster message is being retried");
+            }
+            tokio::time::sleep(RETRY_DELAY).await;
+        };
         // After the count, so that a reader who sees the position also sees the count.
-        // A message to retry is not applied yet; its redelivery will be.
-        let applied = outcome != Applied::Retry;
         let mut caught_up = false;
         if let Ok(info) = message.info() {
-            work.metrics
-                .cluster_applied_at(info.stream_sequence, applied);
-            if applied {
-                cluster.record_applied(p, info.stream_sequence);
-            }
+            work.metrics.cluster_applied_at(info.stream_sequence);
+            cluster.record_applied(p, info.stream_sequence);
             cluster.members().set_pending(p, info.pending);
-            caught_up = info.pending == 0 && applied;
+            caught_up = info.pending == 0;
         }
         let ack = match outcome {
-            Applied::Ok => AckKind::Ack,
             Applied::Refused => AckKind::Term,
-            Applied::Retry => AckKind::Nak(Some(RETRY_DELAY)),
+            Applied::Ok | Applied::Retry => AckKind::Ack,
         };
         // A lost acknowledgement only means a redelivery, which the version rule absorbs.
         // Double: the readiness check below must not count this message as outstanding.
@@ -366,11 +388,41 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // (one request, only while not ready yet).
         if p != LIVE && caught_up && !cluster.members().is_ready_here(p) {
             match consumer.get_info().await {
-                Ok(info) => cluster.members().caught_up(p, outstanding(&info), complete),
+                Ok(info) => {
+                    let outstanding = outstanding(cluster, p, &info);
+                    cluster.members().caught_up(p, outstanding, complete)
+                }
                 Err(e) => return stream_error(format!("consumer {name}: {e}")),
             }
         }
     }
+}
+
+/// Counts one apply of a message by its outcome.
+fn count(work: &Consuming, outcome: Applied) {
+    work.metrics
+        .cluster_applied
+        .get_or_create(&ApplyLabel {
+            outcome: match outcome {
+                Applied::Ok => "ok",
+                Applied::Refused => "refused",
+                Applied::Retry => "retry",
+            },
+        })
+        .inc();
+}
+
+/// The messages of `p` this node has still to apply, by its consumer's `info`: those not
+/// delivered yet, and those delivered and not acknowledged unless this process applied
+/// past them (it applies in order, so then it applied them all; their acknowledgement
+/// was lost).
+fn outstanding(cluster: &Cluster, p: u32, info: &async_nats::jetstream::consumer::Info) -> u64 {
+    let unapplied = if cluster.applied(p) >= info.delivered.stream_sequence {
+        0
+    } else {
+        info.num_ack_pending as u64
+    };
+    info.num_pending + unapplied
 }
 
 /// The file in the data dir that names this store's consumer.
@@ -467,7 +519,7 @@ async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> A
     match applied {
         Ok(()) => Applied::Ok,
         Err(status) if is_retryable(status.code()) => {
-            tracing::warn!(subject, error = %status.message(), "applying a cluster message failed; it will be redelivered");
+            tracing::warn!(subject, error = %status.message(), "applying a cluster message failed; retrying it");
             Applied::Retry
         }
         Err(status) => {
