@@ -27,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Pushed sketches as `Bytes` too: a slice of the received message, with no copy
         // between the decoder and the store (a push is mostly sketch bytes).
         .bytes(".hourglass.v1.EncodedSketch.data")
+        // Copied rows go to the store as `Bytes` as pushed ones do.
+        .bytes(".hourglass.v1.CopiedRow.sketch")
         .compile_with_config(config, &protos, &["../proto"])?;
     Ok(())
 }

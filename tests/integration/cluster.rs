@@ -531,6 +531,46 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
     assert_applied_same("the healed agg-x", &x);
 }
 
+/// A node that joins after the stream dropped every message (`max_age`) copies what they
+/// left from a node that has it (`Peer.Copy`: rows, servers with labels and live hours,
+/// series index) before it says it is ready; then, alone, it answers byte-identically to
+/// a single aggregator.
+#[test]
+fn a_new_node_copies_what_the_stream_no_longer_keeps() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-copy");
+    let short_lived = |name: &str| {
+        let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats.urls());
+        cluster.partitions = PARTITIONS;
+        cluster.heartbeat = HEARTBEAT;
+        cluster.member_ttl = MEMBER_TTL;
+        cluster.max_age = Duration::from_secs(2);
+        let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
+            data_dir: dir.file(name).into(),
+            cluster: Some(cluster),
+            ..Default::default()
+        });
+        wait_ready(&agg);
+        agg
+    };
+    let a = short_lived("agg-1");
+    let agent = start_agent(&dir, &a.grpc, "agent");
+    for p in 0..PARTS {
+        send_part(&agent, p);
+    }
+    wait_shipped(&agent);
+    drop(agent);
+    wait_applied(&[&a]);
+    wait_until("the stream to drop every message", || {
+        nats.stream_messages("HOURGLASS") == Some(0)
+    });
+    let b = short_lived("agg-2");
+    wait_applied(&[&a, &b]);
+    // The only other copy goes: what agg-2 answers now is what it copied.
+    drop(a);
+    assert_applied_same("agg-2, which copied everything", &b);
+}
+
 /// The series bound refuses at the node an agent pushes to, with its reason, as on a
 /// single aggregator, instead of acknowledging a snapshot every node would then refuse.
 #[test]

@@ -187,6 +187,31 @@ impl NatsCluster {
         }
     }
 
+    /// How many messages `stream` holds now, as the first running node that knows the
+    /// stream reports it on its monitoring endpoint (`/jsz`).
+    pub fn stream_messages(&self, stream: &str) -> Option<u64> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .find_map(|node| {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], node.http_port));
+                let (status, body) = crate::util::http_get(addr, "/jsz?accounts=true&streams=true");
+                if status != 200 {
+                    return None;
+                }
+                let json: serde_json::Value = serde_json::from_str(&body)
+                    .or_else(|_| serde_json::from_str(&dechunk(&body)))
+                    .unwrap_or_default();
+                json["account_details"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+                    .find(|s| s["name"] == stream)
+                    .and_then(|s| s["state"]["messages"].as_u64())
+            })
+    }
+
     /// Every node's client URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes

@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use async_nats::jetstream::AckKind;
-use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, FromConsumer, PullConsumer, pull};
 use async_nats::jetstream::kv;
 use hourglass_rpc::proto::v1;
 use prost::Message;
@@ -24,6 +25,14 @@ use crate::service::CollectorService;
 const ACK_WAIT: Duration = Duration::from_secs(60);
 /// Messages delivered and not yet acknowledged, at most.
 const MAX_ACK_PENDING: i64 = 256;
+/// How long a consumer that lacks what the stream dropped, and could not copy it, applies
+/// before it tries the copy again.
+const COPY_RETRY: Duration = Duration::from_secs(30);
+/// The shortest idle time after which JetStream removes a consumer.
+const MIN_INACTIVE: Duration = Duration::from_secs(24 * 3600);
+/// The consumer metadata key that says whether the store holds every message of the
+/// subject the stream ever had ("true") or missed some the stream dropped ("false").
+const COMPLETE_KEY: &str = "hourglass.complete";
 /// The wait before a message the store could not take is redelivered.
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 
@@ -265,90 +274,29 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
-    let consumer_config = |deliver_policy| pull::Config {
-        durable_name: Some(name.clone()),
-        description: Some(format!("hourglass node {} applies {subject}", config.node)),
-        filter_subject: subject.clone(),
-        deliver_policy,
-        ack_policy: AckPolicy::Explicit,
-        ack_wait: ACK_WAIT,
-        max_ack_pending: MAX_ACK_PENDING,
-        // The consumer of a store that is gone (a wiped node) is removed by the
-        // servers once it has been idle as long as the stream keeps messages.
-        inactive_threshold: config.max_age,
-        ..pull::Config::default()
+    let (consumer, complete) = match open(work, p, &stream, &name, &subject).await {
+        Ok(opened) => opened,
+        Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
     };
-    let consumer = stream
-        .get_or_create_consumer(&name, consumer_config(DeliverPolicy::All))
-        .await;
-    let mut consumer = match consumer {
-        Ok(consumer) => consumer,
-        Err(e) => return stream_error(format!("consumer {name}: {e}")),
-    };
-    // Complete unless the stream dropped messages (max_age) this store never applied:
-    // those rows would be missing here, so the partition is never ready on this node.
-    let (mut info, first) = match (consumer.get_info().await, stream.get_info().await) {
-        (Ok(info), Ok(stream_info)) => (info, stream_info.state.first_sequence),
-        (Err(e), _) => return stream_error(format!("consumer {name}: {e}")),
-        (_, Err(e)) => return stream_error(e.to_string()),
-    };
-    let floor = info.ack_floor.stream_sequence;
-    let complete = floor.saturating_add(1) >= first;
-    if !complete && p != LIVE {
-        tracing::error!(
-            partition = p,
-            applied_to = info.ack_floor.stream_sequence,
-            stream_starts_at = first,
-            "this store lacks messages of the partition that the stream no longer keeps (cluster.max_age); it applies what is there but does not answer for the partition"
-        );
-    }
-    // Messages delivered to an earlier run and neither applied by this process nor
-    // acknowledged (a restart, a stop while they waited in the client's buffer) would come
-    // back only after ACK_WAIT, *after* later ones: the position recorded as applied
-    // would then claim them too. So the consumer starts again from what the store
-    // acknowledged, and delivers in order from there (what it re-delivers was applied or
-    // not; the version rule makes both the same).
-    if info.num_ack_pending > 0 && cluster.applied(p) < info.delivered.stream_sequence {
-        tracing::info!(
-            consumer = %name,
-            unacknowledged = info.num_ack_pending,
-            from = floor + 1,
-            "resuming the consumer from its acknowledged position"
-        );
-        if let Err(e) = stream.delete_consumer(&name).await {
-            return stream_error(format!("consumer {name}: {e}"));
-        }
-        let from = DeliverPolicy::ByStartSequence {
-            start_sequence: floor + 1,
-        };
-        consumer = match stream.create_consumer(consumer_config(from)).await {
-            Ok(consumer) => consumer,
-            Err(e) => return stream_error(format!("consumer {name}: {e}")),
-        };
-        info = match consumer.get_info().await {
-            Ok(info) => info,
-            Err(e) => return stream_error(format!("consumer {name}: {e}")),
-        };
-    }
-    // What the store acknowledged is applied (acknowledged only after the write).
-    cluster.record_applied(p, floor);
-    if p == LIVE {
-        cluster
-            .members()
-            .set_pending(LIVE, outstanding(cluster, p, &info));
-        cluster.barrier().set_live_consumer(consumer.clone());
-    } else {
-        cluster
-            .members()
-            .caught_up(p, outstanding(cluster, p, &info), complete);
-    }
+    // Incomplete and no node could give what is missing: apply what is there, and try
+    // the copy again later.
+    let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
     let mut messages = match consumer.messages().await {
         Ok(messages) => messages,
         Err(e) => return stream_error(format!("consumer {name}: {e}")),
     };
     tracing::debug!(consumer = %name, "applying {subject}");
     loop {
-        let message = match messages.next().await {
+        let next = match retry_copy {
+            Some(at) => tokio::select! {
+                next = messages.next() => next,
+                _ = tokio::time::sleep_until(at) => {
+                    return stream_error(format!("consumer {name}: trying the copy of what the stream no longer keeps again"));
+                }
+            },
+            None => messages.next().await,
+        };
+        let message = match next {
             Some(Ok(message)) => message,
             // The client reconnects by itself; a missed heartbeat and the like end here.
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
@@ -396,6 +344,170 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             }
         }
     }
+}
+
+/// Opens the durable consumer `name` of `subject` (partition `p` or [`LIVE`]) for this
+/// store, and says whether the store holds every message the stream ever had of it: if
+/// not, it first copies what is missing from another node ([`super::copy`]). Records what
+/// the store has applied, and its readiness.
+async fn open(
+    work: &Consuming,
+    p: u32,
+    stream: &jetstream::stream::Stream,
+    name: &str,
+    subject: &str,
+) -> Result<(PullConsumer, bool), String> {
+    let cluster = &work.cluster;
+    let config = cluster.config();
+    let consumer_config = |deliver_policy, complete: bool| pull::Config {
+        durable_name: Some(name.to_string()),
+        description: Some(format!("hourglass node {} applies {subject}", config.node)),
+        filter_subject: subject.to_string(),
+        deliver_policy,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: MAX_ACK_PENDING,
+        // The consumer of a store that is gone (a wiped node) is removed by the
+        // servers once it has been idle as long as the stream keeps messages (a day at
+        // least: a short max_age must not remove the consumer of a quiet partition).
+        inactive_threshold: config.max_age.max(MIN_INACTIVE),
+        metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
+        ..pull::Config::default()
+    };
+    let first = stream_first(stream).await?;
+    // A new consumer is of a new store: complete if the stream never dropped a message.
+    let mut consumer = stream
+        .get_or_create_consumer(name, consumer_config(DeliverPolicy::All, first <= 1))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut info = consumer.get_info().await.map_err(|e| e.to_string())?;
+    let floor = info.ack_floor.stream_sequence;
+    // Its record says whether it missed messages (consumers of older versions have none),
+    // and it missed those the stream dropped (max_age) after its floor.
+    let marked = info
+        .config
+        .metadata
+        .get(COMPLETE_KEY)
+        .is_none_or(|v| v == "true");
+    let mut complete = marked && floor.saturating_add(1) >= first;
+    // Messages delivered to an earlier run and neither applied by this process nor
+    // acknowledged (a restart, a stop while they waited in the client's buffer) would come
+    // back only after ACK_WAIT, *after* later ones: the position recorded as applied
+    // would then claim them too. So the consumer starts again from what the store
+    // acknowledged, and delivers in order from there (what it re-delivers was applied or
+    // not; the version rule makes both the same).
+    if info.num_ack_pending > 0 && cluster.applied(p) < info.delivered.stream_sequence {
+        tracing::info!(
+            consumer = %name,
+            unacknowledged = info.num_ack_pending,
+            from = floor + 1,
+            "resuming the consumer from its acknowledged position"
+        );
+        stream
+            .delete_consumer(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let from = DeliverPolicy::ByStartSequence {
+            start_sequence: floor + 1,
+        };
+        consumer = stream
+            .create_consumer(consumer_config(from, marked))
+            .await
+            .map_err(|e| e.to_string())?;
+        info = consumer.get_info().await.map_err(|e| e.to_string())?;
+    }
+    if !complete {
+        // Recorded first: once this consumer applies past the stream's start, its floor
+        // alone would no longer show what it missed.
+        if marked {
+            mark_complete(stream, &info, false).await?;
+        }
+        if let Some(at) = copy_missing(work, p, stream, floor).await {
+            mark_complete(stream, &info, true).await?;
+            // Every message up to it is in the store, copied.
+            cluster.record_applied(p, at);
+            complete = true;
+        }
+    }
+    // What the store acknowledged is applied (acknowledged only after the write).
+    cluster.record_applied(p, floor);
+    cluster.barrier().set_consumer(p, consumer.clone());
+    if p == LIVE {
+        cluster
+            .members()
+            .set_pending(LIVE, outstanding(cluster, p, &info));
+        cluster.barrier().set_live_complete(complete);
+    } else {
+        cluster
+            .members()
+            .caught_up(p, outstanding(cluster, p, &info), complete);
+    }
+    Ok((consumer, complete))
+}
+
+/// The stream's first sequence: messages before it are gone (max_age).
+async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String> {
+    let info = stream.get_info().await.map_err(|e| e.to_string())?;
+    Ok(info.state.first_sequence)
+}
+
+/// Copies what the stream dropped of `p` from another node. Returns the position the
+/// copy reflects once this store holds every message of `p` the stream ever had (the
+/// copy's, and from `floor` on the stream's), else `None`.
+async fn copy_missing(
+    work: &Consuming,
+    p: u32,
+    stream: &jetstream::stream::Stream,
+    floor: u64,
+) -> Option<u64> {
+    let copied = super::copy::fetch(&work.cluster, work.applier.store(), p).await;
+    let at = match copied {
+        Ok(at) => at,
+        Err(e) => {
+            tracing::error!(
+                partition = p,
+                error = %e,
+                "this store lacks messages the stream no longer keeps (cluster.max_age) and no node could copy them; it applies what is there but does not answer for them"
+            );
+            return None;
+        }
+    };
+    match stream_first(stream).await {
+        // Nothing after the copy's position has been dropped since.
+        Ok(first) if at.max(floor).saturating_add(1) >= first => Some(at),
+        Ok(first) => {
+            tracing::warn!(
+                partition = p,
+                copied_to = at,
+                stream_starts_at = first,
+                "the stream dropped messages after the copy's position; copying again later"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "reading the stream's start after a copy");
+            None
+        }
+    }
+}
+
+/// Records in the consumer's metadata whether this store holds every message of its
+/// subject the stream ever had.
+async fn mark_complete(
+    stream: &jetstream::stream::Stream,
+    info: &async_nats::jetstream::consumer::Info,
+    complete: bool,
+) -> Result<(), String> {
+    let mut config =
+        pull::Config::try_from_consumer_config(info.config.clone()).map_err(|e| e.to_string())?;
+    config
+        .metadata
+        .insert(COMPLETE_KEY.to_string(), complete.to_string());
+    stream
+        .update_consumer(config)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Counts one apply of a message by its outcome.

@@ -42,7 +42,11 @@ const POLL: Duration = Duration::from_millis(20);
 #[derive(Default)]
 pub(crate) struct Barrier {
     required: Mutex<HashMap<u32, u64>>,
-    live: Mutex<Option<Consumer<pull::Config>>>,
+    /// This node's consumers, by partition ([`LIVE`] for the live subject).
+    consumers: Mutex<HashMap<u32, Consumer<pull::Config>>>,
+    /// Whether this node's store holds every live message the stream ever had (applied,
+    /// or copied from another node): else its series index may lack series.
+    live_complete: std::sync::atomic::AtomicBool,
 }
 
 impl Barrier {
@@ -63,13 +67,27 @@ impl Barrier {
         required.get(&p).copied().unwrap_or(0)
     }
 
-    /// This node's live consumer, from when it runs.
-    pub(crate) fn set_live_consumer(&self, consumer: Consumer<pull::Config>) {
-        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(consumer);
+    /// This node's consumer of `p` (or [`LIVE`]), from when it runs.
+    pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.insert(p, consumer);
     }
 
-    fn live_consumer(&self) -> Option<Consumer<pull::Config>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn consumer(&self, p: u32) -> Option<Consumer<pull::Config>> {
+        let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.get(&p).cloned()
+    }
+
+    /// Records whether this node holds every live message the stream ever had.
+    pub(crate) fn set_live_complete(&self, complete: bool) {
+        self.live_complete
+            .store(complete, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this node holds every live message the stream ever had.
+    pub(crate) fn live_complete(&self) -> bool {
+        self.live_complete
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -106,28 +124,48 @@ async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), Stri
             cluster.members().me()
         )
     };
+    if cluster.barrier().consumer(LIVE).is_some() && !cluster.barrier().live_complete() {
+        return Err(behind(
+            "it lacks live messages the stream no longer keeps and no node could copy them yet"
+                .into(),
+        ));
+    }
+    caught_up(cluster, LIVE, deadline).await.map_err(behind)
+}
+
+/// Waits until this node applied every message of `p` (or [`LIVE`]) JetStream had
+/// delivered when this was called, with nothing left undelivered: then it applied every
+/// message of `p` the stream held at the call.
+pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
     let consumer = cluster
         .barrier()
-        .live_consumer()
-        .ok_or_else(|| behind("its live consumer is not running yet".into()))?;
+        .consumer(p)
+        .ok_or_else(|| "its consumer is not running yet".to_string())?;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let info = tokio::time::timeout(left, consumer.get_info())
             .await
-            .map_err(|_| behind("JetStream did not answer in time".into()))?
-            .map_err(|e| behind(format!("JetStream: {e}")))?;
+            .map_err(|_| "JetStream did not answer in time".to_string())?
+            .map_err(|e| format!("JetStream: {e}"))?;
+        // A consumer of one subject reports as delivered the last sequence it looked at,
+        // of any subject; with nothing delivered unacknowledged, every message of `p` up
+        // to it was applied (acknowledged only after the position was recorded).
         let delivered = info.delivered.stream_sequence;
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            cluster.record_applied(p, delivered);
+            return Ok(());
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        let applied = cluster.wait_applied(LIVE, delivered, left).await;
+        let applied = cluster.wait_applied(p, delivered, left).await;
         if info.num_pending == 0 && applied {
             return Ok(());
         }
         if Instant::now() + POLL >= deadline {
-            return Err(behind(format!(
-                "{} live messages were still to be delivered and it had applied up to {} of {delivered}",
+            return Err(format!(
+                "{} messages were still to be delivered and it had applied up to {} of {delivered}",
                 info.num_pending,
-                cluster.applied(LIVE)
-            )));
+                cluster.applied(p)
+            ));
         }
         tokio::time::sleep(POLL).await;
     }

@@ -36,7 +36,8 @@
 //! subject_prefix = "hourglass"      # its subjects: PREFIX.p.N and PREFIX.live
 //! partitions = 64                   # fixed when the stream is created
 //! replicas = 3                      # copies of the stream (NATS nodes)
-//! max_age = "7d"                    # how long the stream keeps what was published
+//! max_age = "7d"                    # how long the stream keeps what was published (a
+//!                                   # node missing older messages copies from another)
 //! publish_timeout = "10s"           # longest wait for JetStream's acknowledgement
 //! owners = 2                        # nodes that apply and answer for each partition
 //! heartbeat = "1s"                  # how often a node renews its membership
@@ -51,6 +52,7 @@
 
 mod apply;
 mod barrier;
+mod copy;
 mod engine;
 mod members;
 mod peer;
@@ -255,11 +257,13 @@ impl ClusterConfig {
                 "must be between 1 and 5 (JetStream's limit)",
             ));
         }
-        if self.max_age < Duration::from_secs(60) {
+        // Short ages only make nodes copy more (catch-up); a second is JetStream's floor
+        // for a useful duplicates window and consumer inactivity.
+        if self.max_age < Duration::from_secs(1) {
             return Err(invalid(
                 "cluster.max_age",
                 &self.max_age,
-                "must be at least 1m",
+                "must be at least 1s",
             ));
         }
         if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&self.publish_timeout)
@@ -490,7 +494,7 @@ mod tests {
             (
                 "cluster.max_age",
                 ClusterConfig {
-                    max_age: Duration::from_secs(1),
+                    max_age: Duration::from_millis(999),
                     ..ok.clone()
                 },
             ),

@@ -16,7 +16,7 @@ use super::{Cluster, ClusterConfig, ClusterError};
 use crate::planner::{Answer, Planner, QueryError};
 use crate::service::convert;
 use crate::service::{HeldKey, held_versions};
-use crate::store::{SeriesName, Store};
+use crate::store::Store;
 
 /// Clients of the other nodes: one channel per address, the bearer token and TLS of
 /// `[cluster]`.
@@ -86,8 +86,14 @@ impl Peers {
 
     /// `message` as a request with the token and the deadline.
     fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
+        let mut request = self.untimed_request(message);
         request.set_timeout(self.timeout);
+        request
+    }
+
+    /// `message` as a request with the token, without a deadline.
+    fn untimed_request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
         if let Some(bearer) = &self.bearer {
             request
                 .metadata_mut()
@@ -104,6 +110,18 @@ impl Peers {
     ) -> Result<v1::PartialResponse, Status> {
         let mut client = self.client(advertise)?;
         Ok(client.partial(self.request(message)).await?.into_inner())
+    }
+
+    /// Asks the node at `advertise` for a copy (no deadline on the whole: the caller
+    /// bounds the wait for each chunk).
+    pub(crate) async fn copy(
+        &self,
+        advertise: &str,
+        message: v1::CopyRequest,
+    ) -> Result<tonic::Streaming<v1::CopyChunk>, Status> {
+        let mut client = self.client(advertise)?;
+        let request = self.untimed_request(message);
+        Ok(client.copy(request).await?.into_inner())
     }
 
     /// Asks the node at `advertise` for held versions.
@@ -349,14 +367,10 @@ impl Peer for PeerService {
         }
         let mut keys = Vec::with_capacity(request.snapshots.len());
         for (i, s) in request.snapshots.iter().enumerate() {
-            let series = s.series.as_ref().ok_or_else(|| {
-                Status::invalid_argument(format!("snapshots[{i}].series is missing"))
-            })?;
-            let series = hourglass_rpc::series::Series::try_from(series)
-                .map_err(|e| Status::invalid_argument(format!("snapshots[{i}].series: {e}")))?;
-            let kind = convert::kind(s.kind, "kind").map_err(Status::invalid_argument)?;
+            let name = super::copy::series_name(s.series.as_ref(), s.kind)
+                .map_err(|e| Status::invalid_argument(format!("snapshots[{i}]: {e}")))?;
             keys.push(HeldKey {
-                name: SeriesName::new(series.metric(), series.tags().to_vec(), kind),
+                name,
                 hour: crate::keys::Hour(s.hour),
                 epoch: s.epoch,
             });
@@ -365,6 +379,27 @@ impl Peer for PeerService {
         Ok(Response::new(v1::HeldResponse {
             held: held.into_iter().map(|h| h.unwrap_or(0)).collect(),
         }))
+    }
+
+    type CopyStream = super::copy::CopyStream;
+
+    async fn copy(
+        &self,
+        request: Request<v1::CopyRequest>,
+    ) -> Result<Response<Self::CopyStream>, Status> {
+        let request = request.into_inner();
+        let count = self.cluster.config().partitions;
+        if request.partition_count != count {
+            return Err(Status::failed_precondition(format!(
+                "the asking node has {} partitions, this one {count}",
+                request.partition_count
+            )));
+        }
+        self.check_ready(request.partitions.iter().copied())?;
+        let stream =
+            super::copy::serve(&self.cluster, &self.store, request.partitions, request.live)
+                .await?;
+        Ok(Response::new(stream))
     }
 
     async fn status(

@@ -79,6 +79,11 @@ impl CollectorService {
         self
     }
 
+    /// The store this service writes to.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// The metrics this service counts in.
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -914,7 +919,7 @@ fn checked_server(
 }
 
 /// The server's labels, sorted; an error if a label key repeats.
-fn checked_labels(server: &v1::Server) -> Result<Vec<(String, String)>, Status> {
+pub(crate) fn checked_labels(server: &v1::Server) -> Result<Vec<(String, String)>, Status> {
     let mut labels = convert::pairs(&server.labels, "server.labels")?;
     labels.sort();
     if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {

@@ -19,7 +19,7 @@ use tonic::codec::CompressionEncoding;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
-pub(crate) use collector::{CollectorService, HeldKey, held_versions};
+pub(crate) use collector::{CollectorService, HeldKey, checked_labels, held_versions};
 pub(crate) use ledger::SeriesLedger;
 pub(crate) use query::QueryService;
 

@@ -375,6 +375,22 @@ impl Store for MemoryStore {
         Ok(inner.dirty.get(&(day, series)) == Some(&mark))
     }
 
+    fn put_copied_day(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        check_rollups(&rollups)?;
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.rollups.extend(rollups);
+        inner.expired.insert((day, series));
+        Ok(())
+    }
+
     fn server_series(
         &self,
         server: ServerId,

@@ -404,6 +404,17 @@ pub trait Store: Send + Sync + 'static {
         mark: u64,
     ) -> Result<bool, StoreError>;
 
+    /// A day copied from another store (cluster catch-up) whose hourly rows that store's
+    /// retention deleted: replaces the rollups of `(series, day)` with `rollups` and
+    /// records the day expired ([`Store::is_day_expired`]), in one atomic, durable write,
+    /// as if this store had built and then expired it itself.
+    fn put_copied_day(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+    ) -> Result<(), StoreError>;
+
     /// Records that `server` was up and ingesting during `hours` (from pushes).
     fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
         self.put_push(Some((server, hours)), &[]).map(drop)

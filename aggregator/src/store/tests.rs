@@ -267,6 +267,35 @@ fn rollups_put_get_scan(store: &dyn Store) {
     assert!(rollups(store, 3, 0..100).is_empty());
 }
 
+fn a_copied_day_replaces_its_rollups_and_is_expired(store: &dyn Store) {
+    for server in [ServerId(1), ServerId::ALL] {
+        store.put_rollup(day_key(1, 5, server), sketch(1)).unwrap();
+    }
+    store
+        .put_rollup(day_key(1, 6, ServerId::ALL), sketch(6))
+        .unwrap();
+    assert!(!store.is_day_expired(SeriesId(1), Day(5)).unwrap());
+    let copied = vec![
+        (day_key(1, 5, ServerId(2)), sketch(2)),
+        (day_key(1, 5, ServerId::ALL), sketch(3)),
+    ];
+    store
+        .put_copied_day(SeriesId(1), Day(5), copied.clone())
+        .unwrap();
+    // The day's old rollups are gone (server 1's too), the next day's untouched.
+    assert_eq!(rollups(store, 1, 5..6), copied);
+    assert_eq!(rollups(store, 1, 6..7).len(), 1);
+    assert!(store.is_day_expired(SeriesId(1), Day(5)).unwrap());
+    assert!(!store.is_day_expired(SeriesId(1), Day(6)).unwrap());
+    // A bad frame writes nothing.
+    let bad = vec![(day_key(1, 7, ServerId::ALL), b"not a sketch".to_vec())];
+    assert!(matches!(
+        store.put_copied_day(SeriesId(1), Day(7), bad),
+        Err(StoreError::InvalidSketch { .. })
+    ));
+    assert!(!store.is_day_expired(SeriesId(1), Day(7)).unwrap());
+}
+
 fn invalid_sketches_are_refused(store: &dyn Store) {
     let good = (key(1, 1, 1, 1), 1, sketch(1).into());
     let mut corrupt = sketch(2);
@@ -767,6 +796,11 @@ macro_rules! store_suite {
         fn rollups_put_get_scan() {
             let (_dir, store) = $make;
             super::rollups_put_get_scan(&*store);
+        }
+        #[test]
+        fn a_copied_day_replaces_its_rollups_and_is_expired() {
+            let (_dir, store) = $make;
+            super::a_copied_day_replaces_its_rollups_and_is_expired(&*store);
         }
         #[test]
         fn invalid_sketches_are_refused() {

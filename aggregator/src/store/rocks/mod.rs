@@ -1038,6 +1038,25 @@ impl Store for RocksStore {
         Ok(!self.is_day_dirty(series, day)?)
     }
 
+    fn put_copied_day(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        check_rollups(&rollups)?;
+        let cf = self.cf(CF_ROLLUPS);
+        let prefix = series_time_prefix(series.0, day.0);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf, prefix.to_vec(), prefix_end(&prefix));
+        for (key, sketch) in rollups {
+            batch.put_cf(cf, key.encode(), sketch);
+        }
+        let expired = meta::day_series(meta::EXPIRED, series, day);
+        batch.put_cf(self.cf(CF_META), expired, []);
+        self.write(batch)
+    }
+
     fn server_series(
         &self,
         server: ServerId,

@@ -1,0 +1,453 @@
+//! Catch-up (DESIGN §10): a node whose store lacks messages the stream no longer keeps
+//! (`max_age`) — a new or wiped node, one down for longer than that — copies what they
+//! left from a node that has them (the `Peer.Copy` stream), then applies the stream from
+//! its start.
+//!
+//! The source first reads the positions it has applied, then streams what its store holds:
+//! every message up to those positions is in the copy. The copy is written with the
+//! store's own rules (the version upsert for rows; the index and live hours are unions), so
+//! it overlaps harmlessly with the stream's messages the receiver applies afterwards. Names,
+//! not ids, cross the wire: ids are each store's own.
+//!
+//! - a partition's copy: every hourly row of its series, and for each day hourly
+//!   retention deleted, that day's rollups;
+//! - the live subject's copy: every server with its labels, live hours and series index.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use hourglass_rpc::proto::Bytes;
+use hourglass_rpc::proto::v1;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::{Cluster, LIVE};
+use crate::keys::{Day, DayKey, Epoch, Hour, HourKey, ServerId};
+use crate::service::convert;
+use crate::store::{SeriesName, Store, StoreError};
+
+/// About how many bytes of sketches go in one chunk of a copy.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// The chunks of a copy as the Peer service streams them.
+pub(crate) type CopyStream = ReceiverStream<Result<v1::CopyChunk, Status>>;
+
+/// The source's side: streams this node's rows of `partitions` (each one it is ready
+/// for, checked by the caller) and, with `live`, its live state, once it applied each to
+/// the stream's end.
+pub(crate) async fn serve(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    partitions: Vec<u32>,
+    live: bool,
+) -> Result<CopyStream, Status> {
+    let me = cluster.members().me();
+    if live && !cluster.barrier().live_complete() {
+        return Err(Status::failed_precondition(format!(
+            "node {me} lacks live messages the stream no longer keeps itself"
+        )));
+    }
+    // The stream's end, then each subject applied to the end as it was delivered after
+    // that: every message up to `last` of each is in what the store holds after.
+    let last = cluster
+        .stream_last_sequence()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let deadline = std::time::Instant::now() + cluster.config().peer_timeout / 2;
+    let mut subjects = partitions.clone();
+    if live {
+        subjects.push(LIVE);
+    }
+    let mut applied = HashMap::new();
+    for p in subjects {
+        super::barrier::caught_up(cluster, p, deadline)
+            .await
+            .map_err(|e| Status::unavailable(format!("node {me}, partition {p}: {e}")))?;
+        applied.insert(p, last);
+    }
+    let count = cluster.config().partitions;
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || {
+        let mut out = Chunks {
+            tx: &tx,
+            chunk: v1::CopyChunk {
+                applied,
+                ..Default::default()
+            },
+            bytes: 0,
+        };
+        let wanted = |name: &SeriesName| partitions.contains(&super::partition(name, count));
+        let read = read_store(store.as_ref(), live, &wanted, &mut out).and_then(|()| out.flush());
+        if let Err(Stop::Store(e)) = read {
+            let _ = tx.blocking_send(Err(convert::store_status(&e)));
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// Why a source stopped reading its store.
+enum Stop {
+    Store(StoreError),
+    /// The receiver went away.
+    Gone,
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Store(e)
+    }
+}
+
+/// A copy being cut into chunks of about [`CHUNK_BYTES`].
+struct Chunks<'a> {
+    tx: &'a tokio::sync::mpsc::Sender<Result<v1::CopyChunk, Status>>,
+    chunk: v1::CopyChunk,
+    bytes: usize,
+}
+
+impl Chunks<'_> {
+    /// Counts `bytes` more into the chunk, sending it once full.
+    fn grew(&mut self, bytes: usize) -> Result<(), Stop> {
+        self.bytes += bytes;
+        if self.bytes >= CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), Stop> {
+        let chunk = std::mem::take(&mut self.chunk);
+        self.bytes = 0;
+        self.tx.blocking_send(Ok(chunk)).map_err(|_| Stop::Gone)
+    }
+}
+
+/// Reads what the copy holds out of `store` into `out`: the live state with `live`, then
+/// the rows and expired days of the series `wanted` selects.
+fn read_store(
+    store: &dyn Store,
+    live: bool,
+    wanted: &dyn Fn(&SeriesName) -> bool,
+    out: &mut Chunks,
+) -> Result<(), Stop> {
+    let series: HashMap<_, _> = store.list_series()?.into_iter().collect();
+    let servers = store.list_servers()?;
+    let server_names: HashMap<ServerId, &str> =
+        servers.iter().map(|s| (s.id, s.name.as_str())).collect();
+    if live {
+        for server in &servers {
+            let live_hours = live_hours(store, server.id)?;
+            let index: Vec<v1::CopiedIndex> = store
+                .server_series(server.id, Day(0))?
+                .into_iter()
+                .filter_map(|(id, day)| {
+                    let name = series.get(&id)?;
+                    Some(v1::CopiedIndex {
+                        series: Some(v1::Series::from(name)),
+                        kind: v1::SketchKind::from(name.kind) as i32,
+                        day: day.0,
+                    })
+                })
+                .collect();
+            let bytes = 64 * index.len() + 4 * live_hours.len();
+            out.chunk.servers.push(v1::CopiedServer {
+                server: Some(v1::Server {
+                    name: server.name.clone(),
+                    labels: server
+                        .labels
+                        .iter()
+                        .map(|(key, value)| v1::Tag {
+                            key: key.clone(),
+                            value: value.clone(),
+                        })
+                        .collect(),
+                }),
+                live_hours,
+                index,
+            });
+            out.grew(bytes)?;
+        }
+    }
+    let mut ids: Vec<_> = series.iter().filter(|(_, n)| wanted(n)).collect();
+    ids.sort_by_key(|(id, _)| **id);
+    for (&id, name) in ids {
+        let (wire, kind) = (
+            v1::Series::from(name),
+            v1::SketchKind::from(name.kind) as i32,
+        );
+        let mut stopped = Ok(());
+        store.scan_hourly(id, Hour(0)..Hour(u32::MAX), &mut |key, stored| {
+            out.chunk.rows.push(v1::CopiedRow {
+                series: Some(wire.clone()),
+                kind,
+                hour: key.hour.0,
+                server: server_names.get(&key.server).copied().unwrap_or("").into(),
+                epoch: key.epoch.0,
+                version: stored.version,
+                sketch: Bytes::from(stored.sketch.clone()),
+            });
+            stopped = out.grew(stored.sketch.len() + 64);
+            stopped.is_ok()
+        })?;
+        stopped?;
+        let mut days: BTreeMap<Day, Vec<v1::CopiedRollup>> = BTreeMap::new();
+        store.scan_rollups(id, Day(0)..Day(u32::MAX), &mut |key, sketch| {
+            days.entry(key.day).or_default().push(v1::CopiedRollup {
+                server: if key.server == ServerId::ALL {
+                    String::new()
+                } else {
+                    server_names.get(&key.server).copied().unwrap_or("").into()
+                },
+                sketch: sketch.to_vec(),
+            });
+            true
+        })?;
+        for (day, rollups) in days {
+            if !store.is_day_expired(id, day)? {
+                continue; // its hours are copied: the receiver builds its rollups itself
+            }
+            let bytes = rollups.iter().map(|r| r.sketch.len() + 32).sum();
+            out.chunk.days.push(v1::CopiedDay {
+                series: Some(wire.clone()),
+                kind,
+                day: day.0,
+                rollups,
+            });
+            out.grew(bytes)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every hour `server` was recorded live, in order.
+fn live_hours(store: &dyn Store, server: ServerId) -> Result<Vec<u32>, StoreError> {
+    let Some(span) = store.live_span(server)? else {
+        return Ok(Vec::new());
+    };
+    let mut hours = Vec::new();
+    for day in span.start.day().0..=Hour(span.end.0.saturating_sub(1)).day().0 {
+        let first = day.saturating_mul(24);
+        if store.live_hours(server, Hour(first)..Hour(first.saturating_add(24)))? == 0 {
+            continue;
+        }
+        for h in first..first.saturating_add(24) {
+            if store.live_hours(server, Hour(h)..Hour(h + 1))? > 0 {
+                hours.push(h);
+            }
+        }
+    }
+    Ok(hours)
+}
+
+/// The receiver's side: copies `p` (or the live subject, [`LIVE`]) from the first other
+/// node that can give it, into `store`. Returns the position the copy reflects, or why no
+/// node could.
+pub(crate) async fn fetch(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    p: u32,
+) -> Result<u64, String> {
+    let me = cluster.members().me();
+    let sources: Vec<(String, String)> = if p == LIVE {
+        cluster
+            .members()
+            .members()
+            .into_values()
+            .filter(|m| m.node != me)
+            .map(|m| (m.node, m.advertise))
+            .collect()
+    } else {
+        cluster
+            .members()
+            .candidates(p)
+            .into_iter()
+            .filter(|c| c.node != me)
+            .map(|c| (c.node, c.advertise))
+            .collect()
+    };
+    let mut why = vec![];
+    for (node, advertise) in sources {
+        match copy_from(cluster, store, &advertise, p).await {
+            Ok(at) => {
+                tracing::info!(partition = p, from = %node, applied_to = at, "copied what the stream no longer keeps");
+                return Ok(at);
+            }
+            Err(e) => why.push(format!("{node}: {e}")),
+        }
+    }
+    if why.is_empty() {
+        why.push("no other node is ready for it".into());
+    }
+    Err(why.join("; "))
+}
+
+/// Copies `p` from the node at `advertise`.
+async fn copy_from(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    advertise: &str,
+    p: u32,
+) -> Result<u64, String> {
+    let request = v1::CopyRequest {
+        partitions: if p == LIVE { vec![] } else { vec![p] },
+        live: p == LIVE,
+        partition_count: cluster.config().partitions,
+    };
+    let mut chunks = cluster
+        .peers()
+        .copy(advertise, request)
+        .await
+        .map_err(|s| s.message().to_string())?;
+    let wait = cluster.config().peer_timeout;
+    let mut at = None;
+    loop {
+        let chunk = match tokio::time::timeout(wait, chunks.message()).await {
+            Err(_) => return Err(format!("no chunk within {wait:?}")),
+            Ok(Err(status)) => return Err(status.message().to_string()),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(chunk))) => chunk,
+        };
+        if at.is_none() {
+            at = Some(
+                *chunk
+                    .applied
+                    .get(&p)
+                    .ok_or("its first chunk names no position")?,
+            );
+        }
+        let store = Arc::clone(store);
+        // The copy's labels are the source's as of its position: they replace a known
+        // server's only if this node has not applied the live subject further itself.
+        let with_labels = at.unwrap_or(0) >= cluster.applied(LIVE);
+        tokio::task::spawn_blocking(move || write_chunk(store.as_ref(), chunk, with_labels))
+            .await
+            .map_err(|e| format!("the copy's write failed: {e}"))??;
+    }
+    at.ok_or_else(|| "it sent nothing".into())
+}
+
+/// Writes one chunk of a copy into `store`; `labels` says whether a known server's
+/// labels are replaced by the copy's.
+fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<(), String> {
+    let bad = |what: String| format!("the copy holds {what}");
+    let stored = |e: StoreError| format!("writing the copy: {e}");
+    let mut series_ids = HashMap::new();
+    let mut series_id = |series: Option<&v1::Series>, kind: i32, what: &str| {
+        let name = series_name(series, kind).map_err(|e| bad(format!("{what}: {e}")))?;
+        if let Some(&id) = series_ids.get(&name) {
+            return Ok(id);
+        }
+        let id = store.series_id_or_create(&name).map_err(stored)?;
+        series_ids.insert(name, id);
+        Ok::<_, String>(id)
+    };
+    for (i, s) in chunk.servers.iter().enumerate() {
+        let server = s
+            .server
+            .as_ref()
+            .ok_or_else(|| bad(format!("servers[{i}] without a server")))?;
+        let id = server_id(store, server, labels).map_err(|e| bad(format!("servers[{i}]: {e}")))?;
+        let hours: Vec<Hour> = s.live_hours.iter().map(|&h| Hour(h)).collect();
+        let mut held = Vec::with_capacity(s.index.len());
+        for (j, entry) in s.index.iter().enumerate() {
+            let what = format!("servers[{i}].index[{j}]");
+            held.push((
+                series_id(entry.series.as_ref(), entry.kind, &what)?,
+                Day(entry.day),
+            ));
+        }
+        store
+            .put_index(Some((id, &hours)), id, &held)
+            .map_err(stored)?;
+    }
+    let mut servers = HashMap::new();
+    let mut batch = Vec::with_capacity(chunk.rows.len());
+    for (i, row) in chunk.rows.into_iter().enumerate() {
+        let what = format!("rows[{i}]");
+        let series = series_id(row.series.as_ref(), row.kind, &what)?;
+        let server = named_server(store, &mut servers, &row.server)
+            .map_err(|e| bad(format!("{what}: {e}")))?;
+        let key = HourKey {
+            series,
+            hour: Hour(row.hour),
+            server,
+            epoch: Epoch(row.epoch),
+        };
+        batch.push((key, row.version, row.sketch));
+    }
+    if !batch.is_empty() {
+        store.put_hourly(&batch).map_err(stored)?;
+    }
+    for (i, day) in chunk.days.into_iter().enumerate() {
+        let what = format!("days[{i}]");
+        let series = series_id(day.series.as_ref(), day.kind, &what)?;
+        let mut rollups = Vec::with_capacity(day.rollups.len());
+        for r in day.rollups {
+            let server = if r.server.is_empty() {
+                ServerId::ALL
+            } else {
+                named_server(store, &mut servers, &r.server)
+                    .map_err(|e| bad(format!("{what}: {e}")))?
+            };
+            let key = DayKey {
+                series,
+                day: Day(day.day),
+                server,
+            };
+            rollups.push((key, r.sketch));
+        }
+        store
+            .put_copied_day(series, Day(day.day), rollups)
+            .map_err(stored)?;
+    }
+    Ok(())
+}
+
+/// The id of a copied server, registered if unknown; its labels replace the held ones
+/// only with `labels`.
+fn server_id(store: &dyn Store, server: &v1::Server, labels: bool) -> Result<ServerId, String> {
+    hourglass_rpc::series::validate_server_name(&server.name)
+        .map_err(|e| format!("server name {:?}: {e}", server.name))?;
+    let wanted = crate::service::checked_labels(server).map_err(|s| s.message().to_string())?;
+    match store.server_id(&server.name).map_err(|e| e.to_string())? {
+        Some(id) if !labels => Ok(id),
+        _ => store
+            .register_server(&server.name, &wanted)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// The id of the server a row names (registered without labels if unknown: its labels
+/// come with the live state).
+fn named_server(
+    store: &dyn Store,
+    known: &mut HashMap<String, ServerId>,
+    name: &str,
+) -> Result<ServerId, String> {
+    if let Some(&id) = known.get(name) {
+        return Ok(id);
+    }
+    hourglass_rpc::series::validate_server_name(name)
+        .map_err(|e| format!("server name {name:?}: {e}"))?;
+    let id = match store.server_id(name).map_err(|e| e.to_string())? {
+        Some(id) => id,
+        None => store
+            .register_server(name, &[])
+            .map_err(|e| e.to_string())?,
+    };
+    known.insert(name.to_string(), id);
+    Ok(id)
+}
+
+/// The series a Peer message names, checked as a push's are.
+pub(crate) fn series_name(series: Option<&v1::Series>, kind: i32) -> Result<SeriesName, String> {
+    let series = series.ok_or("the series is missing")?;
+    let series = hourglass_rpc::series::Series::try_from(series).map_err(|e| e.to_string())?;
+    let kind = convert::kind(kind, "kind")?;
+    Ok(SeriesName::new(
+        series.metric(),
+        series.tags().to_vec(),
+        kind,
+    ))
+}
