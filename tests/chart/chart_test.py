@@ -809,6 +809,32 @@ def cluster_secrets():
     expect({v["name"] for v in bare} == {"config", "tmp"}, f"volumes without Secrets: {[v['name'] for v in bare]}")
 
 
+@check("cluster with TLS: nodes trust the agents' CA for each other, and present their serving certificate under mutual TLS")
+def cluster_tls():
+    for extra, secret in (((), "hourglass-aggregator-tls"), (("--set", "tls.caSecret=agg-ca"), "agg-ca")):
+        docs = render(*values("cluster"), *values("tls"), *extra)
+        sts = only(docs, "StatefulSet")
+        mounts = {m["mountPath"]: m for m in container(sts, "aggregator")["volumeMounts"]}
+        volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+        config = cluster_toml(docs)["cluster"]
+        expect(config.get("peer_ca_file") == "/etc/hourglass/peer-ca/ca.crt", f"peer_ca_file is {config.get('peer_ca_file')}")
+        mount = mounts.get("/etc/hourglass/peer-ca")
+        expect(mount is not None and mount.get("readOnly") is True, "the peer CA is not mounted read-only")
+        volume = volumes[mount["name"]]["secret"]
+        expect(volume["secretName"] == secret and volume["items"] == [{"key": "ca.crt", "path": "ca.crt"}],
+               f"the peer CA comes from {volume}, not {secret}'s ca.crt")
+        # tls.yaml has mutual TLS: the node's own certificate, where --tls-cert reads it.
+        expect(config.get("peer_cert_file") == "/etc/hourglass/tls/tls.crt"
+               and config.get("peer_key_file") == "/etc/hourglass/tls/tls.key",
+               f"peer certificate {config.get('peer_cert_file')}, key {config.get('peer_key_file')}")
+        expect("/etc/hourglass/tls" in mounts, "the serving certificate is not mounted")
+    config = cluster_toml(render(*values("cluster"), *values("tls"), "--set", "tls.clientAuth.enabled=false"))["cluster"]
+    expect("peer_ca_file" in config and not {"peer_cert_file", "peer_key_file"} & config.keys(),
+           f"TLS without client authentication: {config}")
+    config = cluster_toml(render(*values("cluster")))["cluster"]
+    expect(not {"peer_ca_file", "peer_cert_file", "peer_key_file"} & config.keys(), f"no TLS: {config}")
+
+
 @check("cluster: the PodDisruptionBudget lets owners - 1 nodes go (1 by default), whatever maxUnavailable says")
 def cluster_pdb():
     for args, expected in (

@@ -11,6 +11,7 @@ mod multicall;
 mod nats;
 mod netcut;
 mod otel;
+mod review;
 mod robustness;
 mod sketch_cli;
 mod tls;

@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::faults::{agg_metric, wait_until};
+use crate::nats::NatsCluster;
 use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -40,16 +42,28 @@ impl Ca {
 
     /// Issues a certificate for 127.0.0.1 and localhost; returns (cert, key) paths.
     fn issue(&self, dir: &TempDir, file: &str, client: bool, expired: bool) -> (String, String) {
+        let usage = if client {
+            ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            ExtendedKeyUsagePurpose::ServerAuth
+        };
+        self.issue_for(dir, file, vec![usage], expired)
+    }
+
+    /// [`Ca::issue`] with the extended key usages `usages`.
+    fn issue_for(
+        &self,
+        dir: &TempDir,
+        file: &str,
+        usages: Vec<ExtendedKeyUsagePurpose>,
+        expired: bool,
+    ) -> (String, String) {
         let mut params =
             CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, file.to_string());
-        params.extended_key_usages = vec![if client {
-            ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
+        params.extended_key_usages = usages;
         if expired {
             params.not_before = rcgen::date_time_ymd(2020, 1, 1);
             params.not_after = rcgen::date_time_ymd(2021, 1, 1);
@@ -444,4 +458,132 @@ async fn under_mutual_tls_a_client_certificate_stands_in_for_a_token() {
         ],
     );
     assert!(run.stderr.contains("may not call Query"), "{}", run.stderr);
+}
+
+/// Cluster mode over mutual TLS: two nodes with one owner per partition, so that a push's
+/// answer (held versions) or a query (partial merges) crosses between them; each node
+/// presents its serving certificate (server and client authentication) to the other
+/// (`peer_ca_file`, `peer_cert_file`, `peer_key_file`). Both answer the same, through
+/// either node.
+#[test]
+fn cluster_nodes_call_each_other_over_mutual_tls() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("tls-cluster");
+    let ca = Ca::new(&dir, "ca");
+    let usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let (cert, key) = ca.issue_for(&dir, "node", usages, false);
+    let (client_cert, client_key) = ca.issue(&dir, "client", true, false);
+    let ca_pem = ca.pem(&dir);
+    let urls: Vec<String> = nats.urls().iter().map(|u| format!("{u:?}")).collect();
+    let start = |node: &str| {
+        let config = dir.file(&format!("{node}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = 8\nowners = 1\n\
+                 heartbeat = \"500ms\"\nmember_ttl = \"6s\"\npeer_ca_file = {ca_pem:?}\n\
+                 peer_cert_file = {cert:?}\npeer_key_file = {key:?}\n",
+                urls.join(", ")
+            ),
+        )
+        .unwrap();
+        AggregatorProcess::start(
+            &dir.file(node),
+            &[
+                "--config",
+                &config,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-ca",
+                &ca_pem,
+            ],
+        )
+    };
+    let (a, b) = (start("agg-1"), start("agg-2"));
+    wait_until("two members, each ready for what it owns", || {
+        [&a, &b].iter().all(|n| {
+            let applying = agg_metric(*n, "cluster_partitions_applying");
+            agg_metric(*n, "cluster_members") == 2.0
+                && applying > 0.0
+                && agg_metric(*n, "cluster_partitions_ready") == applying
+        })
+    });
+    let tls = [
+        "--tls-ca",
+        ca_pem.as_str(),
+        "--tls-client-cert",
+        client_cert.as_str(),
+        "--tls-client-key",
+        client_key.as_str(),
+    ];
+    // Ten series: with one owner each, some are bound to be owned by the other node.
+    let agent = AgentProcess::start(
+        "web-1",
+        &https(&a),
+        &dir.file("agent"),
+        &[
+            "--tls-ca",
+            &ca_pem,
+            "--tls-client-cert",
+            &client_cert,
+            "--tls-client-key",
+            &client_key,
+            "--flush-interval",
+            "200ms",
+        ],
+    );
+    for i in 0..10 {
+        let page = format!("page=p{i}");
+        let sent = hourglass(
+            &[
+                "send",
+                "--agent",
+                &agent.ingest,
+                "visitors",
+                "a",
+                "b",
+                "c",
+                "--tag",
+                &page,
+            ],
+            b"",
+        );
+        assert!(sent.status.success(), "send: {}", sent.stderr);
+    }
+    for node in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let run = query(&https(node), &tls);
+            if run.status.success()
+                && run.json()["estimate"].as_f64().map(f64::round) == Some(3.0)
+                && run.json()["partitions_missing"].as_u64().unwrap_or(0) == 0
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never answers over mutual TLS between the nodes: {} {}\n{}",
+                node.grpc,
+                run.text(),
+                run.stderr,
+                node.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert_eq!(
+        agg_metric(&a, "cluster_partitions_applying"),
+        agg_metric(&a, "cluster_partitions_ready")
+    );
+    let owned = agg_metric(&a, "cluster_partitions_applying")
+        + agg_metric(&b, "cluster_partitions_applying");
+    assert_eq!(
+        owned, 8.0,
+        "one owner per partition: the nodes must have called each other"
+    );
 }

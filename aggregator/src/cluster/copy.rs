@@ -589,7 +589,21 @@ mod review_tests {
     /// built its rollups, it holds what the source holds.
     #[test]
     fn a_copy_holds_what_the_source_holds() {
-        let source = MemoryStore::new();
+        round_trip(&MemoryStore::new(), &MemoryStore::new());
+    }
+
+    fn rocks(dir: &tempfile::TempDir, name: &str) -> crate::store::RocksStore {
+        crate::store::RocksStore::open(dir.path().join(name), &Default::default()).unwrap()
+    }
+
+    /// [`a_copy_holds_what_the_source_holds`] between RocksDB stores (what nodes run).
+    #[test]
+    fn a_copy_between_rocks_stores_holds_what_the_source_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        round_trip(&rocks(&dir, "source"), &rocks(&dir, "receiver"));
+    }
+
+    fn round_trip(source: &dyn Store, receiver: &dyn Store) {
         let (old, new) = (Day(100), Day(200));
         let env = |v: &str| vec![("env".to_string(), v.to_string())];
         let w1 = source.register_server("web-1", &env("prod")).unwrap();
@@ -602,9 +616,7 @@ mod review_tests {
                 let live: Vec<Hour> = hours.iter().map(|h| Hour(day.0 * 24 + h)).collect();
                 let rows: Vec<(HourKey, u64, Bytes)> = [a, b]
                     .iter()
-                    .flat_map(|&series| {
-                        live.iter().map(move |&hour| (series, hour))
-                    })
+                    .flat_map(|&series| live.iter().map(move |&hour| (series, hour)))
                     .map(|(series, hour)| {
                         n += 1;
                         let key = HourKey {
@@ -619,16 +631,17 @@ mod review_tests {
                 source.put_push(Some((server, &live)), &rows).unwrap();
             }
         }
-        crate::rollup::build_dirty_days(&source, Day(1000), 1000).unwrap();
-        source.delete_hourly_before(Day(150), &BTreeSet::new()).unwrap();
+        crate::rollup::build_dirty_days(source, Day(1000), 1000).unwrap();
+        source
+            .delete_hourly_before(Day(150), &BTreeSet::new())
+            .unwrap();
         // A label change after the rows.
         source.register_server("web-2", &env("staging")).unwrap();
 
-        let receiver = MemoryStore::new();
-        copy(&source, &receiver);
-        crate::rollup::build_dirty_days(&receiver, Day(1000), 1000).unwrap();
+        copy(source, receiver);
+        crate::rollup::build_dirty_days(receiver, Day(1000), 1000).unwrap();
         let hours = old.0 * 24..(new.0 + 1) * 24;
-        let (want, got) = (held(&source, hours.clone()), held(&receiver, hours));
+        let (want, got) = (held(source, hours.clone()), held(receiver, hours));
         assert!(!want.expired.is_empty() && !want.rows.is_empty());
         assert_eq!(want.servers, got.servers, "labels");
         assert_eq!(want.live, got.live, "live hours");
@@ -657,7 +670,10 @@ mod review_tests {
                 epoch: Epoch(1),
             };
             store
-                .put_push(Some((server, &[hour])), &[(key, 1, Bytes::from(hll(items)))])
+                .put_push(
+                    Some((server, &[hour])),
+                    &[(key, 1, Bytes::from(hll(items)))],
+                )
                 .unwrap();
         };
         // The source applied both rows; its retention has not reached the day yet.
@@ -697,7 +713,8 @@ mod review_tests {
     /// panic (`live_span` adds one to the last hour), e.g. when it serves a copy or a query.
     #[test]
     fn copied_live_hours_cannot_make_the_receiver_panic() {
-        let receiver = MemoryStore::new();
+        let dir = tempfile::tempdir().unwrap();
+        let receiver = rocks(&dir, "receiver");
         let chunk = v1::CopyChunk {
             servers: vec![v1::CopiedServer {
                 server: Some(v1::Server {

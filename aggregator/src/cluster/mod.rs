@@ -46,6 +46,8 @@
 //! # advertise = "agg-1.hourglass:7700"           # where the others dial this node's gRPC
 //! # peer_token_file = "/etc/hourglass/peer-token" # a query token for calls between nodes
 //! # peer_ca_file = "/etc/hourglass/ca.pem"        # the CA of the nodes' gRPC TLS
+//! # peer_cert_file = "/etc/hourglass/tls/tls.crt" # presented to nodes requiring mutual TLS
+//! # peer_key_file = "/etc/hourglass/tls/tls.key"  # its key
 //! # credentials = "/etc/hourglass/nats.creds"  # a NATS credentials file
 //! # ca_file = "/etc/hourglass/nats-ca.pem"     # trust this CA for tls:// URLs
 //! ```
@@ -147,6 +149,14 @@ pub struct ClusterConfig {
     /// without it, peers are dialled in plaintext.
     #[serde(default)]
     pub peer_ca_file: Option<PathBuf>,
+    /// A PEM certificate this node presents to the other nodes when their gRPC requires
+    /// client certificates (mutual TLS; often the node's own serving certificate, if it
+    /// allows client authentication). With `peer_key_file`.
+    #[serde(default)]
+    pub peer_cert_file: Option<PathBuf>,
+    /// The PEM key of `peer_cert_file`.
+    #[serde(default)]
+    pub peer_key_file: Option<PathBuf>,
 }
 
 fn default_stream() -> String {
@@ -201,6 +211,8 @@ impl ClusterConfig {
             peer_timeout: default_peer_timeout(),
             peer_token_file: None,
             peer_ca_file: None,
+            peer_cert_file: None,
+            peer_key_file: None,
         }
     }
 
@@ -227,6 +239,20 @@ impl ClusterConfig {
                 "cluster.nats",
                 &self.nats,
                 "must list at least one NATS URL, each nats://HOST:PORT or tls://HOST:PORT",
+            ));
+        }
+        if self.peer_cert_file.is_some() != self.peer_key_file.is_some() {
+            return Err(invalid(
+                "cluster.peer_cert_file",
+                &self.peer_cert_file,
+                "and cluster.peer_key_file go together: set both or neither",
+            ));
+        }
+        if self.peer_cert_file.is_some() && self.peer_ca_file.is_none() {
+            return Err(invalid(
+                "cluster.peer_cert_file",
+                &self.peer_cert_file,
+                "needs cluster.peer_ca_file: a client certificate is only sent over TLS",
             ));
         }
         if !is_token(&self.stream) {
@@ -488,6 +514,22 @@ mod tests {
                 "cluster.replicas",
                 ClusterConfig {
                     replicas: 6,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.peer_cert_file",
+                ClusterConfig {
+                    peer_ca_file: Some("ca.pem".into()),
+                    peer_cert_file: Some("node.pem".into()),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "cluster.peer_cert_file",
+                ClusterConfig {
+                    peer_cert_file: Some("node.pem".into()),
+                    peer_key_file: Some("node.key".into()),
                     ..ok.clone()
                 },
             ),

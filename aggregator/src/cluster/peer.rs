@@ -51,8 +51,8 @@ impl Peers {
         Ok(Peers {
             tls: hourglass_rpc::tls::ClientTls {
                 ca: config.peer_ca_file.clone(),
-                cert: None,
-                key: None,
+                cert: config.peer_cert_file.clone(),
+                key: config.peer_key_file.clone(),
             },
             bearer,
             timeout: config.peer_timeout,

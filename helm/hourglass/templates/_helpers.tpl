@@ -227,6 +227,10 @@ ConfigMap points at them, both from this list.
   (dict "name" "nats-credentials" "secret" $c.credentials.existingSecret "key" $c.credentials.key "dir" "/etc/hourglass/nats" "field" "credentials")
   (dict "name" "nats-ca" "secret" $c.caSecret "key" $c.caKey "dir" "/etc/hourglass/nats-ca" "field" "ca_file")
   (dict "name" "peer-token" "secret" $c.peerToken.existingSecret "key" $c.peerToken.key "dir" "/etc/hourglass/peer-token" "field" "peer_token_file") }}
+{{- if .Values.tls.enabled }}
+{{- /* Nodes dial each other's gRPC over TLS, trusting the CA agents trust. */}}
+{{- $all = append $all (dict "name" "peer-ca" "secret" (.Values.tls.caSecret | default .Values.tls.serverSecret) "key" "ca.crt" "dir" "/etc/hourglass/peer-ca" "field" "peer_ca_file") }}
+{{- end }}
 {{- $set := list }}
 {{- range $all }}
 {{- if .secret }}{{ $set = append $set . }}{{ end }}
@@ -244,6 +248,11 @@ HOURGLASS_CLUSTER_ADVERTISE.
 {{- $table := dict "nats" $c.nats "stream" $c.stream "subject_prefix" $c.subjectPrefix "partitions" $c.partitions "replicas" $c.replicas "owners" $c.owners "max_age" $c.maxAge "publish_timeout" $c.publishTimeout "heartbeat" $c.heartbeat "member_ttl" $c.memberTtl }}
 {{- range include "hourglass.aggregator.clusterSecrets" . | fromJsonArray }}
 {{- $_ := set $table .field (printf "%s/%s" .dir .key) }}
+{{- end }}
+{{- if and .Values.tls.enabled .Values.tls.clientAuth.enabled }}
+{{- /* Mutual TLS: a node presents its own serving certificate to the others. */}}
+{{- $_ := set $table "peer_cert_file" "/etc/hourglass/tls/tls.crt" }}
+{{- $_ := set $table "peer_key_file" "/etc/hourglass/tls/tls.key" }}
 {{- end }}
 {{- toJson $table }}
 {{- end }}
