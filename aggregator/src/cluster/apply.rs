@@ -241,6 +241,9 @@ fn start(work: &Consuming, p: u32) -> Task {
                 _ = stopped.wait_for(|s| *s) => return,
                 error = consume(&work, p) => error,
             };
+            // Until it is opened again, nothing is vouched for by this consumer: the read
+            // barrier refuses, and the partition is left to other owners.
+            work.cluster.barrier().forget_consumer(p);
             if p != LIVE {
                 work.cluster.members().withdraw(p);
             }
@@ -281,7 +284,17 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
     // Incomplete and no node could give what is missing: apply what is there, and try
     // the copy again later.
     let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
-    let mut messages = match consumer.messages().await {
+    // A connection that stops delivering shows as missed heartbeats well before a message
+    // could age out of the stream unseen (a quarter of max_age, 5 s at most, for two):
+    // the consumer is then opened again, which checks what the stream dropped meanwhile.
+    let heartbeat = (config.max_age / 8).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let pulls = consumer
+        .stream()
+        .heartbeat(heartbeat)
+        .expires(heartbeat * 4)
+        .messages()
+        .await;
+    let mut messages = match pulls {
         Ok(messages) => messages,
         Err(e) => return stream_error(format!("consumer {name}: {e}")),
     };
@@ -382,14 +395,21 @@ async fn open(
         .map_err(|e| e.to_string())?;
     let mut info = consumer.get_info().await.map_err(|e| e.to_string())?;
     let floor = info.ack_floor.stream_sequence;
+    // How far it looked: with nothing delivered unacknowledged, up to the last sequence
+    // it reports delivered, which for a consumer of one subject runs on over the others'.
+    let seen = if info.num_ack_pending == 0 {
+        floor.max(info.delivered.stream_sequence)
+    } else {
+        floor
+    };
     // Its record says whether it missed messages (consumers of older versions have none),
-    // and it missed those the stream dropped (max_age) after its floor.
+    // and it missed those the stream dropped (max_age) after what it saw.
     let marked = info
         .config
         .metadata
         .get(COMPLETE_KEY)
         .is_none_or(|v| v == "true");
-    let mut complete = marked && floor.saturating_add(1) >= first;
+    let mut complete = marked && seen.saturating_add(1) >= first;
     // Messages delivered to an earlier run and neither applied by this process nor
     // acknowledged (a restart, a stop while they waited in the client's buffer) would come
     // back only after ACK_WAIT, *after* later ones: the position recorded as applied
@@ -422,7 +442,7 @@ async fn open(
         if marked {
             mark_complete(stream, &info, false).await?;
         }
-        if let Some(at) = copy_missing(work, p, stream, floor).await {
+        if let Some(at) = copy_missing(work, p, stream, seen).await {
             mark_complete(stream, &info, true).await?;
             // Every message up to it is in the store, copied.
             cluster.record_applied(p, at);
@@ -430,7 +450,7 @@ async fn open(
         }
     }
     // What the store acknowledged is applied (acknowledged only after the write).
-    cluster.record_applied(p, floor);
+    cluster.record_applied(p, seen);
     cluster.barrier().set_consumer(p, consumer.clone());
     if p == LIVE {
         cluster

@@ -73,6 +73,12 @@ impl Barrier {
         consumers.insert(p, consumer);
     }
 
+    /// Forgets the consumer of `p`, which stopped.
+    pub(crate) fn forget_consumer(&self, p: u32) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.remove(&p);
+    }
+
     fn consumer(&self, p: u32) -> Option<Consumer<pull::Config>> {
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers.get(&p).cloned()

@@ -13,7 +13,7 @@
 //!   retention deleted, that day's rollups;
 //! - the live subject's copy: every server with its labels, live hours and series index.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use hourglass_rpc::proto::Bytes;
@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{Cluster, LIVE};
-use crate::keys::{Day, DayKey, Epoch, Hour, HourKey, ServerId};
+use crate::keys::{Day, DayKey, Epoch, Hour, HourKey, SeriesId, ServerId};
 use crate::service::convert;
 use crate::store::{SeriesName, Store, StoreError};
 
@@ -78,7 +78,10 @@ pub(crate) async fn serve(
             bytes: 0,
         };
         let wanted = |name: &SeriesName| partitions.contains(&super::partition(name, count));
-        let read = read_store(store.as_ref(), live, &wanted, &mut out).and_then(|()| out.flush());
+        let read = read_store(store.as_ref(), live, &wanted, &mut out).and_then(|()| {
+            out.chunk.done = true;
+            out.flush()
+        });
         if let Err(Stop::Store(e)) = read {
             let _ = tx.blocking_send(Err(convert::store_status(&e)));
         }
@@ -305,9 +308,10 @@ async fn copy_from(
         let chunk = match tokio::time::timeout(wait, chunks.message()).await {
             Err(_) => return Err(format!("no chunk within {wait:?}")),
             Ok(Err(status)) => return Err(status.message().to_string()),
-            Ok(Ok(None)) => break,
+            Ok(Ok(None)) => return Err("the copy ended before its last chunk".into()),
             Ok(Ok(Some(chunk))) => chunk,
         };
+        let done = chunk.done;
         if at.is_none() {
             at = Some(
                 *chunk
@@ -323,14 +327,28 @@ async fn copy_from(
         tokio::task::spawn_blocking(move || write_chunk(store.as_ref(), chunk, with_labels))
             .await
             .map_err(|e| format!("the copy's write failed: {e}"))??;
+        if done {
+            return at.ok_or_else(|| "it sent nothing".into());
+        }
     }
-    at.ok_or_else(|| "it sent nothing".into())
 }
 
 /// Writes one chunk of a copy into `store`; `labels` says whether a known server's
 /// labels are replaced by the copy's.
 fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<(), String> {
     let bad = |what: String| format!("the copy holds {what}");
+    // A push's hours are at most the next one; a copy's come from pushes.
+    let now = hourglass_rpc::time::since_unix_epoch().as_secs() / 3600;
+    let latest = u32::try_from(now).unwrap_or(u32::MAX - 1).saturating_add(1);
+    let hour = |h: u32, what: &str| {
+        if h > latest {
+            Err(bad(format!(
+                "{what} hour {h}, after the next hour {latest}"
+            )))
+        } else {
+            Ok(Hour(h))
+        }
+    };
     let stored = |e: StoreError| format!("writing the copy: {e}");
     let mut series_ids = HashMap::new();
     let mut series_id = |series: Option<&v1::Series>, kind: i32, what: &str| {
@@ -348,7 +366,11 @@ fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<
             .as_ref()
             .ok_or_else(|| bad(format!("servers[{i}] without a server")))?;
         let id = server_id(store, server, labels).map_err(|e| bad(format!("servers[{i}]: {e}")))?;
-        let hours: Vec<Hour> = s.live_hours.iter().map(|&h| Hour(h)).collect();
+        let hours = s
+            .live_hours
+            .iter()
+            .map(|&h| hour(h, &format!("servers[{i}] live")))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut held = Vec::with_capacity(s.index.len());
         for (j, entry) in s.index.iter().enumerate() {
             let what = format!("servers[{i}].index[{j}]");
@@ -370,13 +392,25 @@ fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<
             .map_err(|e| bad(format!("{what}: {e}")))?;
         let key = HourKey {
             series,
-            hour: Hour(row.hour),
+            hour: hour(row.hour, &what)?,
             server,
             epoch: Epoch(row.epoch),
         };
         batch.push((key, row.version, row.sketch));
     }
     if !batch.is_empty() {
+        // A day this store's retention expired gets its hours back, all of them (the
+        // source holds every row of the day): its rollups are then rebuilt from them,
+        // not kept as they were with these rows counted late.
+        let days: BTreeSet<(SeriesId, Day)> = batch
+            .iter()
+            .map(|(k, _, _)| (k.series, k.hour.day()))
+            .collect();
+        for (series, day) in days {
+            if store.is_day_expired(series, day).map_err(stored)? {
+                store.unexpire_day(series, day).map_err(stored)?;
+            }
+        }
         store.put_hourly(&batch).map_err(stored)?;
     }
     for (i, day) in chunk.days.into_iter().enumerate() {

@@ -375,6 +375,11 @@ impl Store for MemoryStore {
         Ok(inner.dirty.get(&(day, series)) == Some(&mark))
     }
 
+    fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        self.lock().expired.remove(&(day, series));
+        Ok(())
+    }
+
     fn put_copied_day(
         &self,
         series: SeriesId,

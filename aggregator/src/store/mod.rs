@@ -415,6 +415,10 @@ pub trait Store: Send + Sync + 'static {
         rollups: Vec<(DayKey, Vec<u8>)>,
     ) -> Result<(), StoreError>;
 
+    /// Forgets that hourly retention expired `(series, day)`: its hourly rows are back
+    /// (copied whole from another store), so its rollups are built from them again.
+    fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError>;
+
     /// Records that `server` was up and ingesting during `hours` (from pushes).
     fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
         self.put_push(Some((server, hours)), &[]).map(drop)

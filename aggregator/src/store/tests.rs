@@ -287,6 +287,10 @@ fn a_copied_day_replaces_its_rollups_and_is_expired(store: &dyn Store) {
     assert_eq!(rollups(store, 1, 6..7).len(), 1);
     assert!(store.is_day_expired(SeriesId(1), Day(5)).unwrap());
     assert!(!store.is_day_expired(SeriesId(1), Day(6)).unwrap());
+    // Its hours copied back: no longer expired, its rollups left for the builder.
+    store.unexpire_day(SeriesId(1), Day(5)).unwrap();
+    assert!(!store.is_day_expired(SeriesId(1), Day(5)).unwrap());
+    assert_eq!(rollups(store, 1, 5..6), copied);
     // A bad frame writes nothing.
     let bad = vec![(day_key(1, 7, ServerId::ALL), b"not a sketch".to_vec())];
     assert!(matches!(

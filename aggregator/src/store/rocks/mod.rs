@@ -1038,6 +1038,15 @@ impl Store for RocksStore {
         Ok(!self.is_day_dirty(series, day)?)
     }
 
+    fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(
+            self.cf(CF_META),
+            meta::day_series(meta::EXPIRED, series, day),
+        );
+        self.write(batch)
+    }
+
     fn put_copied_day(
         &self,
         series: SeriesId,
