@@ -81,8 +81,12 @@ pub(crate) async fn run(
         applier: Arc::new(applier),
         metrics: Arc::clone(&metrics),
     };
-    let live = start(&work, LIVE);
+    let mut live = start(&work, LIVE);
     let mut running: HashMap<u32, Task> = HashMap::new();
+    // Out of touch with NATS this long, messages may have aged out of the stream unseen
+    // by consumers that noticed nothing: they are all opened again, which checks.
+    let out_of_touch = (cluster.config().max_age / 4).max(cluster.config().heartbeat * 2);
+    let mut last_renewed = tokio::time::Instant::now();
     let mut bucket: Option<kv::Store> = None;
     let mut failing = false;
     let mut tick = tokio::time::interval(cluster.config().heartbeat);
@@ -99,6 +103,14 @@ pub(crate) async fn run(
                     tracing::info!("cluster membership renewed again");
                 }
                 failing = false;
+                if last_renewed.elapsed() > out_of_touch {
+                    tracing::warn!(
+                        out_of_touch_for = ?last_renewed.elapsed(),
+                        "cluster: this node was out of touch with NATS; opening its consumers again"
+                    );
+                    live = reopen_all(&work, live, &mut running).await;
+                }
+                last_renewed = tokio::time::Instant::now();
                 cluster.members().renewed(members);
             }
             Err(e) => {
@@ -128,6 +140,31 @@ pub(crate) async fn run(
         let _ = task.handle.await;
     }
     let _ = live.handle.await;
+}
+
+/// Stops every consumer (the read barrier refuses and the partitions go to other owners
+/// meanwhile) and starts the live one again; the partition ones are started again by the
+/// next [`rebalance`]. Returns the new live consumer's task.
+async fn reopen_all(work: &Consuming, live: Task, running: &mut HashMap<u32, Task>) -> Task {
+    let barrier = work.cluster.barrier();
+    let subjects: Vec<u32> = running.keys().copied().chain([LIVE]).collect();
+    let forget = || {
+        for &p in &subjects {
+            barrier.forget_consumer(p);
+            if p != LIVE {
+                work.cluster.members().withdraw(p);
+            }
+        }
+    };
+    forget();
+    let tasks = running.drain().map(|(_, t)| t).chain([live]);
+    for task in tasks {
+        let _ = task.stop.send(true);
+        let _ = task.handle.await;
+    }
+    // Again: a task stopped while opening may have registered its consumer meanwhile.
+    forget();
+    start(work, LIVE)
 }
 
 /// Starts and stops partition consumers to match the owners among the current members.

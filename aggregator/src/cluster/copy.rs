@@ -540,11 +540,14 @@ mod review_tests {
     /// One row: (series, hour, server, epoch, version, sketch), by names.
     type Row = (SeriesName, u32, String, u64, u64, Vec<u8>);
 
+    /// A server's live span (start, end) and live hours.
+    type Live = (Option<(u32, u32)>, Vec<u32>);
+
     /// Everything a store holds, by names (ids are each store's own).
     #[derive(Debug, PartialEq, Eq)]
     struct Held {
         servers: BTreeMap<String, Vec<(String, String)>>,
-        live: BTreeMap<String, (Option<(u32, u32)>, Vec<u32>)>,
+        live: BTreeMap<String, Live>,
         index: BTreeMap<String, Vec<(SeriesName, u32)>>,
         rows: Vec<Row>,
         rollups: Vec<(SeriesName, u32, String, Vec<u8>)>,

@@ -254,6 +254,17 @@ impl PeerService {
         PeerService { cluster, store }
     }
 
+    /// This node's partition count, if the asking node's `theirs` is the same.
+    fn same_partitions(&self, theirs: u32) -> Result<u32, Status> {
+        let count = self.cluster.config().partitions;
+        if theirs != count {
+            return Err(Status::failed_precondition(format!(
+                "the asking node has {theirs} partitions, this one {count}"
+            )));
+        }
+        Ok(count)
+    }
+
     /// Refuses partitions this node is not ready for.
     fn check_ready(&self, partitions: impl IntoIterator<Item = u32>) -> Result<(), Status> {
         let count = self.cluster.config().partitions;
@@ -293,13 +304,7 @@ impl Peer for PeerService {
         request: Request<v1::PartialRequest>,
     ) -> Result<Response<v1::PartialResponse>, Status> {
         let request = request.into_inner();
-        let count = self.cluster.config().partitions;
-        if request.partition_count != count {
-            return Err(Status::failed_precondition(format!(
-                "the asking node has {} partitions, this one {count}",
-                request.partition_count
-            )));
-        }
+        let count = self.same_partitions(request.partition_count)?;
         let kind = convert::kind(request.kind, "kind").map_err(Status::invalid_argument)?;
         let selector = convert::selector(request.selector.as_ref(), kind, u64::MAX)?;
         let wanted: BTreeSet<u32> = request.partitions.iter().copied().collect();
@@ -388,13 +393,7 @@ impl Peer for PeerService {
         request: Request<v1::CopyRequest>,
     ) -> Result<Response<Self::CopyStream>, Status> {
         let request = request.into_inner();
-        let count = self.cluster.config().partitions;
-        if request.partition_count != count {
-            return Err(Status::failed_precondition(format!(
-                "the asking node has {} partitions, this one {count}",
-                request.partition_count
-            )));
-        }
+        self.same_partitions(request.partition_count)?;
         self.check_ready(request.partitions.iter().copied())?;
         let stream =
             super::copy::serve(&self.cluster, &self.store, request.partitions, request.live)

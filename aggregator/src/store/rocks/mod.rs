@@ -322,6 +322,24 @@ impl RocksStore {
             .expect("column family checked at open")
     }
 
+    /// A batch that replaces every rollup of `(series, day)` with `rollups` (checked).
+    fn rollups_batch(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+    ) -> Result<WriteBatch, StoreError> {
+        check_rollups(&rollups)?;
+        let cf = self.cf(CF_ROLLUPS);
+        let prefix = series_time_prefix(series.0, day.0);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf, prefix.to_vec(), prefix_end(&prefix));
+        for (key, sketch) in rollups {
+            batch.put_cf(cf, key.encode(), sketch);
+        }
+        Ok(batch)
+    }
+
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
         self.db
             .write_opt(batch, &self.write_options)
@@ -1020,14 +1038,7 @@ impl Store for RocksStore {
         rollups: Vec<(DayKey, Vec<u8>)>,
         mark: u64,
     ) -> Result<bool, StoreError> {
-        check_rollups(&rollups)?;
-        let cf = self.cf(CF_ROLLUPS);
-        let prefix = series_time_prefix(series.0, day.0);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(cf, prefix.to_vec(), prefix_end(&prefix));
-        for (key, sketch) in rollups {
-            batch.put_cf(cf, key.encode(), sketch);
-        }
+        let mut batch = self.rollups_batch(series, day, rollups)?;
         let built = meta::day_series(meta::BUILT, series, day);
         batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
         batch.delete_cf(
@@ -1053,14 +1064,7 @@ impl Store for RocksStore {
         day: Day,
         rollups: Vec<(DayKey, Vec<u8>)>,
     ) -> Result<(), StoreError> {
-        check_rollups(&rollups)?;
-        let cf = self.cf(CF_ROLLUPS);
-        let prefix = series_time_prefix(series.0, day.0);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(cf, prefix.to_vec(), prefix_end(&prefix));
-        for (key, sketch) in rollups {
-            batch.put_cf(cf, key.encode(), sketch);
-        }
+        let mut batch = self.rollups_batch(series, day, rollups)?;
         let expired = meta::day_series(meta::EXPIRED, series, day);
         batch.put_cf(self.cf(CF_META), expired, []);
         self.write(batch)
