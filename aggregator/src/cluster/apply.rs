@@ -85,7 +85,10 @@ pub(crate) async fn run(
     let mut running: HashMap<u32, Task> = HashMap::new();
     // Out of touch with NATS this long, messages may have aged out of the stream unseen
     // by consumers that noticed nothing: they are all opened again, which checks.
-    let out_of_touch = (cluster.config().max_age / 4).max(cluster.config().heartbeat * 2);
+    // Half of max_age, and never so short that a slow renewal or a NATS leader election
+    // (seconds) reopens everything: that would refuse queries over and over.
+    let out_of_touch =
+        (cluster.config().max_age / 2).max(cluster.config().heartbeat * 3 + Duration::from_secs(2));
     let mut last_renewed = tokio::time::Instant::now();
     let mut bucket: Option<kv::Store> = None;
     let mut failing = false;
@@ -314,7 +317,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
-    let (consumer, complete) = match open(work, p, &stream, &name, &subject).await {
+    let (consumer, complete, mut delivered) = match open(work, p, &stream, &name, &subject).await {
         Ok(opened) => opened,
         Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
     };
@@ -322,9 +325,9 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
     // the copy again later.
     let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
     // A connection that stops delivering shows as missed heartbeats well before a message
-    // could age out of the stream unseen (a quarter of max_age, 5 s at most, for two):
+    // could age out of the stream unseen (a quarter of max_age, 2 to 10 s, for two):
     // the consumer is then opened again, which checks what the stream dropped meanwhile.
-    let heartbeat = (config.max_age / 8).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let heartbeat = (config.max_age / 8).clamp(Duration::from_secs(1), Duration::from_secs(5));
     let pulls = consumer
         .stream()
         .heartbeat(heartbeat)
@@ -352,6 +355,24 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
             None => return stream_error(format!("consumer {name} ended")),
         };
+        // Every delivery of this consumer takes the next consumer sequence: one skipped
+        // was delivered and lost on the way (a reconnect). Applying on would record a
+        // position past it, so the consumer is opened again, from its floor.
+        match message.info() {
+            Ok(info) if info.consumer_sequence == delivered + 1 => delivered += 1,
+            Ok(info) => {
+                return stream_error(format!(
+                    "consumer {name}: deliveries {} to {} were lost on the way",
+                    delivered + 1,
+                    info.consumer_sequence.saturating_sub(1)
+                ));
+            }
+            Err(e) => {
+                return stream_error(format!(
+                    "consumer {name}: a message without its position: {e}"
+                ));
+            }
+        }
         // A message the store could not take is retried here, before any later one: the
         // position recorded as applied must never pass a message not applied.
         let outcome = loop {
@@ -406,7 +427,7 @@ async fn open(
     stream: &jetstream::stream::Stream,
     name: &str,
     subject: &str,
-) -> Result<(PullConsumer, bool), String> {
+) -> Result<(PullConsumer, bool, u64), String> {
     let cluster = &work.cluster;
     let config = cluster.config();
     let consumer_config = |deliver_policy, complete: bool| pull::Config {
@@ -499,7 +520,7 @@ async fn open(
             .members()
             .caught_up(p, outstanding(cluster, p, &info), complete);
     }
-    Ok((consumer, complete))
+    Ok((consumer, complete, info.delivered.consumer_sequence))
 }
 
 /// The stream's first sequence: messages before it are gone (max_age).
