@@ -455,7 +455,12 @@ async fn open(
     let floor = info.ack_floor.stream_sequence;
     // How far it looked: with nothing delivered unacknowledged, up to the last sequence
     // it reports delivered, which for a consumer of one subject runs on over the others'.
-    let seen = if info.num_ack_pending == 0 {
+    // So too when this process applied everything delivered and only acknowledgements
+    // were lost (a NATS leader election on the way): its floor alone would then claim
+    // messages the stream dropped since as missing, and the node would refuse (and, with
+    // the only other owner out of reach, no push of the partition could be answered).
+    let applied_all = cluster.applied(p) >= info.delivered.stream_sequence;
+    let seen = if info.num_ack_pending == 0 || applied_all {
         floor.max(info.delivered.stream_sequence)
     } else {
         floor
@@ -474,7 +479,7 @@ async fn open(
     // would then claim them too. So the consumer starts again from what the store
     // acknowledged, and delivers in order from there (what it re-delivers was applied or
     // not; the version rule makes both the same).
-    if info.num_ack_pending > 0 && cluster.applied(p) < info.delivered.stream_sequence {
+    if info.num_ack_pending > 0 && !applied_all {
         tracing::info!(
             consumer = %name,
             unacknowledged = info.num_ack_pending,
