@@ -341,6 +341,8 @@ impl Node {
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
+            "--http-listen",
+            "off",
             "--data-dir",
             data.to_str().expect("utf-8"),
         ]);

@@ -127,6 +127,8 @@ fn aggregator(dir: &Path) -> Service {
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
+            "--http-listen",
+            "off",
             "--data-dir",
             data.to_str().expect("utf-8"),
         ],

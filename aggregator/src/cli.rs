@@ -1,9 +1,10 @@
 //! The `hourglass-aggregator` program: parses the command line, reads the config file, opens the
-//! store, binds the two ports and runs the aggregator until SIGTERM or SIGINT.
+//! store, binds its ports and runs the aggregator until SIGTERM or SIGINT.
 //!
-//! On stderr it writes exactly `grpc listening on ADDR` and `admin listening on ADDR`
-//! once it serves (scripts and tests read the ports from there), and one `error: …` line
-//! before exiting 1 when it cannot start. Logs go to stdout.
+//! On stderr it writes exactly `grpc listening on ADDR`, `admin listening on ADDR` and,
+//! unless `--http-listen off`, `http listening on ADDR` once it serves (scripts and tests
+//! read the ports from there), and one `error: …` line before exiting 1 when it cannot
+//! start. Logs go to stdout.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,6 +27,11 @@ struct Cli {
     /// Address of the admin HTTP port (/metrics, /healthz, /readyz).
     #[arg(long, env = "HOURGLASS_ADMIN_LISTEN", default_value = "0.0.0.0:7701")]
     admin_listen: SocketAddr,
+    /// Address of the HTTP port: the JSON query API (/api/v1/, described by
+    /// /api/v1/openapi.json) and the dashboard (/), with the gRPC port's TLS and tokens;
+    /// `off` for none.
+    #[arg(long, env = "HOURGLASS_HTTP_LISTEN", default_value = "0.0.0.0:7702")]
+    http_listen: HttpListen,
     /// Directory of the RocksDB store; created if missing. One aggregator per directory.
     #[arg(long, env = "HOURGLASS_DATA_DIR", default_value = "./hourglass-data")]
     data_dir: PathBuf,
@@ -63,6 +69,29 @@ where
     })
 }
 
+/// Where the HTTP port listens, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpListen {
+    /// No HTTP port.
+    Off,
+    /// This address.
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for HttpListen {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "off" => Ok(HttpListen::Off),
+            addr => addr
+                .parse()
+                .map(HttpListen::At)
+                .map_err(|_| format!("{addr:?} is neither HOST:PORT (an IP address) nor off")),
+        }
+    }
+}
+
 fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let mut config = match &cli.config {
         Some(path) => Config::from_file(path)?,
@@ -87,6 +116,12 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if grpc_tls.is_none() && !cli.listen.ip().is_loopback() {
         tracing::warn!(listen = %cli.listen, "gRPC is plaintext on a non-loopback address: anyone who can reach it can read and write (give --tls-cert and --tls-key)");
     }
+    if let HttpListen::At(addr) = cli.http_listen
+        && grpc_tls.is_none()
+        && !addr.ip().is_loopback()
+    {
+        tracing::warn!(listen = %addr, "the HTTP API is plaintext on a non-loopback address: anyone who can reach it can read (give --tls-cert and --tls-key, or --http-listen off)");
+    }
     // Opened before binding: a data dir held by another process is reported before any
     // port is announced.
     let aggregator = Aggregator::open(config)?;
@@ -98,9 +133,21 @@ fn start(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         let admin = TcpListener::bind(cli.admin_listen)
             .await
             .with_context(|| format!("cannot listen on {} (--admin-listen)", cli.admin_listen))?;
+        let http = match cli.http_listen {
+            HttpListen::Off => None,
+            HttpListen::At(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (--http-listen)"))?,
+            ),
+        };
         announce("grpc", grpc.local_addr()?);
         announce("admin", admin.local_addr()?);
+        if let Some(http) = &http {
+            announce("http", http.local_addr()?);
+        }
         aggregator
+            .with_http(http)
             .serve(
                 Listeners {
                     grpc,

@@ -17,6 +17,7 @@
 //! | [`glob`] | shell-style server name globs |
 //! | [`service`] | the gRPC `Collector` and `Query` services, health and reflection: thin translations between proto and the store and planner |
 //! | [`admin`] | the admin HTTP port: Prometheus `/metrics`, `/healthz`, `/readyz` |
+//! | [`http`] | the HTTP port: the JSON query API under `/api/v1/` (the `Query` service's own calls, as JSON) and the dashboard |
 //! | [`metrics`] | the Prometheus counters, histograms and gauges |
 //! | [`background`] | the periodic rollup builder and retention |
 //! | [`config`] | the configuration file, its defaults and validation |
@@ -27,7 +28,7 @@
 //! the caller bound, runs the background task, and on shutdown drains in-flight RPCs and
 //! closes the store. [`Aggregator::open`] and [`Aggregator::serve`] are the same in two
 //! steps, so that `main` can report a data dir held by another process before it
-//! announces its ports.
+//! announces its ports; [`Aggregator::with_http`] adds the HTTP port between them.
 //!
 //! Sketches are stored as their framed encoding (docs/FORMAT.md) and decoded with
 //! [`hourglass_sketch::Sketch`]; the layout on disk and the RocksDB options are
@@ -40,6 +41,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod glob;
+pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod planner;
@@ -65,7 +67,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
     pub admin: TcpListener,
-    /// TLS for the gRPC port; plaintext when `None`.
+    /// TLS for the gRPC port, and for the HTTP port when it is on
+    /// ([`Aggregator::with_http`]); plaintext when `None`.
     pub grpc_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
@@ -90,6 +93,9 @@ pub enum AggregatorError {
     /// The admin HTTP server failed.
     #[error("admin server failed: {0}")]
     Admin(std::io::Error),
+    /// The HTTP API server failed.
+    #[error("HTTP server failed: {0}")]
+    Http(std::io::Error),
     /// A task panicked or was cancelled.
     #[error("{what} task failed")]
     Task {
@@ -105,6 +111,8 @@ pub struct Aggregator {
     config: Config,
     store: Arc<RocksStore>,
     auth: auth::Auth,
+    /// The HTTP port's listener; `None` leaves the port off.
+    http: Option<TcpListener>,
 }
 
 impl Aggregator {
@@ -130,7 +138,16 @@ impl Aggregator {
             config,
             store: Arc::new(store),
             auth,
+            http: None,
         })
+    }
+
+    /// Serves the HTTP port ([`http`]: the JSON API and the dashboard) on `listener` too,
+    /// with the gRPC port's TLS and the same tokens; `None` leaves it off, as without
+    /// this call.
+    pub fn with_http(mut self, listener: Option<TcpListener>) -> Aggregator {
+        self.http = listener;
+        self
     }
 
     /// Serves until `shutdown` completes; then stops accepting, finishes the RPCs in
@@ -144,6 +161,7 @@ impl Aggregator {
             config,
             store,
             auth,
+            http,
         } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
@@ -186,6 +204,23 @@ impl Aggregator {
             stop.stopped(),
         ));
 
+        // The HTTP API asks a `Query` service like the one gRPC serves: the same store,
+        // metrics, limits and cluster, and the same tokens.
+        let http = http.map(|listener| {
+            let state = http::HttpState {
+                query: service::QueryService::new(
+                    Arc::clone(&dyn_store),
+                    Arc::clone(&metrics),
+                    config.limits.clone(),
+                )
+                .retire_after(config.coverage.retire_after)
+                .in_cluster(cluster.as_ref().map(|(cluster, _)| Arc::clone(cluster))),
+                auth: auth.clone(),
+            };
+            let tls = listeners.grpc_tls.clone();
+            tokio::spawn(http::serve(listener, state, tls, stop.stopped()))
+        });
+
         grpc_serving.store(true, Ordering::Release);
         let grpc_stop = draining(stop.stopped(), Arc::clone(&grpc_serving));
         let grpc = service::serve(
@@ -207,7 +242,7 @@ impl Aggregator {
         // If gRPC failed on its own, stop the rest too.
         stop.release();
         grpc.map_err(AggregatorError::Grpc)
-            .and(finish(admin, background, applying).await)?;
+            .and(finish(admin, http, background, applying).await)?;
         close(store)
     }
 }
@@ -224,6 +259,7 @@ async fn draining(stopped: impl Future<Output = ()>, serving: Arc<AtomicBool>) {
 /// first that failed.
 async fn finish(
     admin: tokio::task::JoinHandle<std::io::Result<()>>,
+    http: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: tokio::task::JoinHandle<()>,
     applying: Option<tokio::task::JoinHandle<()>>,
 ) -> Result<(), AggregatorError> {
@@ -231,6 +267,11 @@ async fn finish(
     let (admin, background) = tokio::join!(admin, background);
     if let Some(applying) = applying {
         applying.await.map_err(task("cluster apply"))?;
+    }
+    if let Some(http) = http {
+        http.await
+            .map_err(task("HTTP server"))?
+            .map_err(AggregatorError::Http)?;
     }
     admin
         .map_err(task("admin server"))?

@@ -8,6 +8,7 @@
 //! | [`proto`] | the generated gRPC types (proto/hourglass/v1) and their conversions |
 //! | [`series`] | metric, tag and series naming rules, checked where input enters |
 //! | [`time`] | whole UTC hours, and how users write times and durations |
+//! | [`selection`] | what a question selects, as flags and query strings write it, read into the wire's selector |
 //! | [`tls`] | TLS for every listener and client (rustls), certificates reloaded on change |
 //! | [`process`] | logging, OpenTelemetry tracing and shutdown signals of every process |
 //! | [`size_limit`] | messages refused for size, counted and named |
@@ -17,6 +18,7 @@
 
 pub mod process;
 pub mod proto;
+pub mod selection;
 pub mod series;
 pub mod size_limit;
 pub mod time;

@@ -27,8 +27,8 @@ pub enum TimeError {
         /// The time, as given or computed.
         text: String,
     },
-    /// `--to` is not after `--from`.
-    #[error("empty time range: --to ({to}) must be after --from ({from})")]
+    /// The end of a range is not after its start.
+    #[error("empty time range: the end ({to}) must be after the start ({from})")]
     EmptyRange {
         /// The start.
         from: String,
@@ -66,6 +66,24 @@ pub fn format_day(day: u32) -> String {
     hour_start(day * HOURS_PER_DAY)
         .format("%Y-%m-%d")
         .to_string()
+}
+
+/// The instant an hour starts, in RFC 3339 to the second: `2026-11-23T14:00:00Z`.
+pub fn rfc3339_hour(hour: u32) -> String {
+    hour_start(hour).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The hour [`format_hour`] wrote, read back.
+pub fn parse_hour(text: &str) -> Option<u32> {
+    let t = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%MZ").ok()?;
+    hour_of(t.and_utc().timestamp())
+}
+
+/// The day [`format_day`] wrote, read back.
+pub fn parse_day(text: &str) -> Option<u32> {
+    let date = NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?;
+    let hour = hour_of(date.and_hms_opt(0, 0, 0)?.and_utc().timestamp())?;
+    Some(day_of(hour))
 }
 
 /// Reads a time as users write it, relative forms counted back from `now`.
@@ -217,6 +235,11 @@ mod tests {
         assert_eq!(format_hour(472_222), "2023-11-14T22:00Z");
         assert_eq!(day_of(472_222), 19_675);
         assert_eq!(format_day(19_675), "2023-11-14");
+        assert_eq!(rfc3339_hour(472_222), "2023-11-14T22:00:00Z");
+        assert_eq!(parse_hour("2023-11-14T22:00Z"), Some(472_222));
+        assert_eq!(parse_day("2023-11-14"), Some(19_675));
+        assert_eq!(parse_hour("2023-11-14"), None);
+        assert_eq!(parse_day("1969-12-31"), None);
     }
 
     #[test]

@@ -51,6 +51,24 @@ pub(crate) struct DemoArgs {
     /// Address of the aggregator's admin port.
     #[arg(long, default_value = "127.0.0.1:7701")]
     admin_listen: String,
+    /// Address of the aggregator's HTTP port: the JSON API and the dashboard [default:
+    /// 127.0.0.1:7702, or a free port when --listen asks for one with port 0].
+    #[arg(long)]
+    http_listen: Option<String>,
+}
+
+impl DemoArgs {
+    /// `--http-listen`, or its default: a free port when the gRPC port is one (tests run
+    /// demos side by side), else the usual one.
+    fn http_listen(&self) -> String {
+        self.http_listen.clone().unwrap_or_else(|| {
+            if self.listen.ends_with(":0") {
+                "127.0.0.1:0".to_string()
+            } else {
+                "127.0.0.1:7702".to_string()
+            }
+        })
+    }
 }
 
 /// Runs the demo.
@@ -67,8 +85,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     std::fs::write(&config, "[rollup]\ninterval = \"2s\"\n")?;
     let (mut aggregator, addrs) = start_aggregator(&args, dir, &config)?;
     let url = format!("http://{}", addrs[0]);
+    let dashboard = browser_url(&addrs[2]);
     say(format!(
-        "aggregator serving on {url} (admin http://{}), data in {}",
+        "aggregator serving on {url} (admin http://{}), data in {}; dashboard at {dashboard}/",
         addrs[1],
         dir.join("aggregator").display()
     ));
@@ -89,6 +108,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         out.write_all(report.as_bytes())?;
         writeln!(out, "{}", next_steps(&url, &truth))?;
+        writeln!(out, "{}", dashboard_line(&dashboard, &truth))?;
         out.flush()?;
         Ok(())
     })();
@@ -129,17 +149,20 @@ fn prepare_data_dir(dir: &Path, fresh: bool, truth_path: &Path) -> anyhow::Resul
 }
 
 /// Starts the demo's aggregator (`hourglass aggregator`) with its data and log in `dir`;
-/// returns the process and its gRPC and admin addresses.
+/// returns the process and its gRPC, admin and HTTP addresses.
 fn start_aggregator(
     args: &DemoArgs,
     dir: &Path,
     config: &Path,
 ) -> anyhow::Result<(std::process::Child, Vec<String>)> {
+    let http_listen = args.http_listen();
     let agg_args: Vec<String> = [
         "--listen",
         &args.listen,
         "--admin-listen",
         &args.admin_listen,
+        "--http-listen",
+        &http_listen,
         "--data-dir",
         &dir.join("aggregator").to_string_lossy(),
         "--config",
@@ -151,7 +174,7 @@ fn start_aggregator(
     simulate::start_service(
         "aggregator",
         &agg_args,
-        &["grpc", "admin"],
+        &["grpc", "admin", "http"],
         &dir.join("aggregator.log"),
     )
     .with_context(|| {
@@ -429,6 +452,33 @@ fn next_steps(url: &str, truth: &Value) -> String {
     };
     format!(
         "\nTry next:\n  hourglass query distinct --metric visitors --from {start} --to {end} --group-by day{agg}\n  hourglass query distinct --metric visitors --from {start} --to {end} --label region=eu --group-by server{agg}\n  hourglass query topk --metric pages --from {start} --to {end} --k 5 --group-by day{agg}\n  hourglass query frequency --metric pages --item /page/3 --from {start} --to {end}{agg}\n  hourglass query membership --metric visitors --item user42 --from {start} --to {end} --json{agg}\n"
+    )
+}
+
+/// An HTTP address as a URL a browser on this machine can open: a wildcard address is
+/// reached on loopback.
+fn browser_url(http: &str) -> String {
+    let address = match http.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => {
+            let loopback: std::net::IpAddr = if a.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            };
+            std::net::SocketAddr::new(loopback, a.port()).to_string()
+        }
+        _ => http.to_string(),
+    };
+    format!("http://{address}")
+}
+
+/// The dashboard's view of the simulated week, per day.
+fn dashboard_line(dashboard: &str, truth: &Value) -> String {
+    let day = |hour: &Value| hourglass_rpc::time::format_day(u(hour) as u32 / 24);
+    format!(
+        "Open the dashboard:\n  {dashboard}/?metric={VISITORS}&from={}&to={}&group_by=day\n",
+        day(&truth["start_hour"]),
+        day(&truth["end_hour"])
     )
 }
 

@@ -8,8 +8,8 @@ use super::numbers::{count, grouped, percent};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
-use hourglass_rpc::series::{parse_pair, validate_metric};
-use hourglass_rpc::time::{hour_range, parse_time};
+use hourglass_rpc::selection::{Selection, Spelling};
+use hourglass_rpc::series::validate_metric;
 use serde_json::{Value, json};
 use std::io::Write;
 
@@ -39,29 +39,8 @@ pub(crate) struct QueryArgs {
     /// --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = DEFAULT_AGGREGATOR)]
     aggregator: String,
-    /// The metric, such as `visitors`.
-    #[arg(long, env = "HOURGLASS_METRIC")]
-    metric: String,
-    /// Only series with this tag (`key=value`); repeat for several.
-    #[arg(long = "tag", value_name = "KEY=VALUE")]
-    tags: Vec<String>,
-    /// Start of the range: RFC 3339, a date, `now`, or relative (`-7d`, `-36h`). Rounded
-    /// down to its hour.
-    #[arg(long, default_value = "-24h", allow_hyphen_values = true)]
-    from: String,
-    /// End of the range (exclusive), same forms; rounded up to its hour, so `now`
-    /// includes the hour in progress.
-    #[arg(long, default_value = "now", allow_hyphen_values = true)]
-    to: String,
-    /// Only servers whose name matches this glob (`web-*`); repeat for several.
-    #[arg(long = "server", value_name = "GLOB")]
-    servers: Vec<String>,
-    /// Only servers with this label (`region=eu`); repeat for several (all must match).
-    #[arg(long = "label", value_name = "KEY=VALUE")]
-    labels: Vec<String>,
-    /// Split the answer: server, hour, day, or tag:KEY.
-    #[arg(long, value_name = "server|hour|day|tag:KEY")]
-    group_by: Option<String>,
+    #[command(flatten)]
+    selection: Selection,
     /// frequency, membership: the item to ask about.
     #[arg(long)]
     item: Option<String>,
@@ -83,42 +62,11 @@ fn question_name(q: Question) -> &'static str {
 }
 
 fn selector(args: &QueryArgs) -> anyhow::Result<v1::Selector> {
-    validate_metric(&args.metric)?;
-    let pairs = |texts: &[String], what: &str| -> anyhow::Result<Vec<v1::Tag>> {
-        texts
-            .iter()
-            .map(|t| {
-                let (key, value) = parse_pair(t).with_context(|| format!("--{what} {t}"))?;
-                Ok(v1::Tag { key, value })
-            })
-            .collect()
-    };
-    let now = chrono::Utc::now();
-    let from = parse_time(&args.from, now).context("--from")?;
-    let to = parse_time(&args.to, now).context("--to")?;
-    let hours = hour_range(from, to)?;
-    let (group_by, group_tag) = match args.group_by.as_deref() {
-        None | Some("none") => (v1::GroupBy::None, String::new()),
-        Some("server") => (v1::GroupBy::Server, String::new()),
-        Some("hour") => (v1::GroupBy::Hour, String::new()),
-        Some("day") => (v1::GroupBy::Day, String::new()),
-        Some(other) => match other.strip_prefix("tag:") {
-            Some(key) if !key.is_empty() => (v1::GroupBy::Tag, key.to_string()),
-            _ => bail!("--group-by {other:?}: expected server, hour, day or tag:KEY"),
-        },
-    };
-    Ok(v1::Selector {
-        metric: args.metric.clone(),
-        tags: pairs(&args.tags, "tag")?,
-        range: Some(v1::TimeRange {
-            start_hour: hours.start,
-            end_hour: hours.end,
-        }),
-        servers: args.servers.clone(),
-        labels: pairs(&args.labels, "label")?,
-        group_by: group_by as i32,
-        group_tag,
-    })
+    // Checked here too, so that a misspelt metric is refused before connecting.
+    validate_metric(&args.selection.metric)?;
+    Ok(args
+        .selection
+        .selector(chrono::Utc::now(), Spelling::Flags)?)
 }
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
@@ -149,7 +97,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let span = tracing::info_span!(
         "hourglass query",
         question = question_name(args.question),
-        metric = args.metric.as_str()
+        metric = args.selection.metric.as_str()
     );
     let answer = runtime.block_on(tracing::Instrument::instrument(
         ask(&args, selector, item),
@@ -301,20 +249,21 @@ fn keyed<G>(groups: &[G], entry: impl Fn(&G) -> (&String, Value)) -> Vec<(String
 }
 
 fn describe_selection(args: &QueryArgs) -> String {
+    let selection = &args.selection;
     let mut parts = vec![format!(
         "{} of {}",
         question_name(args.question),
-        args.metric
+        selection.metric
     )];
-    if !args.tags.is_empty() {
-        parts.push(format!("tags {}", args.tags.join(",")));
+    if !selection.tags.is_empty() {
+        parts.push(format!("tags {}", selection.tags.join(",")));
     }
-    parts.push(format!("from {} to {}", args.from, args.to));
-    if !args.servers.is_empty() {
-        parts.push(format!("servers {}", args.servers.join(",")));
+    parts.push(format!("from {} to {}", selection.from, selection.to));
+    if !selection.servers.is_empty() {
+        parts.push(format!("servers {}", selection.servers.join(",")));
     }
-    if !args.labels.is_empty() {
-        parts.push(format!("labels {}", args.labels.join(",")));
+    if !selection.labels.is_empty() {
+        parts.push(format!("labels {}", selection.labels.join(",")));
     }
     if let Some(item) = &args.item {
         parts.push(format!("item {item:?}"));

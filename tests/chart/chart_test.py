@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -259,7 +260,7 @@ def aggregator_statefulset():
     expect(sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 30, "grace period too short to flush")
 
 
-@check("aggregator: a headless Service (serviceName) and a gRPC client Service, both selecting its pods")
+@check("aggregator: a headless Service (serviceName) and a client Service (gRPC, HTTP API), both selecting its pods")
 def aggregator_services():
     docs = render()
     sts = only(docs, "StatefulSet")
@@ -271,7 +272,8 @@ def aggregator_services():
     for svc in (headless, client):
         selector = svc["spec"]["selector"]
         expect(all(pod_labels.get(k) == v for k, v in selector.items()), f"{svc['metadata']['name']} misses the pods")
-    expect([p["name"] for p in client["spec"]["ports"]] == ["grpc"], "client Service ports must be grpc only")
+    expect([p["name"] for p in client["spec"]["ports"]] == ["grpc", "http"],
+           "client Service ports must be grpc and http only (never admin)")
     expect({p["name"] for p in headless["spec"]["ports"]} == {"grpc", "admin"}, "headless Service ports")
     expect(sts["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "aggregator", "selector")
 
@@ -313,6 +315,27 @@ def aggregator_ephemeral():
     expect("volumeClaimTemplates" not in sts["spec"], "volumeClaimTemplates still rendered")
     volumes = sts["spec"]["template"]["spec"]["volumes"]
     expect(any(v["name"] == "data" and "emptyDir" in v for v in volumes), "no emptyDir data volume")
+
+
+@check("HTTP API: on aggregator.httpPort in the pod, the client Service and the NetworkPolicy; null turns it off")
+def http_api():
+    docs = render("--set", "networkPolicy.enabled=true")
+    agg = container(only(docs, "StatefulSet"), "aggregator")
+    expect(port(agg, "http")["containerPort"] == 7702, "aggregator http port")
+    expect(env_value(agg, "HOURGLASS_HTTP_LISTEN") == "0.0.0.0:7702", "HOURGLASS_HTTP_LISTEN")
+    client = only(docs, "Service", "-aggregator")
+    expect({"name": "http", "port": 7702, "targetPort": "http", "protocol": "TCP"} in client["spec"]["ports"],
+           f"client Service ports {client['spec']['ports']}")
+    rule = only(docs, "NetworkPolicy")["spec"]["ingress"][0]
+    expect({"port": "http", "protocol": "TCP"} in rule["ports"], f"NetworkPolicy ports {rule['ports']}")
+    off = render("--set", "aggregator.httpPort=null", "--set", "networkPolicy.enabled=true")
+    agg = container(only(off, "StatefulSet"), "aggregator")
+    expect(env_value(agg, "HOURGLASS_HTTP_LISTEN") == "off", "httpPort=null does not turn the API off")
+    expect(all(p["name"] != "http" for p in agg["ports"]), "an http container port without httpPort")
+    expect(all(p["name"] != "http" for p in only(off, "Service", "-aggregator")["spec"]["ports"]),
+           "an http Service port without httpPort")
+    rule = only(off, "NetworkPolicy")["spec"]["ingress"][0]
+    expect(rule["ports"] == [{"port": "grpc", "protocol": "TCP"}], f"NetworkPolicy ports {rule['ports']}")
 
 
 # ----------------------------------------------------------------------------- probes
@@ -507,7 +530,7 @@ def network_policy():
     expect(policy["spec"]["podSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"], "podSelector")
     expect(policy["spec"]["policyTypes"] == ["Ingress"], "policyTypes")
     grpc_rule, admin_rule = policy["spec"]["ingress"]
-    expect(grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}], f"first rule ports {grpc_rule['ports']}")
+    expect(grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}, {"port": "http", "protocol": "TCP"}], f"first rule ports {grpc_rule['ports']}")
     peers = grpc_rule["from"]
     expect({"podSelector": {"matchLabels": ds["spec"]["selector"]["matchLabels"]}} in peers, "agents not allowed")
     expect(
@@ -857,7 +880,7 @@ def cluster_network_policy():
     nodes = {"podSelector": {"matchLabels": only(docs, "StatefulSet")["spec"]["selector"]["matchLabels"]}}
     expect(policy["policyTypes"] == ["Ingress", "Egress"], f"policyTypes {policy['policyTypes']}")
     grpc_rule = policy["ingress"][0]
-    expect(grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}], "first rule is not the gRPC port")
+    expect(grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}, {"port": "http", "protocol": "TCP"}], "first rule is not the gRPC and HTTP ports")
     expect(nodes in grpc_rule["from"], f"the nodes cannot reach each other's gRPC port: {grpc_rule['from']}")
     expect(policy["egress"] == [
         {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
@@ -1053,11 +1076,14 @@ def run_binaries(bin_dir=None, image=None):
             aggregator = programs.popen(agg_c, {
                 "HOURGLASS_LISTEN": "127.0.0.1:0",
                 "HOURGLASS_ADMIN_LISTEN": "127.0.0.1:0",
+                "HOURGLASS_HTTP_LISTEN": "127.0.0.1:0",
                 "HOURGLASS_DATA_DIR": str(tmp / "aggregator"),
                 "HOURGLASS_CONFIG": str(tmp / "aggregator.toml"),
             })
             processes.append(aggregator)
-            grpc = Stderr(aggregator).wait_for("grpc listening on ", 60)
+            aggregator_stderr = Stderr(aggregator)
+            grpc = aggregator_stderr.wait_for("grpc listening on ", 60)
+            http = aggregator_stderr.wait_for("http listening on ", 10)
             expect(env_of(agent_c)["HOURGLASS_SERVER_NAME"].get("valueFrom"), "server name not from the downward API")
             agent = programs.popen(agent_c, {
                 "HOURGLASS_SERVER_NAME": "node-1",  # what spec.nodeName gives
@@ -1091,6 +1117,12 @@ def run_binaries(bin_dir=None, image=None):
                 time.sleep(0.5)
             expect(answer is not None and round(answer.get("estimate", 0)) == 2,
                    f"query by the chart's labels and node name did not find the 2 visitors: {answer}")
+            url = (f"http://{http}/api/v1/distinct?metric=visitors&tag=country%3Dde&from=-2h"
+                   "&label=region%3Deu&server=node-1")
+            with urllib.request.urlopen(url, timeout=20) as reply:
+                over_http = json.load(reply)
+            expect(over_http["answer"]["estimate"] == answer["estimate"],
+                   f"the HTTP API answers {over_http['answer']}, gRPC {answer['estimate']}")
             grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
             expect(stop(agent, grace) == 0, "agent exited non-zero on SIGTERM")
             grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

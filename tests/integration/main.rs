@@ -6,6 +6,7 @@ mod background;
 mod cluster;
 mod demo;
 mod faults;
+mod http;
 mod install_deps;
 mod multicall;
 mod nats;

@@ -300,11 +300,15 @@ pub struct AggregatorProcess {
     pub grpc: String,
     /// The admin HTTP address.
     pub admin: std::net::SocketAddr,
+    /// The HTTP port (the JSON API and the dashboard) as a URL, `http://127.0.0.1:PORT`;
+    /// empty when started with `--http-listen off`.
+    pub http: String,
 }
 
 impl AggregatorProcess {
     /// Starts the aggregator on free ports with its data in `data_dir`, plus `extra`
-    /// arguments, and waits until it announces both ports on stderr.
+    /// arguments, and waits until it announces its ports on stderr (the HTTP port on a
+    /// free port too, unless `extra` has `--http-listen`).
     pub fn start(data_dir: &str, extra: &[&str]) -> AggregatorProcess {
         AggregatorProcess::start_on("127.0.0.1:0", data_dir, extra)
     }
@@ -329,17 +333,34 @@ impl AggregatorProcess {
             "--data-dir",
             data_dir,
         ];
+        let http = extra
+            .iter()
+            .position(|a| *a == "--http-listen")
+            .map(|i| extra[i + 1]);
+        if http.is_none() {
+            args.extend_from_slice(&["--http-listen", "127.0.0.1:0"]);
+        }
         args.extend_from_slice(extra);
+        let announces: &[&str] = if http == Some("off") {
+            &["grpc", "admin"]
+        } else {
+            &["grpc", "admin", "http"]
+        };
         let process = ServiceProcess::start_with_env(
             "aggregator",
             server_binary("hourglass-aggregator"),
             &args,
-            &["grpc", "admin"],
+            announces,
             env,
         );
         AggregatorProcess {
             grpc: format!("http://{}", process.addr("grpc")),
             admin: process.addr("admin").parse().expect("admin address"),
+            http: process
+                .addrs
+                .get("http")
+                .map(|a| format!("http://{a}"))
+                .unwrap_or_default(),
             process,
         }
     }
@@ -357,6 +378,11 @@ impl AggregatorProcess {
     /// Its logs so far.
     pub fn logs(&self) -> String {
         self.process.logs()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 }
 
@@ -558,6 +584,8 @@ pub struct InProcessAggregator {
     pub grpc: String,
     /// The admin HTTP address.
     pub admin: std::net::SocketAddr,
+    /// The HTTP port (the JSON API and the dashboard) as a URL, `http://127.0.0.1:PORT`.
+    pub http: String,
 }
 
 impl InProcessAggregator {
@@ -580,7 +608,7 @@ impl InProcessAggregator {
 
     /// Starts an aggregator with `config`.
     pub fn start_with(config: hourglass_aggregator::Config) -> InProcessAggregator {
-        let (server, (grpc, admin)) =
+        let (server, (grpc, admin, http)) =
             ServerThread::start("aggregator", |ready, shutdown| async move {
                 // Opened first, as the program does: a bad config or a held data dir is the
                 // start's error, not a connection refused later.
@@ -588,9 +616,11 @@ impl InProcessAggregator {
                     hourglass_aggregator::Aggregator::open(config).map_err(|e| format!("{e:#}"))?;
                 let grpc = bind_loopback().await?;
                 let admin = bind_loopback().await?;
+                let http = bind_loopback().await?;
                 let addrs = (
                     grpc.local_addr().map_err(|e| e.to_string())?,
                     admin.local_addr().map_err(|e| e.to_string())?,
+                    http.local_addr().map_err(|e| e.to_string())?,
                 );
                 let _ = ready.send(addrs);
                 let listeners = hourglass_aggregator::Listeners {
@@ -599,6 +629,7 @@ impl InProcessAggregator {
                     grpc_tls: None,
                 };
                 aggregator
+                    .with_http(Some(http))
                     .serve(listeners, shutdown)
                     .await
                     .map_err(|e| format!("{e:#}"))
@@ -607,6 +638,7 @@ impl InProcessAggregator {
             server,
             grpc: format!("http://{grpc}"),
             admin,
+            http: format!("http://{http}"),
         }
     }
 
@@ -622,6 +654,8 @@ pub trait AggregatorAddrs {
     fn grpc(&self) -> &str;
     /// The admin HTTP address.
     fn admin(&self) -> std::net::SocketAddr;
+    /// The HTTP port (API and dashboard) as a URL; empty when it is off.
+    fn http(&self) -> &str;
 }
 
 impl AggregatorAddrs for AggregatorProcess {
@@ -631,6 +665,9 @@ impl AggregatorAddrs for AggregatorProcess {
     fn admin(&self) -> std::net::SocketAddr {
         self.admin
     }
+    fn http(&self) -> &str {
+        &self.http
+    }
 }
 
 impl AggregatorAddrs for InProcessAggregator {
@@ -639,6 +676,9 @@ impl AggregatorAddrs for InProcessAggregator {
     }
     fn admin(&self) -> std::net::SocketAddr {
         self.admin
+    }
+    fn http(&self) -> &str {
+        &self.http
     }
 }
 
@@ -666,6 +706,137 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("not an HTTP response: {head}"));
     // Chunked bodies keep their chunk sizes; the tests only look for lines inside them.
     (status, body.to_string())
+}
+
+/// An HTTP response, read whole.
+pub struct HttpReply {
+    /// The status code.
+    pub status: u16,
+    /// The header fields, names in lower case, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl HttpReply {
+    /// The value of header `name` (lower case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON; panics with the body if it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}), status {}: {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+/// One HTTP/1.1 request (`Connection: close`) to `url` (`http://HOST:PORT/PATH?QUERY`
+/// or `https://…`, the latter over `tls`), with extra `headers`; the whole response, or
+/// the I/O error (a refused connection or handshake).
+pub fn http_request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+) -> std::io::Result<HttpReply> {
+    use std::io::Read;
+    let (https, rest) = match url.split_once("://") {
+        Some(("https", rest)) => (true, rest),
+        Some(("http", rest)) => (false, rest),
+        _ => panic!("{url}: not an http:// or https:// URL"),
+    };
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let tcp = std::net::TcpStream::connect(host)?;
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request += &format!("{name}: {value}\r\n");
+    }
+    request += "\r\n";
+    let mut raw = Vec::new();
+    if https {
+        let config = tls.expect("an https:// URL needs a TLS client configuration");
+        let ip = host.rsplit_once(':').map_or(host, |(ip, _)| ip).to_string();
+        let name = rustls_pki_types::ServerName::try_from(ip).expect("a server name");
+        let connection =
+            rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+        let mut stream = rustls::StreamOwned::new(connection, tcp);
+        stream.write_all(request.as_bytes())?;
+        match stream.read_to_end(&mut raw) {
+            Ok(_) => {}
+            // A server that closes without TLS's close_notify: the response is whole when
+            // its length says so, which the parse below checks.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+    } else {
+        let mut stream = tcp;
+        stream.write_all(request.as_bytes())?;
+        stream.read_to_end(&mut raw)?;
+    }
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {raw:?}")))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut body = raw[split + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {head}")))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let reply = HttpReply {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if reply.header("transfer-encoding") == Some("chunked") {
+        body = dechunk(&body);
+    } else if let Some(length) = reply.header("content-length") {
+        let length: usize = length.parse().expect("a content length");
+        assert!(
+            body.len() >= length,
+            "{url}: {} bytes of a {length}-byte body",
+            body.len()
+        );
+        body.truncate(length);
+    }
+    Ok(HttpReply { body, ..reply })
+}
+
+/// A chunked body's data.
+fn dechunk(mut chunked: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = chunked
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size = std::str::from_utf8(&chunked[..line_end]).expect("a chunk size");
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .expect("a hex chunk size");
+        if size == 0 {
+            return body;
+        }
+        let data = &chunked[line_end + 2..];
+        body.extend_from_slice(&data[..size]);
+        chunked = &data[size + 2..];
+    }
 }
 
 /// The current UTC hour, as hours since 1970.

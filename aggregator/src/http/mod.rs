@@ -1,0 +1,363 @@
+//! The HTTP port: the JSON query API under `/api/v1/` and the dashboard that uses it.
+//!
+//! The API asks the questions of the gRPC `Query` service, over plain `GET`s with
+//! query-string parameters (`/api/v1/distinct?metric=visitors&from=-7d&group_by=day`), for
+//! browsers, `curl` and anything else that speaks JSON rather than gRPC. It is not a
+//! second query path: every handler calls the very `QueryService` methods the gRPC
+//! server calls, with a `tonic::Request` carrying the caller's headers, so the service's
+//! checks, limits, metrics, traces and cluster fan-out are the same; the handlers only
+//! read the query string ([`hourglass_rpc::selection`], as `hourglass query` reads its
+//! flags) and write the reply as JSON (`api`). The routes, parameters and answers are
+//! described by the OpenAPI document served at `/api/v1/openapi.json`, kept beside this
+//! file; a unit test holds it to the routes served.
+//!
+//! The port serves TLS with the gRPC port's certificate (and its client-certificate
+//! requirement) when that has one, and checks bearer tokens (`Authorization: Bearer
+//! TOKEN`) and client certificates with the very check that guards the gRPC `Query`
+//! service (`Auth::check`).
+//! The dashboard's three static files (`/`, `/app.js`, `/style.css`) and the OpenAPI
+//! document need no token: they hold no data, and the page sends the token it is given.
+//!
+//! Every failure is JSON, `{"error": {"code": "NOT_FOUND", "message": "…"}}`, with the
+//! gRPC code's name and its exact message, and the HTTP status of that code; a bad query
+//! string, an unknown path and a wrong method too.
+
+pub(crate) mod api;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get};
+use axum::serve::{IncomingStream, Listener};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::StreamExt;
+use tonic::transport::server::{Connected as TonicConnected, TcpConnectInfo, TlsConnectInfo};
+
+use crate::auth::Auth;
+use crate::service::QueryService;
+
+/// The OpenAPI 3 document of every route this port serves.
+pub(crate) const OPENAPI: &str = include_str!("openapi.json");
+
+/// What the handlers share: the query service and the tokens that guard it.
+pub(crate) struct HttpState {
+    /// The `Query` service, as the gRPC server runs it.
+    pub(crate) query: QueryService,
+    /// The tokens and certificates that may query.
+    pub(crate) auth: Auth,
+}
+
+/// Serves the API and the dashboard on `listener` until `shutdown` completes, then
+/// finishes the requests in flight. With `tls` (the gRPC port's configuration), it
+/// serves HTTPS with the same certificate and client-certificate requirement.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: HttpState,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let connections = match tls {
+        None => Connections::Plain(listener),
+        Some(grpc) => {
+            let local = listener.local_addr()?;
+            // The gRPC configuration offers only HTTP/2 by ALPN; this port speaks HTTP/1.1.
+            // The certificate resolver (reloading on change) and the client verifier are
+            // shared.
+            let mut config = (*grpc).clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Connections::Tls {
+                local,
+                handshakes: hourglass_rpc::tls::incoming(listener, Arc::new(config)),
+            }
+        }
+    };
+    let app = router(Arc::new(state)).into_make_service_with_connect_info::<Peer>();
+    axum::serve(connections, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Every route: its path and what answers it. The router is built from this list, and the
+/// OpenAPI test compares the list with the document.
+fn routes() -> Vec<(&'static str, MethodRouter<Arc<HttpState>>)> {
+    let mut routes = vec![
+        (
+            "/",
+            get(|| static_file(include_str!("dashboard/index.html"), HTML)),
+        ),
+        (
+            "/app.js",
+            get(|| static_file(include_str!("dashboard/app.js"), "text/javascript")),
+        ),
+        (
+            "/style.css",
+            get(|| static_file(include_str!("dashboard/style.css"), "text/css")),
+        ),
+        ("/api/v1/openapi.json", get(|| static_file(OPENAPI, JSON))),
+    ];
+    routes.extend(api::routes());
+    routes
+}
+
+/// The routes, and JSON answers for paths and methods they do not serve.
+pub(crate) fn router(state: Arc<HttpState>) -> Router {
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, method)| {
+            router.route(path, method)
+        })
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// The content type of JSON answers.
+const JSON: &str = "application/json";
+/// The content type of the dashboard page.
+const HTML: &str = "text/html; charset=utf-8";
+
+async fn static_file(body: &'static str, content_type: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn not_found(request: axum::extract::Request) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+        format!(
+            "no such path: {}; the API's routes are in /api/v1/openapi.json",
+            request.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(request: axum::extract::Request) -> Response {
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "UNIMPLEMENTED",
+        format!(
+            "{} {}: this API answers GET only",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    response
+}
+
+/// A failure as the API answers it: an HTTP status and `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: String) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message,
+        }
+    }
+
+    /// A bad query string: 400, INVALID_ARGUMENT.
+    pub(crate) fn invalid(message: String) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    /// The HTTP status of each gRPC code; the message is the status's, unchanged.
+    fn from(status: tonic::Status) -> ApiError {
+        use tonic::Code;
+        let http = match status.code() {
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+                StatusCode::BAD_REQUEST
+            }
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(
+            http,
+            grpc_code_name(status.code()),
+            status.message().to_string(),
+        )
+    }
+}
+
+/// The name of a gRPC code as the gRPC specification writes it: `INVALID_ARGUMENT`.
+fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {"code": self.code, "message": self.message}
+        });
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, JSON)],
+            body.to_string(),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// What a connection tells the auth check, as tonic's own server records it for a gRPC
+/// call: the addresses, and under TLS the client's certificates.
+#[derive(Debug, Clone)]
+pub(crate) enum Peer {
+    /// A plaintext connection.
+    Plain(TcpConnectInfo),
+    /// A TLS connection.
+    Tls(TlsConnectInfo<TcpConnectInfo>),
+}
+
+impl Peer {
+    /// Puts what the connection tells on `request`, where [`Auth::check`] (client
+    /// certificates) and the service (addresses) look for it.
+    fn describe(&self, request: &mut tonic::Request<()>) {
+        let extensions = request.extensions_mut();
+        match self {
+            Peer::Plain(info) => {
+                extensions.insert(info.clone());
+            }
+            Peer::Tls(info) => {
+                extensions.insert(info.clone());
+            }
+        }
+    }
+}
+
+impl Connected<IncomingStream<'_, Connections>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, Connections>) -> Peer {
+        stream.remote_addr().clone()
+    }
+}
+
+/// The caller of an API request, checked: the request's headers as gRPC metadata, and the
+/// principal [`Auth::check`] found, ready to be the metadata and extensions of the
+/// service's request.
+fn caller(
+    auth: &Auth,
+    request: &Parts,
+) -> Result<(tonic::metadata::MetadataMap, tonic::Extensions), ApiError> {
+    let mut headers = axum::http::Request::new(());
+    *headers.headers_mut() = request.headers.clone();
+    let mut call = tonic::Request::from_http(headers);
+    if let Some(ConnectInfo(peer)) = request.extensions.get::<ConnectInfo<Peer>>() {
+        peer.describe(&mut call);
+    }
+    let checked = auth.check(crate::auth::Service::Query, call)?;
+    let (metadata, extensions, ()) = checked.into_parts();
+    Ok((metadata, extensions))
+}
+
+/// A stream a connection can be served over.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// The port's connections, plain or after their TLS handshake.
+enum Connections {
+    Plain(TcpListener),
+    Tls {
+        local: SocketAddr,
+        /// Handshakes run as the gRPC port runs them ([`hourglass_rpc::tls::incoming`]).
+        handshakes: tokio_stream::wrappers::ReceiverStream<
+            std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>,
+        >,
+    },
+}
+
+impl Listener for Connections {
+    type Io = Box<dyn Stream>;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self {
+            Connections::Plain(listener) => loop {
+                match TcpListener::accept(listener).await {
+                    Ok((tcp, _)) => {
+                        let _ = tcp.set_nodelay(true);
+                        let info = tcp.connect_info();
+                        return (Box::new(tcp), Peer::Plain(info));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors, usually: wait rather than spin.
+                        tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            },
+            Connections::Tls { handshakes, .. } => loop {
+                match handshakes.next().await {
+                    Some(Ok(tls)) => {
+                        let info = tls.connect_info();
+                        return (Box::new(tls), Peer::Tls(info));
+                    }
+                    // A failed handshake is logged where it ran.
+                    Some(Err(_)) => {}
+                    None => std::future::pending::<()>().await,
+                }
+            },
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        let local = match self {
+            Connections::Plain(listener) => listener.local_addr()?,
+            Connections::Tls { local, .. } => *local,
+        };
+        Ok(Peer::Plain(TcpConnectInfo {
+            local_addr: Some(local),
+            remote_addr: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests;
