@@ -41,9 +41,8 @@ pub(crate) async fn serve(
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    // With the API port's bounds: a half-sent request must not hold the shutdown.
+    crate::http::server::serve(listener, router(state), shutdown).await
 }
 
 async fn healthz() -> &'static str {

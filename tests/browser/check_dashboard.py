@@ -544,23 +544,39 @@ def check_coverage(dom, daily, servers, what):
     grid = dom.by_id("coverage-grid")
     need(grid is not None, f"{what}: no #coverage-grid")
     cells = list(grid.all(lambda n: n.tag == "td" and "data-server" in n.attrs))
-    shown = {(c.attrs["data-server"], c.attrs.get("data-day")): c.attrs.get("data-missing") for c in cells}
+    shown = {(c.attrs["data-server"], c.attrs.get("data-day")): c.attrs for c in cells}
     need(len(shown) == len(cells), f"{what}: a server-day appears twice in the grid")
     names = {s["name"] for s in servers}
+    # A server-day's missing hours, or None when the API does not say: `missing` names at
+    # most 100 servers while `server_hours_missing` counts all, and partitions that did
+    # not answer leave any server's day incomplete. Those cells must be "unknown".
     expected = {}
     for group in daily["groups"]:
         day = group["key"] if len(group["key"]) == 10 else group["time"][:10]
-        missing = {m["server"]: m["hours"] for m in group["coverage"]["missing"]}
+        coverage = group["coverage"]
+        missing = {m["server"]: m["hours"] for m in coverage["missing"]}
+        unknown = (sum(missing.values()) < coverage["server_hours_missing"]
+                   or coverage.get("partitions_missing", 0) > 0)
         for name in names | set(missing):
-            expected[(name, day)] = missing.get(name, 0)
+            expected[(name, day)] = missing.get(name, None if unknown else 0)
     need(set(shown) == set(expected),
          f"{what}: grid cells {sorted(set(shown) ^ set(expected))[:6]}... differ from servers x days of the API")
     for key, hours in expected.items():
-        need(shown[key] is not None and int(shown[key]) == hours,
-             f"{what}: cell {key} shows {shown[key]} missing hours, the API says {hours}")
+        attrs = shown[key]
+        if hours is None:
+            need(attrs.get("data-level") == "unknown" and "data-missing" not in attrs,
+                 f"{what}: cell {key} is {attrs.get('data-level')} with {attrs.get('data-missing')} missing hours, "
+                 "but the API does not say (the server is not named and not every missing hour is, or "
+                 "partitions did not answer): it must be unknown")
+        else:
+            need(attrs.get("data-missing") is not None and int(attrs["data-missing"]) == hours,
+                 f"{what}: cell {key} shows {attrs.get('data-missing')} missing hours, the API says {hours}")
+            need(attrs.get("data-level") != "unknown", f"{what}: cell {key} is unknown, the API says {hours} hours")
+            need((attrs.get("data-level") == "ok") == (hours == 0),
+                 f"{what}: cell {key} is {attrs.get('data-level')} with {hours} missing hours")
     legend = dom.by_id("coverage-legend")
     need(legend is not None and len(list(legend.all(lambda n: n.tag == "li"))) >= 4, f"{what}: no legend")
-    return len(cells), sum(expected.values())
+    return len(cells), sum(h for h in expected.values() if h is not None)
 
 
 def check_topk(dom, reply, what):
@@ -592,6 +608,12 @@ def check_membership(dom, item, reply, what):
          f"{what}: past-design-point {answer.attrs.get('data-past-design-point')}, the API says {a['past_design_point']}")
     same_number(answer.attrs.get("data-estimated-fpr"), a["estimated_fpr"], f"{what}: estimated fpr")
     same_number(answer.attrs.get("data-fill-ratio"), a["fill_ratio"], f"{what}: fill ratio")
+    coverage = reply["coverage"]
+    complete = coverage["server_hours_missing"] == 0 and coverage.get("partitions_missing", 0) == 0
+    certain = not a["maybe_present"] and complete
+    need(answer.attrs.get("data-certain") == str(certain).lower(),
+         f"{what}: 'absent' certain={answer.attrs.get('data-certain')}, but maybe_present={a['maybe_present']} and "
+         f"the coverage is {'complete' if complete else 'incomplete'}")
     warning = dom.by_id("member-warning")
     need((warning is not None) == a["past_design_point"], f"{what}: the past-design-point warning is "
          f"{'shown' if warning is not None else 'missing'} while the API says {a['past_design_point']}")

@@ -7,6 +7,7 @@ mod cluster;
 mod demo;
 mod faults;
 mod http;
+mod http_review;
 mod install_deps;
 mod multicall;
 mod nats;

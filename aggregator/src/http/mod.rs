@@ -23,18 +23,19 @@
 //! string, an unknown path and a wrong method too.
 
 pub(crate) mod api;
+pub(crate) mod server;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
-use axum::serve::{IncomingStream, Listener};
+use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::StreamExt;
@@ -78,10 +79,7 @@ pub(crate) async fn serve(
             }
         }
     };
-    let app = router(Arc::new(state)).into_make_service_with_connect_info::<Peer>();
-    axum::serve(connections, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve(connections, router(Arc::new(state)), shutdown).await
 }
 
 /// Every route: its path and what answers it. The router is built from this list, and the
@@ -273,12 +271,6 @@ impl Peer {
     }
 }
 
-impl Connected<IncomingStream<'_, Connections>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, Connections>) -> Peer {
-        stream.remote_addr().clone()
-    }
-}
-
 /// The caller of an API request, checked: the request's headers as gRPC metadata, and the
 /// principal [`Auth::check`] found, ready to be the metadata and extensions of the
 /// service's request.
@@ -359,5 +351,7 @@ impl Listener for Connections {
     }
 }
 
+#[cfg(test)]
+mod review_tests;
 #[cfg(test)]
 mod tests;

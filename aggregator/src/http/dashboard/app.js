@@ -310,23 +310,66 @@
     return `${isoMinute(range.start_hour * HOUR_MS)} to ${isoMinute(range.end_hour * HOUR_MS)} UTC, ${count(hours)} hours`;
   }
 
-  function coverageText(coverage) {
-    const parts = [`${count(coverage.sketches_merged)} sketches merged`];
-    if (coverage.server_hours_missing > 0) {
-      const who = (coverage.missing || []).map((m) => `${m.server} (${count(m.hours)})`).join(', ');
-      parts.push(`${count(coverage.server_hours_missing)} server-hours without data, so the answer may be low: ${who}`);
-    } else {
-      parts.push('every selected server reported every hour');
+  /** The most servers one answer's `coverage.missing` names (the aggregator's MAX_MISSING_LISTED). */
+  const MAX_MISSING_LISTED = 100;
+
+  /** The server-hours that `coverage.missing` names: below `server_hours_missing` when it names only some. */
+  function listedHours(coverage) {
+    return (coverage.missing || []).reduce((sum, m) => sum + m.hours, 0);
+  }
+
+  /**
+   * What an answer lacks, as a warning says it: server-hours without data, and in a
+   * cluster the partitions whose owners did not answer (the answer holds nothing of their
+   * series); '' when it lacks nothing. The one wording of the coverage warning, for every
+   * panel that shows an answer (total and chart, top-K, membership, coverage grid).
+   * `consequence` says what it means for the panel; `who` also names the servers.
+   */
+  function coverageWarning(coverage, { consequence = 'the numbers may be low', who = false } = {}) {
+    if (!coverage) return '';
+    const parts = [];
+    const hours = coverage.server_hours_missing || 0;
+    if (hours > 0) {
+      const missing = coverage.missing || [];
+      const unnamed = listedHours(coverage) < hours;
+      let text = `${count(hours)} server-hours without data`;
+      if (who && missing.length) {
+        text += `: ${missing.map((m) => `${m.server} (${count(m.hours)})`).join(', ')}`;
+        if (unnamed) text += ` and servers not named (the API names at most ${MAX_MISSING_LISTED} servers per answer)`;
+      } else if (unnamed) {
+        text += ` (the API names at most ${MAX_MISSING_LISTED} servers per answer: some are not named)`;
+      }
+      parts.push(text);
     }
-    if (coverage.partitions_missing > 0) {
-      parts.push(`${count(coverage.partitions_missing)} partitions did not answer`);
+    const partitions = coverage.partitions_missing || 0;
+    if (partitions > 0) {
+      const ids = coverage.missing_partitions || [];
+      const which = ids.length ? ` (${ids.join(', ')}${ids.length < partitions ? ', …' : ''})` : '';
+      parts.push(
+        `${count(partitions)} ${partitions === 1 ? 'partition' : 'partitions'}${which} of the cluster did not answer, so the answer is incomplete`,
+      );
     }
-    return parts.join('; ');
+    return parts.length ? `${parts.join('; ')}${consequence ? `: ${consequence}` : ''}.` : '';
+  }
+
+  /** The coverage warning of a panel as a `p.coverage-note.warn`, or null when the answer lacks nothing. */
+  function coverageNote(coverage, options) {
+    const text = coverageWarning(coverage, options);
+    if (!text) return null;
+    return h('p', {
+      class: 'coverage-note warn',
+      dataset: {
+        serverHoursMissing: coverage.server_hours_missing,
+        partitionsMissing: coverage.partitions_missing || 0,
+      },
+      text,
+    });
   }
 
   function renderTotal(answer, coverage) {
     const box = $('#distinct-total');
     const relative = answer.estimate > 0 ? answer.std_error / answer.estimate : 0;
+    const warning = coverageWarning(coverage, { consequence: 'the count may be low', who: true });
     box.replaceChildren(
       h(
         'div',
@@ -344,9 +387,13 @@
         h('span', { class: 'interval', text: `95%: ${count(answer.lower95)} – ${count(answer.upper95)}` }),
       ),
       h('p', {
-        class: coverage.server_hours_missing > 0 ? 'coverage-note warn' : 'coverage-note muted',
-        dataset: { serverHoursMissing: coverage.server_hours_missing, sketchesMerged: coverage.sketches_merged },
-        text: coverageText(coverage),
+        class: warning ? 'coverage-note warn' : 'coverage-note muted',
+        dataset: {
+          serverHoursMissing: coverage.server_hours_missing,
+          partitionsMissing: coverage.partitions_missing || 0,
+          sketchesMerged: coverage.sketches_merged,
+        },
+        text: `${count(coverage.sketches_merged)} sketches merged; ${warning || 'every selected server reported every hour'}`,
       }),
     );
   }
@@ -477,14 +524,16 @@
       const a = p.group.answer;
       const when = grouping === 'hour' ? `${hourLabel(p.t)} UTC` : dayLabel(p.t);
       const missing = p.group.coverage ? p.group.coverage.server_hours_missing : 0;
+      const partitions = p.group.coverage ? p.group.coverage.partitions_missing || 0 : 0;
+      const lacks = coverageWarning(p.group.coverage, { consequence: 'the count may be low' });
       pointGroup.append(
         s(
           'circle',
           {
             cx: fmt(x(p.t)),
             cy: fmt(y(a.estimate)),
-            r: dense ? (missing ? 2.4 : 1.6) : 3.2,
-            class: missing ? 'point partial' : 'point',
+            r: dense ? (lacks ? 2.4 : 1.6) : 3.2,
+            class: lacks ? 'point partial' : 'point',
             'data-role': 'point',
             dataset: {
               key: p.group.key,
@@ -494,12 +543,11 @@
               lower95: a.lower95,
               upper95: a.upper95,
               missing,
+              partitionsMissing: partitions,
             },
           },
           s('title', {
-            text:
-              `${when}: ${count(a.estimate)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` +
-              (missing ? `; ${count(missing)} server-hours without data` : ''),
+            text: `${when}: ${count(a.estimate)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` + (lacks ? `; ${lacks}` : ''),
           }),
         ),
       );
@@ -521,10 +569,10 @@
       cursor.setAttribute('x2', cx);
       const a = best.group.answer;
       const when = grouping === 'hour' ? `${hourLabel(best.t)} UTC` : dayLabel(best.t);
-      const missing = best.group.coverage && best.group.coverage.server_hours_missing;
+      const lacks = coverageWarning(best.group.coverage, { consequence: 'the count may be low' });
       $('#chart-readout').textContent =
         `${when}: ${count(a.estimate)} ± ${spread(a.std_error)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` +
-        (missing ? `; ${count(missing)} server-hours without data` : '');
+        (lacks ? `; ${lacks}` : '');
     });
     box.replaceChildren(chart);
   }
@@ -584,14 +632,21 @@
       body.append(h('tr', {}, h('td', { colspan: 6, class: 'muted', text: 'no items in this range' })));
     }
     table.replaceChildren(head, body);
+    const note = coverageNote(reply.coverage, { consequence: 'counts may be low and items missing' });
+    $('#topk-coverage').replaceChildren(...(note ? [note] : []));
   }
 
   function renderMembership(item, reply) {
     const a = reply.answer;
     const box = $('#member-result');
+    // "Absent" is certain only when every server reported every hour and every partition
+    // answered; otherwise the item may be in what is missing.
+    const note = coverageNote(reply.coverage, { consequence: '“absent” covers only what was reported' });
     const verdict = a.maybe_present
       ? h('p', { class: 'verdict maybe', text: `“${item}” may be present` })
-      : h('p', { class: 'verdict absent', text: `“${item}” is absent (certain)` });
+      : note
+        ? h('p', { class: 'verdict absent uncertain', text: `“${item}” is absent from what was reported` })
+        : h('p', { class: 'verdict absent', text: `“${item}” is absent (certain)` });
     box.replaceChildren(
       h(
         'div',
@@ -603,6 +658,7 @@
             fillRatio: a.fill_ratio,
             estimatedFpr: a.estimated_fpr,
             pastDesignPoint: a.past_design_point,
+            certain: !a.maybe_present && !note,
           },
         },
         verdict,
@@ -617,42 +673,97 @@
               text: 'The merged filter holds more items than it was designed for: false positives are above its target rate. Ask for a shorter range or fewer servers.',
             })
           : null,
-        reply.coverage && reply.coverage.server_hours_missing > 0
-          ? h('p', {
-              class: 'warn',
-              text: `${count(reply.coverage.server_hours_missing)} server-hours had no data: “absent” covers only what was reported.`,
-            })
-          : null,
+        note,
       ),
     );
   }
 
-  /** Shell-style globs as the aggregator reads them: `*`, `?`, `[abc]`, `[a-z]`, `[!abc]`. */
-  function globRegExp(glob) {
-    let out = '^';
-    for (let i = 0; i < glob.length; i++) {
-      const c = glob[i];
-      if (c === '*') out += '.*';
-      else if (c === '?') out += '.';
-      else if (c === '[') {
-        const close = glob.indexOf(']', i + 2);
-        if (close < 0) {
-          out += '\\[';
+  /**
+   * Shell-style globs exactly as the aggregator reads them (aggregator/src/glob.rs, of
+   * which this is a port): `*` any run, `?` any one character, `[abc]`, `[a-z]` and
+   * `[!abc]` or `[^abc]` a set; a `]` first in a set is itself, a reversed range (`[z-a]`)
+   * matches nothing, and a `[` that no `]` closes is a literal `[`. Characters are code
+   * points, as Rust's `char`s.
+   */
+  function globMatches(glob, text) {
+    const pattern = Array.from(glob);
+    const name = Array.from(text);
+    // Iterative, with one backtrack point for the last `*`: never exponential.
+    let p = 0;
+    let n = 0;
+    let star = null;
+    while (n < name.length) {
+      if (p < pattern.length) {
+        const c = pattern[p];
+        if (c === '*') {
+          star = [p, n];
+          p += 1;
           continue;
         }
-        let set = glob.slice(i + 1, close);
-        const negate = set.startsWith('!');
-        if (negate) set = set.slice(1);
-        out += `[${negate ? '^' : ''}${set.replace(/[\\\]^]/g, '\\$&')}]`;
-        i = close;
-      } else out += c.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+        if (c === '?') {
+          p += 1;
+          n += 1;
+          continue;
+        }
+        if (c === '[') {
+          const set = matchSet(pattern, p, name[n]);
+          if (set) {
+            if (set.hit) {
+              p = set.next;
+              n += 1;
+              continue;
+            }
+          } else if (name[n] === '[') {
+            p += 1;
+            n += 1;
+            continue;
+          }
+        } else if (c === name[n]) {
+          p += 1;
+          n += 1;
+          continue;
+        }
+      }
+      if (!star) return false;
+      p = star[0] + 1;
+      n = star[1] + 1;
+      star = [star[0], star[1] + 1];
     }
-    return new RegExp(`${out}$`, 'u');
+    return pattern.slice(p).every((c) => c === '*');
+  }
+
+  /** Code point order, as Rust compares `char`s. */
+  function codePoint(c) {
+    return c.codePointAt(0);
+  }
+
+  /**
+   * Matches `c` against the set at `pattern[start] === '['`: `{ hit, next }` (whether it
+   * matched, where the pattern goes on), or null when no `]` closes the set.
+   */
+  function matchSet(pattern, start, c) {
+    let i = start + 1;
+    const negate = pattern[i] === '!' || pattern[i] === '^';
+    if (negate) i += 1;
+    let hit = false;
+    let first = true;
+    while (i < pattern.length) {
+      if (pattern[i] === ']' && !first) return { hit: hit !== negate, next: i + 1 };
+      first = false;
+      if (i + 2 < pattern.length && pattern[i + 1] === '-' && pattern[i + 2] !== ']') {
+        hit = hit || (codePoint(pattern[i]) <= codePoint(c) && codePoint(c) <= codePoint(pattern[i + 2]));
+        i += 3;
+      } else {
+        hit = hit || pattern[i] === c;
+        i += 1;
+      }
+    }
+    return null;
   }
 
   function serverSelected(server, view) {
     const labels = server.labels || {};
-    const byName = !view.servers.length || view.servers.some((g) => globRegExp(g).test(server.name));
+    const byName = !view.servers.length || view.servers.some((g) => globMatches(g, server.name));
     const byLabels = view.labels.every((pair) => {
       const at = pair.indexOf('=');
       return at > 0 && labels[pair.slice(0, at)] === pair.slice(at + 1);
@@ -666,6 +777,10 @@
     { name: 'many', text: 'more than a quarter missing' },
     { name: 'all', text: 'every hour missing' },
   ];
+  const UNKNOWN = {
+    name: 'unknown',
+    text: `unknown: not named by the API (it names at most ${MAX_MISSING_LISTED} servers per answer), or partitions did not answer`,
+  };
 
   function levelOf(missing, hours) {
     if (missing <= 0) return 'ok';
@@ -681,7 +796,13 @@
       const start = hourOfDayStart(day);
       const hours = Math.min(range.end_hour, start + 24) - Math.max(range.start_hour, start);
       const missing = new Map((g.coverage.missing || []).map((m) => [m.server, m.hours]));
-      return { day, hours, missing, coverage: g.coverage };
+      // `missing` names at most MAX_MISSING_LISTED servers while `server_hours_missing`
+      // counts them all: when the named hours fall short, a server not named may have
+      // missed hours too. And when partitions did not answer, what a server sent is not
+      // all in the answer. Either way a server not named is unknown, not complete.
+      const unnamed = Math.max(0, (g.coverage.server_hours_missing || 0) - listedHours(g.coverage));
+      const partitions = g.coverage.partitions_missing || 0;
+      return { day, hours, missing, unnamed, partitions, coverage: g.coverage };
     });
     const names = new Set(servers.filter((sv) => serverSelected(sv, view)).map((sv) => sv.name));
     for (const d of days) for (const name of d.missing.keys()) names.add(name);
@@ -703,9 +824,36 @@
       );
     });
     const body = h('tbody');
+    let unknownCells = 0;
     for (const name of rows) {
       const tr = h('tr', { dataset: { server: name } }, h('th', { scope: 'row', text: name }));
       for (const d of days) {
+        const partitionsText = d.partitions
+          ? `${count(d.partitions)} ${d.partitions === 1 ? 'partition' : 'partitions'} of the cluster did not answer`
+          : '';
+        if (!d.missing.has(name) && (d.unnamed > 0 || d.partitions > 0)) {
+          unknownCells += 1;
+          const why = [];
+          if (d.unnamed > 0) {
+            why.push(
+              `the API names at most ${MAX_MISSING_LISTED} servers per answer, and ${count(d.unnamed)} server-hours ` +
+                'missing that day are of servers it does not name',
+            );
+          }
+          if (partitionsText) why.push(partitionsText);
+          tr.append(
+            h(
+              'td',
+              {
+                class: 'cell unknown',
+                title: `${name}, ${d.day}: unknown: ${why.join('; ')}`,
+                dataset: { server: name, day: d.day, hours: d.hours, level: 'unknown' },
+              },
+              h('span', { text: '?' }),
+            ),
+          );
+          continue;
+        }
         const missing = d.missing.get(name) || 0;
         const level = levelOf(missing, d.hours);
         tr.append(
@@ -713,7 +861,9 @@
             'td',
             {
               class: `cell ${level}`,
-              title: `${name}, ${d.day}: ${missing ? `${missing} of ${d.hours} hours without data` : 'no hour missing'}`,
+              title:
+                `${name}, ${d.day}: ${missing ? `${missing} of ${d.hours} hours without data` : 'no hour missing'}` +
+                (partitionsText ? `; ${partitionsText}` : ''),
               dataset: { server: name, day: d.day, missing, hours: d.hours, level },
             },
             missing ? h('span', { text: String(missing) }) : null,
@@ -728,14 +878,21 @@
     $('#coverage-grid').classList.toggle('compact', compactDays);
     $('#coverage-grid').replaceChildren(h('thead', {}, head), body);
     $('#coverage-legend').replaceChildren(
-      ...LEVELS.map((l) => h('li', {}, h('span', { class: `swatch cell ${l.name}`, 'aria-hidden': 'true' }), l.text)),
+      ...[...LEVELS, ...(unknownCells ? [UNKNOWN] : [])].map((l) =>
+        h('li', { dataset: { level: l.name } }, h('span', { class: `swatch cell ${l.name}`, 'aria-hidden': 'true' }), l.text),
+      ),
       h('li', { class: 'muted', text: 'numbers: hours without data that day (UTC)' }),
     );
     const missingTotal = reply.coverage.server_hours_missing;
-    $('#coverage-summary').textContent =
-      `${rows.length} servers × ${days.length} days; ` +
-      (missingTotal ? `${count(missingTotal)} server-hours without data` : 'no server-hour missing');
+    const warning = coverageWarning(reply.coverage, {
+      consequence: unknownCells ? `${count(unknownCells)} cells are unknown (hatched)` : '',
+    });
+    const summary = $('#coverage-summary');
+    summary.className = warning ? 'warn' : 'muted';
+    summary.textContent = `${rows.length} servers × ${days.length} days; ${warning || 'no server-hour missing'}`;
     $('#coverage').dataset.serverHoursMissing = String(missingTotal);
+    $('#coverage').dataset.partitionsMissing = String(reply.coverage.partitions_missing || 0);
+    $('#coverage').dataset.unknownCells = String(unknownCells);
   }
 
   function renderServers(servers, view) {
@@ -792,8 +949,12 @@
     coverage: () => {
       $('#coverage-grid').replaceChildren();
       $('#coverage-summary').textContent = '';
+      $('#coverage-summary').className = 'muted';
     },
-    topk: () => $('#topk-table').replaceChildren(),
+    topk: () => {
+      $('#topk-table').replaceChildren();
+      $('#topk-coverage').replaceChildren();
+    },
     membership: () => $('#member-result').replaceChildren(),
     'servers-panel': () => $('#servers-table').replaceChildren(),
   };
@@ -914,7 +1075,7 @@
             if (stale()) return;
             $('#range-text').textContent = `${rangeText(reply.range)}, per ${grouping}`;
             $('#chart-readout').textContent =
-              'The line is the estimate, the band its 95% interval; orange points had servers without data (the count may be low). Point at the chart to read a value.';
+              'The line is the estimate, the band its 95% interval; orange points miss data (servers without data, or partitions that did not answer: the count may be low). Point at the chart to read a value.';
             renderTotal(reply.answer, reply.coverage);
             chartData = { groups: reply.groups || [], grouping, range: reply.range, metric: view.metric };
             distinctPanel.dataset.grouping = grouping;
