@@ -14,6 +14,7 @@ mod nats;
 mod netcut;
 mod otel;
 mod review;
+mod review2;
 mod robustness;
 mod sketch_cli;
 mod tls;

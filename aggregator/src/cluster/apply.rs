@@ -17,6 +17,7 @@ use prost::Message;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
+use super::barrier::{Delivered, Vouched, identity, vouched};
 use super::{Cluster, ClusterError, LIVE};
 use crate::metrics::{ApplyLabel, Metrics};
 use crate::service::CollectorService;
@@ -75,6 +76,8 @@ pub(crate) async fn run(
     metrics: Arc<Metrics>,
     stopped: impl Future<Output = ()>,
 ) {
+    // This node's own record of how far it applied each subject lives in its store.
+    cluster.keep_positions_in(Arc::clone(applier.store()));
     let work = Consuming {
         cluster: Arc::clone(&cluster),
         durable,
@@ -317,17 +320,20 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Ok(stream) => stream,
         Err(e) => return stream_error(e.to_string()),
     };
-    let (consumer, complete, mut delivered) = match open(work, p, &stream, &name, &subject).await {
+    let Opened {
+        consumer,
+        identity,
+        complete,
+        mut delivered,
+    } = match open(work, p, &stream, &name, &subject).await {
         Ok(opened) => opened,
         Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
     };
     // Incomplete and no node could give what is missing: apply what is there, and try
     // the copy again later.
     let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
-    // A connection that stops delivering shows as missed heartbeats well before a message
-    // could age out of the stream unseen (a quarter of max_age, 2 to 10 s, for two):
-    // the consumer is then opened again, which checks what the stream dropped meanwhile.
-    let heartbeat = (config.max_age / 8).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let heartbeat = pull_heartbeat(config);
+    let (quiet, stall) = (quiet(config), stall(config));
     let pulls = consumer
         .stream()
         .heartbeat(heartbeat)
@@ -339,15 +345,34 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         Err(e) => return stream_error(format!("consumer {name}: {e}")),
     };
     tracing::debug!(consumer = %name, "applying {subject}");
+    let mut quiet_until = tokio::time::Instant::now() + quiet;
+    let mut unreceived = None;
     loop {
-        let next = match retry_copy {
-            Some(at) => tokio::select! {
-                next = messages.next() => next,
-                _ = tokio::time::sleep_until(at) => {
-                    return stream_error(format!("consumer {name}: trying the copy of what the stream no longer keeps again"));
-                }
-            },
-            None => messages.next().await,
+        let next = tokio::select! {
+            biased;
+            next = messages.next() => Some(next),
+            _ = tokio::time::sleep_until(retry_copy.unwrap_or(quiet_until)), if retry_copy.is_some() => {
+                return stream_error(format!("consumer {name}: trying the copy of what the stream no longer keeps again"));
+            }
+            _ = tokio::time::sleep_until(quiet_until) => None,
+        };
+        // The quiet timer went off long after it was due: this loop did not run (a frozen
+        // process, a starved runtime), and what came since may follow messages the consumer
+        // looked past unseen. Neither it nor what the consumer looked at counts.
+        let late = tokio::time::Instant::now().saturating_duration_since(quiet_until);
+        if late > stall {
+            cluster.distrust(p, &identity);
+            return stream_error(format!(
+                "consumer {name}: this node's loop did not run for {late:?} past its time; opening the consumer again from this node's position"
+            ));
+        }
+        cluster.barrier().running(p);
+        let Some(next) = next else {
+            if let Err(detail) = idle(cluster, p, &consumer, &identity, &mut unreceived).await {
+                return stream_error(format!("consumer {name}: {detail}"));
+            }
+            quiet_until = tokio::time::Instant::now() + quiet;
+            continue;
         };
         let message = match next {
             Some(Ok(message)) => message,
@@ -355,11 +380,14 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
             None => return stream_error(format!("consumer {name} ended")),
         };
+        let taken = std::time::Instant::now();
         // Every delivery of this consumer takes the next consumer sequence: one skipped
         // was delivered and lost on the way (a reconnect). Applying on would record a
-        // position past it, so the consumer is opened again, from its floor.
-        match message.info() {
-            Ok(info) if info.consumer_sequence == delivered + 1 => delivered += 1,
+        // position past it, so the consumer is opened again, from this node's position.
+        let (consumer_sequence, stream_sequence, pending) = match message.info() {
+            Ok(info) if info.consumer_sequence == delivered + 1 => {
+                (info.consumer_sequence, info.stream_sequence, info.pending)
+            }
             Ok(info) => {
                 return stream_error(format!(
                     "consumer {name}: deliveries {} to {} were lost on the way",
@@ -372,7 +400,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
                     "consumer {name}: a message without its position: {e}"
                 ));
             }
-        }
+        };
         // A message the store could not take is retried here, before any later one: the
         // position recorded as applied must never pass a message not applied.
         let outcome = loop {
@@ -386,25 +414,39 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             }
             tokio::time::sleep(RETRY_DELAY).await;
         };
-        // After the count, so that a reader who sees the position also sees the count.
-        let mut caught_up = false;
-        if let Ok(info) = message.info() {
-            work.metrics.cluster_applied_at(info.stream_sequence);
-            cluster.record_applied(p, info.stream_sequence);
-            cluster.members().set_pending(p, info.pending);
-            caught_up = info.pending == 0;
+        // Stalled: this consumer's deliveries vouch for nothing more (before this message
+        // is recorded, so that no reader takes what it looked at meanwhile as applied).
+        let stalled = taken.elapsed() > stall;
+        if stalled {
+            cluster.distrust(p, &identity);
         }
+        // After the count, so that a reader who sees the position also sees the count.
+        work.metrics.cluster_applied_at(stream_sequence);
+        cluster.record_delivery(p, &identity, consumer_sequence, stream_sequence);
+        delivered = consumer_sequence;
+        cluster.members().set_pending(p, pending);
+        let caught_up = pending == 0;
         let ack = match outcome {
             Applied::Refused => AckKind::Term,
             Applied::Ok | Applied::Retry => AckKind::Ack,
         };
-        // A lost acknowledgement only means a redelivery, which the version rule absorbs.
-        // Double: the readiness check below must not count this message as outstanding.
+        // A lost acknowledgement only means a redelivery, which the version rule absorbs;
+        // nothing here depends on it (the ack floor vouches for nothing, DESIGN §10).
         if let Err(e) = message.double_ack_with(ack).await {
             tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
         }
-        // Nothing left to deliver: ready once nothing delivered is unacknowledged either
-        // (one request, only while not ready yet).
+        if stalled || taken.elapsed() > stall {
+            cluster.distrust(p, &identity);
+            return stream_error(format!(
+                "consumer {name}: one message took {:?} to apply and acknowledge, longer than a quarter of cluster.max_age; opening the consumer again from this node's position",
+                taken.elapsed()
+            ));
+        }
+        quiet_until = tokio::time::Instant::now() + quiet;
+        unreceived = None;
+        cluster.barrier().running(p);
+        // Nothing left to deliver: ready once this node applied every delivery too (one
+        // request, only while not ready yet).
         if p != LIVE && caught_up && !cluster.members().is_ready_here(p) {
             match consumer.get_info().await {
                 Ok(info) => {
@@ -417,17 +459,111 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
     }
 }
 
+/// The pull requests' heartbeat. A connection that stops delivering shows as missed
+/// heartbeats well before a message could age out of the stream unseen (a quarter of
+/// max_age, 2 to 10 s, for two): the consumer is then opened again, which checks what the
+/// stream dropped meanwhile.
+fn pull_heartbeat(config: &super::ClusterConfig) -> Duration {
+    (config.max_age / 8).clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
+
+/// Nothing received for this long, a consume loop asks its consumer what it delivered
+/// ([`idle`]): four pull heartbeats, and at most a quarter of max_age, so that a quiet
+/// subject's position follows the stream closely enough.
+fn quiet(config: &super::ClusterConfig) -> Duration {
+    (pull_heartbeat(config) * 4).min(config.max_age / 4)
+}
+
+/// A consume loop not asking for messages this long (one message retried in place after
+/// a store failure, a process frozen or starved) stalls its consumer: it looks at nothing
+/// meanwhile, and what the stream drops before it looks again it would look past without
+/// a gap in its deliveries. A stalled consumer vouches for nothing more.
+fn stall(config: &super::ClusterConfig) -> Duration {
+    config.max_age / 4
+}
+
+/// The longest a running consume loop goes without showing it runs (its quiet time, and
+/// a stall): longer, its consumer vouches for nothing ([`super::barrier::caught_up`]).
+pub(crate) fn unchecked(config: &super::ClusterConfig) -> Duration {
+    quiet(config) + stall(config)
+}
+
+/// The consume loop of `p` received nothing for a while: asks its consumer what it
+/// delivered. Deliveries this node has not received, still missing at the next such
+/// check (`unreceived` holds the last seen), were lost on the way and will not come back
+/// before `ACK_WAIT`, or ever if the stream drops them first: the consumer is opened
+/// again (the error). With every delivery applied and nothing left, what the consumer
+/// looked at is applied: recorded, so that a quiet subject's position follows the stream
+/// and a reopen after `max_age` does not take what the stream dropped of others as
+/// missing.
+async fn idle(
+    cluster: &Cluster,
+    p: u32,
+    consumer: &PullConsumer,
+    identity: &str,
+    unreceived: &mut Option<u64>,
+) -> Result<(), String> {
+    let info = match consumer.get_info().await {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::debug!(partition = p, error = %e, "cluster: reading an idle consumer's state");
+            return Ok(());
+        }
+    };
+    let theirs = Delivered::of(&info);
+    if theirs.consumer != identity {
+        return Err("JetStream holds another instance of it than the one opened".into());
+    }
+    let mine = cluster.position(p);
+    match vouched(&theirs, &mine) {
+        Vouched::All { at } => {
+            if info.num_pending == 0 {
+                cluster.record_applied(p, at);
+            }
+            *unreceived = None;
+            Ok(())
+        }
+        Vouched::Behind { .. } if unreceived.is_some_and(|d| d > mine.delivered) => Err(format!(
+            "deliveries {} to {} never arrived",
+            mine.delivered + 1,
+            theirs.consumer_sequence
+        )),
+        Vouched::Behind { .. } => {
+            *unreceived = Some(theirs.consumer_sequence);
+            Ok(())
+        }
+        Vouched::Other { .. } => Err("its deliveries no longer vouch for anything here".into()),
+    }
+}
+
+/// What [`open`] opened.
+struct Opened {
+    consumer: PullConsumer,
+    /// Its instance ([`super::barrier::identity`]).
+    identity: String,
+    /// Whether the store holds every message of the subject the stream ever had.
+    complete: bool,
+    /// The consumer sequence of its last delivery: the next one must follow it.
+    delivered: u64,
+}
+
 /// Opens the durable consumer `name` of `subject` (partition `p` or [`LIVE`]) for this
 /// store, and says whether the store holds every message the stream ever had of it: if
 /// not, it first copies what is missing from another node ([`super::copy`]). Records what
 /// the store has applied, and its readiness.
+///
+/// How far the store holds the subject comes from this node's own record
+/// ([`super::barrier::vouched`]): what the consumer looked at counts only if this node
+/// received and applied every delivery of this very consumer instance. Else (deliveries
+/// it never applied, or another instance) the consumer starts again right after the
+/// store's own position.
 async fn open(
     work: &Consuming,
     p: u32,
     stream: &jetstream::stream::Stream,
     name: &str,
     subject: &str,
-) -> Result<(PullConsumer, bool, u64), String> {
+) -> Result<Opened, String> {
     let cluster = &work.cluster;
     let config = cluster.config();
     let consumer_config = |deliver_policy, complete: bool| pull::Config {
@@ -445,75 +581,86 @@ async fn open(
         metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
         ..pull::Config::default()
     };
+    let mine = cluster
+        .load_position(p)
+        .map_err(|e| format!("reading this store's position: {e}"))?;
     let first = stream_first(stream).await?;
-    // A new consumer is of a new store: complete if the stream never dropped a message.
+    // A new consumer is of a new store (or of one whose consumer JetStream removed, idle
+    // for longer than the stream keeps messages): complete if the stream never dropped a
+    // message.
     let mut consumer = stream
         .get_or_create_consumer(name, consumer_config(DeliverPolicy::All, first <= 1))
         .await
         .map_err(|e| e.to_string())?;
     let mut info = consumer.get_info().await.map_err(|e| e.to_string())?;
-    let floor = info.ack_floor.stream_sequence;
-    // How far it looked: with nothing delivered unacknowledged, up to the last sequence
-    // it reports delivered, which for a consumer of one subject runs on over the others'.
-    // So too when this process applied everything delivered and only acknowledgements
-    // were lost (a NATS leader election on the way): its floor alone would then claim
-    // messages the stream dropped since as missing, and the node would refuse (and, with
-    // the only other owner out of reach, no push of the partition could be answered).
-    let applied_all = cluster.applied(p) >= info.delivered.stream_sequence;
-    let seen = if info.num_ack_pending == 0 || applied_all {
-        floor.max(info.delivered.stream_sequence)
-    } else {
-        floor
-    };
     // Its record says whether it missed messages (consumers of older versions have none),
-    // and it missed those the stream dropped (max_age) after what it saw.
+    // and it missed those the stream dropped (max_age) after what it holds.
     let marked = info
         .config
         .metadata
         .get(COMPLETE_KEY)
         .is_none_or(|v| v == "true");
-    let mut complete = marked && seen.saturating_add(1) >= first;
-    // Messages delivered to an earlier run and neither applied by this process nor
-    // acknowledged (a restart, a stop while they waited in the client's buffer) would come
-    // back only after ACK_WAIT, *after* later ones: the position recorded as applied
-    // would then claim them too. So the consumer starts again from what the store
-    // acknowledged, and delivers in order from there (what it re-delivers was applied or
-    // not; the version rule makes both the same).
-    if info.num_ack_pending > 0 && !applied_all {
-        tracing::info!(
-            consumer = %name,
-            unacknowledged = info.num_ack_pending,
-            from = floor + 1,
-            "resuming the consumer from its acknowledged position"
-        );
-        stream
-            .delete_consumer(name)
-            .await
-            .map_err(|e| e.to_string())?;
-        let from = DeliverPolicy::ByStartSequence {
-            start_sequence: floor + 1,
-        };
-        consumer = stream
-            .create_consumer(consumer_config(from, marked))
-            .await
-            .map_err(|e| e.to_string())?;
-        info = consumer.get_info().await.map_err(|e| e.to_string())?;
+    let theirs = Delivered::of(&info);
+    let verdict = vouched(&theirs, &mine);
+    // Every message of the subject up to it is in the store.
+    let held = verdict.at();
+    match verdict {
+        Vouched::All { .. } => {}
+        // A consumer that delivered nothing yet and starts right after what the store
+        // holds (a new store's, on a stream that never dropped a message): this store's.
+        Vouched::Other { .. }
+            if theirs.consumer_sequence == 0 && theirs.stream_sequence == mine.applied =>
+        {
+            cluster.follow(p, &theirs.consumer);
+        }
+        // Deliveries this store never applied (lost on the way, in the buffer of a process
+        // that stopped, or given up by JetStream when the stream dropped them) would
+        // claim messages never applied, or come back (after ACK_WAIT) behind later ones;
+        // another instance's deliveries say nothing of this store. So the consumer starts
+        // again right after what the store holds, and delivers in order from there (what
+        // it delivers again was applied or not; the version rule makes both the same).
+        Vouched::Behind { .. } | Vouched::Other { .. } => {
+            tracing::info!(
+                consumer = %name,
+                delivered = theirs.consumer_sequence,
+                applied_here = mine.delivered,
+                from = held + 1,
+                "starting the consumer again from what this store holds"
+            );
+            stream
+                .delete_consumer(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let from = DeliverPolicy::ByStartSequence {
+                start_sequence: held + 1,
+            };
+            consumer = stream
+                .create_consumer(consumer_config(from, marked))
+                .await
+                .map_err(|e| e.to_string())?;
+            info = consumer.get_info().await.map_err(|e| e.to_string())?;
+            cluster.follow(p, &identity(&info));
+        }
     }
+    let identity = identity(&info);
+    // Read once the consumer is what it applies from: what the stream dropped by then,
+    // the consumer cannot deliver.
+    let first = stream_first(stream).await?;
+    let mut complete = marked && held.saturating_add(1) >= first;
     if !complete {
-        // Recorded first: once this consumer applies past the stream's start, its floor
-        // alone would no longer show what it missed.
+        // Recorded first: once this consumer applies past the stream's start, this
+        // store's position alone would no longer show what it missed.
         if marked {
             mark_complete(stream, &info, false).await?;
         }
-        if let Some(at) = copy_missing(work, p, stream, seen).await {
+        if let Some(at) = copy_missing(work, p, stream, held).await {
             mark_complete(stream, &info, true).await?;
             // Every message up to it is in the store, copied.
             cluster.record_applied(p, at);
             complete = true;
         }
     }
-    // What the store acknowledged is applied (acknowledged only after the write).
-    cluster.record_applied(p, seen);
+    cluster.record_applied(p, held);
     cluster.barrier().set_consumer(p, consumer.clone());
     if p == LIVE {
         cluster
@@ -525,7 +672,12 @@ async fn open(
             .members()
             .caught_up(p, outstanding(cluster, p, &info), complete);
     }
-    Ok((consumer, complete, info.delivered.consumer_sequence))
+    Ok(Opened {
+        consumer,
+        identity,
+        complete,
+        delivered: info.delivered.consumer_sequence,
+    })
 }
 
 /// The stream's first sequence: messages before it are gone (max_age).
@@ -536,12 +688,12 @@ async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String>
 
 /// Copies what the stream dropped of `p` from another node. Returns the position the
 /// copy reflects once this store holds every message of `p` the stream ever had (the
-/// copy's, and from `floor` on the stream's), else `None`.
+/// copy's, and from `held`, what the store held before, on the stream's), else `None`.
 async fn copy_missing(
     work: &Consuming,
     p: u32,
     stream: &jetstream::stream::Stream,
-    floor: u64,
+    held: u64,
 ) -> Option<u64> {
     let copied = super::copy::fetch(&work.cluster, work.applier.store(), p).await;
     let at = match copied {
@@ -557,7 +709,7 @@ async fn copy_missing(
     };
     match stream_first(stream).await {
         // Nothing after the copy's position has been dropped since.
-        Ok(first) if at.max(floor).saturating_add(1) >= first => Some(at),
+        Ok(first) if at.max(held).saturating_add(1) >= first => Some(at),
         Ok(first) => {
             tracing::warn!(
                 partition = p,
@@ -608,14 +760,15 @@ fn count(work: &Consuming, outcome: Applied) {
 }
 
 /// The messages of `p` this node has still to apply, by its consumer's `info`: those not
-/// delivered yet, and those delivered and not acknowledged unless this process applied
-/// past them (it applies in order, so then it applied them all; their acknowledgement
-/// was lost).
+/// delivered yet, and the deliveries this node has not received and applied (by the one
+/// rule, [`super::barrier::vouched`]; the ack floor says nothing of them).
 fn outstanding(cluster: &Cluster, p: u32, info: &async_nats::jetstream::consumer::Info) -> u64 {
-    let unapplied = if cluster.applied(p) >= info.delivered.stream_sequence {
-        0
-    } else {
-        info.num_ack_pending as u64
+    let theirs = Delivered::of(info);
+    let mine = cluster.position(p);
+    let unapplied = match vouched(&theirs, &mine) {
+        Vouched::All { .. } => 0,
+        Vouched::Behind { .. } => theirs.consumer_sequence - mine.delivered,
+        Vouched::Other { .. } => theirs.consumer_sequence.max(1),
     };
     info.num_pending + unapplied
 }

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::{Consumer, pull};
 
 use super::{Cluster, LIVE};
+use crate::store::StreamPosition;
 
 /// The header of a live message naming, per partition of the push, the highest stream
 /// sequence JetStream gave the push's messages of that partition: `P:SEQ` pairs
@@ -42,8 +43,10 @@ const POLL: Duration = Duration::from_millis(20);
 #[derive(Default)]
 pub(crate) struct Barrier {
     required: Mutex<HashMap<u32, u64>>,
-    /// This node's consumers, by partition ([`LIVE`] for the live subject).
-    consumers: Mutex<HashMap<u32, Consumer<pull::Config>>>,
+    /// This node's consumers, by partition ([`LIVE`] for the live subject), each with
+    /// when its loop last showed it runs (it asks JetStream for messages, so the consumer
+    /// looks at what the stream gets).
+    consumers: Mutex<HashMap<u32, (Consumer<pull::Config>, Instant)>>,
     /// Whether this node's store holds every live message the stream ever had (applied,
     /// or copied from another node): else its series index may lack series.
     live_complete: std::sync::atomic::AtomicBool,
@@ -70,7 +73,23 @@ impl Barrier {
     /// This node's consumer of `p` (or [`LIVE`]), from when it runs.
     pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.insert(p, consumer);
+        consumers.insert(p, (consumer, Instant::now()));
+    }
+
+    /// Records that the loop of `p`'s consumer runs now.
+    pub(crate) fn running(&self, p: u32) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, at)) = consumers.get_mut(&p) {
+            *at = Instant::now();
+        }
+    }
+
+    /// How long ago the loop of `p`'s consumer last showed it runs.
+    fn not_running_for(&self, p: u32) -> Duration {
+        let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers
+            .get(&p)
+            .map_or(Duration::MAX, |(_, at)| at.elapsed())
     }
 
     /// Forgets the consumer of `p`, which stopped.
@@ -81,7 +100,7 @@ impl Barrier {
 
     fn consumer(&self, p: u32) -> Option<Consumer<pull::Config>> {
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.get(&p).cloned()
+        consumers.get(&p).map(|(consumer, _)| consumer.clone())
     }
 
     /// Records whether this node holds every live message the stream ever had.
@@ -141,7 +160,9 @@ async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), Stri
 
 /// Waits until this node applied every message of `p` (or [`LIVE`]) JetStream had
 /// delivered when this was called, with nothing left undelivered: then it applied every
-/// message of `p` the stream held at the call.
+/// message of `p` the stream held at the call. Only this node's own record of the
+/// deliveries it received and applied ([`vouched`]) says so, never the consumer's ack
+/// floor.
 pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
     let consumer = cluster
         .barrier()
@@ -153,27 +174,130 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
             .await
             .map_err(|_| "JetStream did not answer in time".to_string())?
             .map_err(|e| format!("JetStream: {e}"))?;
-        // A consumer of one subject reports as delivered the last sequence it looked at,
-        // of any subject; with nothing delivered unacknowledged, every message of `p` up
-        // to it was applied (acknowledged only after the position was recorded).
-        let delivered = info.delivered.stream_sequence;
-        if info.num_pending == 0 && info.num_ack_pending == 0 {
-            cluster.record_applied(p, delivered);
-            return Ok(());
+        let theirs = Delivered::of(&info);
+        let mut verdict = vouched(&theirs, &cluster.position(p));
+        if let Vouched::Behind { .. } = verdict {
+            // Deliveries this node has not applied (yet): on their way, or in its buffer.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if cluster
+                .wait_delivered(p, &theirs.consumer, theirs.consumer_sequence, left)
+                .await
+            {
+                verdict = vouched(&theirs, &cluster.position(p));
+            }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let applied = cluster.wait_applied(p, delivered, left).await;
-        if info.num_pending == 0 && applied {
+        // A loop that has not run for longer than it may (a frozen process) has a
+        // consumer that looked at nothing meanwhile, and may since have looked past what
+        // the stream dropped: it vouches for nothing until the loop has seen to it.
+        let running =
+            cluster.barrier().not_running_for(p) <= super::apply::unchecked(cluster.config());
+        if let Vouched::All { at } = verdict
+            && info.num_pending == 0
+            && running
+        {
+            cluster.record_applied(p, at);
             return Ok(());
         }
         if Instant::now() + POLL >= deadline {
-            return Err(format!(
-                "{} messages were still to be delivered and it had applied up to {} of {delivered}",
-                info.num_pending,
-                cluster.applied(p)
-            ));
+            let mine = cluster.position(p);
+            return Err(match verdict {
+                Vouched::All { .. } if !running => format!(
+                    "its consumer's loop has not run for {:?}",
+                    cluster.barrier().not_running_for(p)
+                ),
+                Vouched::Other { .. } => {
+                    "its consumer was opened again meanwhile: it has yet to receive its deliveries"
+                        .to_string()
+                }
+                _ if info.num_pending > 0 => format!(
+                    "{} messages were still to be delivered and it had applied up to {} of {}",
+                    info.num_pending, mine.applied, theirs.stream_sequence
+                ),
+                _ => format!(
+                    "it had received and applied {} of the {} deliveries of its consumer (a delivery lost on the way is taken up when the consumer is opened again)",
+                    mine.delivered, theirs.consumer_sequence
+                ),
+            });
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What a consumer instance reports it delivered: its identity, the consumer sequence of
+/// its last delivery, and the last stream sequence it looked at (a consumer of one
+/// subject runs on over the other subjects' messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    /// [`identity`] of the consumer instance.
+    pub(crate) consumer: String,
+    /// Its deliveries so far (redeliveries count: each takes the next consumer sequence).
+    pub(crate) consumer_sequence: u64,
+    /// The last stream sequence it looked at.
+    pub(crate) stream_sequence: u64,
+}
+
+impl Delivered {
+    /// What `info` reports delivered.
+    pub(crate) fn of(info: &async_nats::jetstream::consumer::Info) -> Delivered {
+        Delivered {
+            consumer: identity(info),
+            consumer_sequence: info.delivered.consumer_sequence,
+            stream_sequence: info.delivered.stream_sequence,
+        }
+    }
+}
+
+/// A consumer instance's identity: its name and creation time. A consumer deleted and
+/// made again under the same name starts its consumer sequences again; its creation time
+/// tells it from the one before.
+pub(crate) fn identity(info: &async_nats::jetstream::consumer::Info) -> String {
+    format!("{}@{}", info.name, info.created.unix_timestamp_nanos())
+}
+
+/// How far a node may take a subject as applied ([`vouched`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Vouched {
+    /// This node received and applied every delivery the consumer instance made: every
+    /// message of the subject up to `at` (what it applied, or what the consumer looked
+    /// at, whichever is further) is in the store.
+    All { at: u64 },
+    /// The same instance made deliveries this node has not applied (yet, or ever: lost on
+    /// the way, in a buffer dropped with a stopped process, or given up by the server when
+    /// the stream dropped them): only its own position, `at`.
+    Behind { at: u64 },
+    /// Another instance than the one this node recorded (opened again, or never recorded
+    /// here): only its own position, `at`.
+    Other { at: u64 },
+}
+
+impl Vouched {
+    /// The stream sequence up to which every message of the subject is in the store.
+    pub(crate) fn at(self) -> u64 {
+        match self {
+            Vouched::All { at } | Vouched::Behind { at } | Vouched::Other { at } => at,
+        }
+    }
+}
+
+/// The one rule of what a node may take as applied of a subject (DESIGN §10), from what
+/// its consumer reports it delivered (`theirs`) and this node's own record (`mine`).
+///
+/// The consumer's ack floor and its count of unacknowledged deliveries never vouch for
+/// anything: nats-server counts a delivered, never acknowledged message that the stream
+/// drops (`max_age`) as terminated, leaves it out of the unacknowledged ones and moves the
+/// floor past it. Only deliveries this node received and applied, counted by consumer
+/// sequence (each delivery takes the next one), do: if it applied all the instance made,
+/// every message of the subject up to what the instance looked at is applied.
+pub(crate) fn vouched(theirs: &Delivered, mine: &StreamPosition) -> Vouched {
+    let at = mine.applied;
+    if mine.consumer.is_empty() || mine.consumer != theirs.consumer {
+        Vouched::Other { at }
+    } else if theirs.consumer_sequence > mine.delivered {
+        Vouched::Behind { at }
+    } else {
+        Vouched::All {
+            at: at.max(theirs.stream_sequence),
+        }
     }
 }
 
@@ -225,6 +349,61 @@ mod tests {
         assert!(e.contains("partition \"x\""), "{e}");
         let e = parse_positions("1:-2").unwrap_err();
         assert!(e.contains("sequence \"-2\""), "{e}");
+    }
+
+    fn theirs(consumer: &str, consumer_sequence: u64, stream_sequence: u64) -> Delivered {
+        Delivered {
+            consumer: consumer.into(),
+            consumer_sequence,
+            stream_sequence,
+        }
+    }
+
+    fn mine(consumer: &str, delivered: u64, applied: u64) -> StreamPosition {
+        StreamPosition {
+            consumer: consumer.into(),
+            delivered,
+            applied,
+        }
+    }
+
+    #[test]
+    fn only_deliveries_this_node_applied_vouch_for_what_the_consumer_looked_at() {
+        // Every delivery applied: what it looked at (past other subjects') is applied.
+        assert_eq!(
+            vouched(&theirs("c@1", 7, 120), &mine("c@1", 7, 100)),
+            Vouched::All { at: 120 }
+        );
+        // Deliveries read before the Info of later ones: never below its own.
+        assert_eq!(
+            vouched(&theirs("c@1", 7, 90), &mine("c@1", 9, 100)),
+            Vouched::All { at: 100 }
+        );
+        // A delivery it has not applied (lost, or on its way): only its own position,
+        // however far the consumer (and its ack floor) went.
+        assert_eq!(
+            vouched(&theirs("c@1", 8, 120), &mine("c@1", 7, 100)),
+            Vouched::Behind { at: 100 }
+        );
+        // Another instance of the same name (sequences started again): its own only.
+        assert_eq!(
+            vouched(&theirs("c@2", 7, 120), &mine("c@1", 7, 100)),
+            Vouched::Other { at: 100 }
+        );
+        assert_eq!(
+            vouched(&theirs("c@2", 0, 120), &mine("c@1", 7, 100)),
+            Vouched::Other { at: 100 }
+        );
+        // A distrusted record (a stalled consumer) and a store that recorded nothing.
+        assert_eq!(
+            vouched(&theirs("c@1", 7, 120), &mine("", 7, 100)),
+            Vouched::Other { at: 100 }
+        );
+        assert_eq!(
+            vouched(&theirs("c@1", 0, 0), &StreamPosition::default()),
+            Vouched::Other { at: 0 }
+        );
+        assert_eq!(Vouched::Behind { at: 4 }.at(), 4);
     }
 
     #[test]

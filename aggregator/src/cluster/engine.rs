@@ -9,6 +9,7 @@ use hourglass_rpc::proto::v1;
 use prost::Message;
 
 use super::ClusterConfig;
+use crate::store::{Store, StoreError, StreamPosition};
 
 /// The stream's metadata key that records its partition count.
 const PARTITIONS_KEY: &str = "hourglass.partitions";
@@ -93,9 +94,13 @@ pub struct Cluster {
     /// The series bound's ledger, shared by this node's entry (which refuses a series
     /// over the bound before publishing, as a single aggregator does) and its apply loop.
     ledger: std::sync::Arc<crate::service::SeriesLedger>,
-    /// Per partition (and [`super::LIVE`]), the highest stream sequence this node's
-    /// consumer of it has applied.
-    applied: std::sync::Mutex<std::collections::HashMap<u32, tokio::sync::watch::Sender<u64>>>,
+    /// Per partition (and [`super::LIVE`]), this node's own record of how far it applied
+    /// the subject ([`StreamPosition`]): the consumer instance it applies from, the last
+    /// delivery of it received and applied, and the stream sequence up to which every
+    /// message of the subject is in the store.
+    positions: std::sync::Mutex<Positions>,
+    /// The store the positions are kept in (set by the apply loop).
+    store: std::sync::OnceLock<std::sync::Arc<dyn Store>>,
     /// What this node must have applied before it answers (`barrier.rs`).
     barrier: super::barrier::Barrier,
     /// The members and who owns what.
@@ -104,6 +109,13 @@ pub struct Cluster {
     peers: super::peer::Peers,
     client: async_nats::Client,
     jetstream: jetstream::Context,
+}
+
+/// The position watches by subject, and the subjects whose stored position was read.
+#[derive(Default)]
+struct Positions {
+    watches: std::collections::HashMap<u32, tokio::sync::watch::Sender<StreamPosition>>,
+    loaded: std::collections::HashSet<u32>,
 }
 
 /// One message to publish: its partition (or [`super::LIVE`]), subject and encoded push.
@@ -170,7 +182,8 @@ impl Cluster {
             peers,
             config,
             ledger: Default::default(),
-            applied: Default::default(),
+            positions: Default::default(),
+            store: Default::default(),
             barrier: Default::default(),
             members,
             client,
@@ -187,39 +200,158 @@ impl Cluster {
         &self.config
     }
 
-    /// The watch of partition `p`'s applied position.
-    fn applied_of(&self, p: u32) -> tokio::sync::watch::Sender<u64> {
-        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        applied
+    /// The watch of subject `p`'s position.
+    fn position_of(&self, p: u32) -> tokio::sync::watch::Sender<StreamPosition> {
+        let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        positions
+            .watches
             .entry(p)
-            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
+            .or_insert_with(|| tokio::sync::watch::Sender::new(StreamPosition::default()))
             .clone()
     }
 
-    /// Records that this node's consumer of partition `p` (or [`super::LIVE`]) applied
-    /// the message at stream `sequence`.
+    /// Keeps this node's positions in `store` from now on.
+    pub(crate) fn keep_positions_in(&self, store: std::sync::Arc<dyn Store>) {
+        let _ = self.store.set(store);
+    }
+
+    /// Changes subject `p`'s position with `change` (which says whether it changed it),
+    /// and writes it to the store if it did, under the watch's lock: the store's is never
+    /// ahead of the one in memory. A write that fails leaves the store's behind, which is
+    /// safe (DESIGN §10); it is logged.
+    fn change_position(&self, p: u32, change: impl FnOnce(&mut StreamPosition) -> bool) {
+        self.position_of(p).send_if_modified(|position| {
+            if !change(position) {
+                return false;
+            }
+            if let Some(store) = self.store.get()
+                && let Err(e) = store.put_stream_position(p, position)
+            {
+                tracing::warn!(partition = p, error = %e, "cluster: recording this node's position in the stream");
+            }
+            true
+        });
+    }
+
+    /// This node's position in subject `p` (or [`super::LIVE`]), read from the store the
+    /// first time (a restart resumes from it).
+    pub(crate) fn load_position(&self, p: u32) -> Result<StreamPosition, StoreError> {
+        let first = {
+            let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+            !positions.loaded.contains(&p)
+        };
+        if first && let Some(store) = self.store.get() {
+            let stored = store.stream_position(p)?.unwrap_or_default();
+            self.position_of(p).send_if_modified(|held| {
+                let newer = stored.applied > held.applied;
+                if newer {
+                    held.applied = stored.applied;
+                }
+                if held.consumer.is_empty() && held.delivered == 0 {
+                    held.consumer = stored.consumer.clone();
+                    held.delivered = stored.delivered;
+                    return true;
+                }
+                newer
+            });
+            let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+            positions.loaded.insert(p);
+        }
+        Ok(self.position(p))
+    }
+
+    /// This node's position in subject `p` (or [`super::LIVE`]).
+    pub(crate) fn position(&self, p: u32) -> StreamPosition {
+        self.position_of(p).borrow().clone()
+    }
+
+    /// Records that this node applies subject `p` from the consumer instance `consumer`
+    /// from now on, none of whose deliveries it received yet.
+    pub(crate) fn follow(&self, p: u32, consumer: &str) {
+        self.change_position(p, |position| {
+            position.consumer = consumer.to_string();
+            position.delivered = 0;
+            true
+        });
+    }
+
+    /// Records that no consumer instance's deliveries vouch for anything of `p` here any
+    /// more (its consumer stalled: what it looks past may have aged out unseen), as long as
+    /// it is still `consumer`.
+    pub(crate) fn distrust(&self, p: u32, consumer: &str) {
+        self.change_position(p, |position| {
+            let same = position.consumer == consumer;
+            if same {
+                position.consumer.clear();
+            }
+            same
+        });
+    }
+
+    /// Records that this node received and applied delivery `delivered` of `consumer`,
+    /// the message at stream `sequence` of `p`, and every delivery of it before.
+    pub(crate) fn record_delivery(&self, p: u32, consumer: &str, delivered: u64, sequence: u64) {
+        self.change_position(p, |position| {
+            let mut changed = false;
+            if position.consumer == consumer && delivered > position.delivered {
+                position.delivered = delivered;
+                changed = true;
+            }
+            if sequence > position.applied {
+                position.applied = sequence;
+                changed = true;
+            }
+            changed
+        });
+    }
+
+    /// Records that every message of partition `p` (or [`super::LIVE`]) up to stream
+    /// `sequence` is in the store.
     pub(crate) fn record_applied(&self, p: u32, sequence: u64) {
-        self.applied_of(p).send_if_modified(|held| {
-            let newer = sequence > *held;
+        self.change_position(p, |position| {
+            let newer = sequence > position.applied;
             if newer {
-                *held = sequence;
+                position.applied = sequence;
             }
             newer
         });
     }
 
-    /// Waits up to `timeout` for this node's consumer of `p` to reach stream `sequence`;
+    /// Waits up to `timeout` for this node to have applied `p` up to stream `sequence`;
     /// false if it did not.
     pub(crate) async fn wait_applied(&self, p: u32, sequence: u64, timeout: Duration) -> bool {
-        let mut applied = self.applied_of(p).subscribe();
-        tokio::time::timeout(timeout, applied.wait_for(|&a| a >= sequence))
+        let mut position = self.position_of(p).subscribe();
+        tokio::time::timeout(timeout, position.wait_for(|at| at.applied >= sequence))
             .await
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// The highest position this node's consumer of `p` (or [`super::LIVE`]) applied.
+    /// Waits up to `timeout` for this node to have received and applied delivery
+    /// `delivered` of `consumer` (and every one before); false if it did not, or stopped
+    /// following that consumer instance.
+    pub(crate) async fn wait_delivered(
+        &self,
+        p: u32,
+        consumer: &str,
+        delivered: u64,
+        timeout: Duration,
+    ) -> bool {
+        let mut position = self.position_of(p).subscribe();
+        let reached = tokio::time::timeout(
+            timeout,
+            position.wait_for(|at| at.consumer != consumer || at.delivered >= delivered),
+        )
+        .await;
+        match reached {
+            Ok(Ok(at)) => at.consumer == consumer,
+            _ => false,
+        }
+    }
+
+    /// How far this node applied `p` (or [`super::LIVE`]): every message of it up to
+    /// this stream sequence is in the store.
     pub(crate) fn applied(&self, p: u32) -> u64 {
-        *self.applied_of(p).borrow()
+        self.position_of(p).borrow().applied
     }
 
     /// What this node must have applied before it answers.
@@ -229,8 +361,13 @@ impl Cluster {
 
     /// The highest position this node applied of any subject.
     pub(crate) fn applied_max(&self) -> u64 {
-        let applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        applied.values().map(|w| *w.borrow()).max().unwrap_or(0)
+        let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        positions
+            .watches
+            .values()
+            .map(|w| w.borrow().applied)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Clients of the other nodes.

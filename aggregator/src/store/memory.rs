@@ -8,8 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{
     Bytes, DayConflict, DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError,
-    StoredSketch, check_frame, check_hourly_batch, check_rollups, is_empty_range, mask_span,
-    mask_within, sorted_labels, span_union,
+    StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups, is_empty_range,
+    mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -41,6 +41,8 @@ struct Inner {
     expired: BTreeSet<(Day, SeriesId)>,
     /// (server, day, series) for every stored snapshot: [`Store::server_series`].
     server_series: BTreeSet<(ServerId, Day, SeriesId)>,
+    /// Cluster mode: subject → [`Store::stream_position`].
+    positions: HashMap<u32, StreamPosition>,
     next_mark: u64,
 }
 
@@ -377,6 +379,19 @@ impl Store for MemoryStore {
 
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
         self.lock().expired.remove(&(day, series));
+        Ok(())
+    }
+
+    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError> {
+        Ok(self.lock().positions.get(&subject).cloned())
+    }
+
+    fn put_stream_position(
+        &self,
+        subject: u32,
+        position: &StreamPosition,
+    ) -> Result<(), StoreError> {
+        self.lock().positions.insert(subject, position.clone());
         Ok(())
     }
 

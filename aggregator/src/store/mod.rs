@@ -156,6 +156,24 @@ pub struct ServerEntry {
     pub(crate) labels: Vec<(String, String)>,
 }
 
+/// Cluster mode: how far this store applied one subject of the cluster's stream (a
+/// partition, or the live subject), as this node itself recorded it (DESIGN §10).
+///
+/// Written after the applies it describes and never synced on its own, so what a store
+/// holds is only ever behind what it applied: a delivery applied again is harmless.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamPosition {
+    /// The consumer instance whose deliveries [`StreamPosition::delivered`] counts, named
+    /// after its name and creation time; empty when no instance is to be trusted.
+    pub consumer: String,
+    /// The consumer sequence of the last delivery of that instance this store received and
+    /// applied; every earlier delivery of it was received and applied too.
+    pub delivered: u64,
+    /// Every message of the subject up to this stream sequence is in the store (applied,
+    /// or copied from another node).
+    pub applied: u64,
+}
+
 /// Why a store operation failed. Each variant says what is wrong and, where there is one,
 /// what to do about it.
 #[derive(Debug, Error)]
@@ -423,6 +441,19 @@ pub trait Store: Send + Sync + 'static {
     fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
         self.put_push(Some((server, hours)), &[]).map(drop)
     }
+
+    /// Cluster mode: this store's [`StreamPosition`] in `subject` of the cluster's stream
+    /// (a partition's number, or `u32::MAX` for the live subject); `None` while none was
+    /// recorded.
+    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError>;
+
+    /// Records `position` as this store's in `subject`, replacing the one held. Not synced:
+    /// a crash may lose it, leaving the one before, which is behind it.
+    fn put_stream_position(
+        &self,
+        subject: u32,
+        position: &StreamPosition,
+    ) -> Result<(), StoreError>;
 
     /// How many hours of `hours` `server` was recorded live.
     fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;

@@ -779,6 +779,35 @@ fn concurrent_writers_keep_the_newest(store: Arc<dyn Store>) {
 
 /// The suite as tests, for a store made by `$make`: a pair of a guard that must outlive the
 /// store (its temporary directory) and the store.
+/// Cluster mode's stream positions: one per subject (the live subject is `u32::MAX`),
+/// each replaced whole, none before it is recorded.
+fn stream_positions_round_trip(store: &dyn Store) {
+    assert_eq!(store.stream_position(3).unwrap(), None);
+    let first = StreamPosition {
+        consumer: "apply-agg-1-00000000000000ab-p3@1700000000123456789".into(),
+        delivered: 17,
+        applied: 1234,
+    };
+    store.put_stream_position(3, &first).unwrap();
+    let live = StreamPosition {
+        consumer: String::new(),
+        delivered: 0,
+        applied: u64::MAX,
+    };
+    store.put_stream_position(u32::MAX, &live).unwrap();
+    assert_eq!(store.stream_position(3).unwrap(), Some(first.clone()));
+    assert_eq!(store.stream_position(u32::MAX).unwrap(), Some(live));
+    assert_eq!(store.stream_position(4).unwrap(), None);
+    // A new consumer instance: its own deliveries, the applied position kept.
+    let second = StreamPosition {
+        consumer: "apply-agg-1-00000000000000ab-p3@1700000099000000000".into(),
+        delivered: 0,
+        applied: 1234,
+    };
+    store.put_stream_position(3, &second).unwrap();
+    assert_eq!(store.stream_position(3).unwrap(), Some(second));
+}
+
 macro_rules! store_suite {
     ($make:expr) => {
         #[test]
@@ -860,6 +889,11 @@ macro_rules! store_suite {
         fn server_registry_updates_labels() {
             let (_dir, store) = $make;
             super::server_registry_updates_labels(&*store);
+        }
+        #[test]
+        fn stream_positions_round_trip() {
+            let (_dir, store) = $make;
+            super::stream_positions_round_trip(&*store);
         }
         #[test]
         fn concurrent_writers_keep_the_newest() {
@@ -949,6 +983,25 @@ mod rocks {
             assert_eq!(stats.block_cache_capacity_bytes, 8 << 20);
             assert!(!stats.write_stopped);
         }
+    }
+
+    #[test]
+    fn a_stream_position_survives_reopen_and_a_damaged_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let position = StreamPosition {
+            consumer: "apply-agg-1-00000000000000ab-live@1700000000123456789".into(),
+            delivered: 9,
+            applied: 40,
+        };
+        {
+            let store = RocksStore::open(dir.path(), &options()).unwrap();
+            store.put_stream_position(u32::MAX, &position).unwrap();
+        }
+        let store = RocksStore::open(dir.path(), &options()).unwrap();
+        assert_eq!(store.stream_position(u32::MAX).unwrap(), Some(position));
+        put_raw(&store, "meta", b"cluster/position/\0\0\0\x07", &[1, 2, 3]);
+        let e = store.stream_position(7).unwrap_err();
+        assert!(matches!(e, StoreError::BadValue { .. }), "{e}");
     }
 
     #[test]

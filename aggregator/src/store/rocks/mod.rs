@@ -19,6 +19,8 @@
 //! dirty/<day BE><series id BE>     -> mark (u64 BE) of the day's latest stored snapshot
 //! built/<day BE><series id BE>     -> mark (u64 BE) the day's rollups were built from
 //! live/<server id BE><hour BE>     -> empty: the server was up and ingesting that hour
+//! cluster/position/<subject BE>    -> applied (u64 BE) | delivered (u64 BE) | consumer:
+//!                                     cluster mode's position in a subject of the stream
 //! ```
 //!
 //! A day is dirty while its dirty mark differs from its built mark (see [`super::DirtyDay`]).
@@ -50,8 +52,8 @@ use rocksdb::{
 use super::memory::next_id;
 use super::{
     Bytes, DayConflict, DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store,
-    StoreError, StoredSketch, check_frame, check_hourly_batch, check_rollups, is_empty_range,
-    mask_span, mask_within, sorted_labels, span_union,
+    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
+    is_empty_range, mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
@@ -1056,6 +1058,34 @@ impl Store for RocksStore {
             meta::day_series(meta::EXPIRED, series, day),
         );
         self.write(batch)
+    }
+
+    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError> {
+        let key = stream_position_key(subject);
+        match self
+            .db
+            .get_cf(self.cf(CF_META), &key)
+            .map_err(engine_error)?
+        {
+            Some(value) => Ok(Some(decode_stream_position(&key, &value)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_stream_position(
+        &self,
+        subject: u32,
+        position: &StreamPosition,
+    ) -> Result<(), StoreError> {
+        // Into the WAL, not synced: a position only ever lags what was applied.
+        self.db
+            .put_cf_opt(
+                self.cf(CF_META),
+                stream_position_key(subject),
+                encode_stream_position(position),
+                &WriteOptions::default(),
+            )
+            .map_err(engine_error)
     }
 
     fn put_copied_day(

@@ -92,6 +92,51 @@ pub(super) fn mark_value(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(bytes))
 }
 
+/// The `meta` key of the cluster stream position of `subject` ([`super::super::StreamPosition`]).
+pub(super) fn stream_position_key(subject: u32) -> Vec<u8> {
+    let mut key = STREAM_POSITION.to_vec();
+    key.extend_from_slice(&subject.to_be_bytes());
+    key
+}
+
+/// The `meta` prefix of cluster stream positions.
+pub(super) const STREAM_POSITION: &[u8] = b"cluster/position/";
+
+/// A stream position's value: `applied (u64 BE) | delivered (u64 BE) | consumer (UTF-8)`.
+pub(super) fn encode_stream_position(position: &StreamPosition) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + position.consumer.len());
+    out.extend_from_slice(&position.applied.to_be_bytes());
+    out.extend_from_slice(&position.delivered.to_be_bytes());
+    out.extend_from_slice(position.consumer.as_bytes());
+    out
+}
+
+/// The stream position stored under `key`.
+pub(super) fn decode_stream_position(
+    key: &[u8],
+    value: &[u8],
+) -> Result<StreamPosition, StoreError> {
+    let bad = |reason: String| StoreError::BadValue {
+        column: CF_META,
+        key: key.to_vec(),
+        reason,
+    };
+    if value.len() < 16 {
+        return Err(bad(format!(
+            "a stream position must be at least 16 bytes, found {}",
+            value.len()
+        )));
+    }
+    let (applied, rest) = value.split_at(8);
+    let (delivered, consumer) = rest.split_at(8);
+    Ok(StreamPosition {
+        consumer: String::from_utf8(consumer.to_vec())
+            .map_err(|_| bad("a stream position's consumer is not UTF-8".into()))?,
+        delivered: u64::from_be_bytes(delivered.try_into().unwrap_or_default()),
+        applied: u64::from_be_bytes(applied.try_into().unwrap_or_default()),
+    })
+}
+
 /// `series | time`, the first 8 bytes of both hourly (time = hour) and rollup (time = day)
 /// keys; see [`crate::keys::hour_prefix`] and [`crate::keys::day_prefix`].
 pub(super) fn series_time_prefix(series: u32, time: u32) -> [u8; 8] {
