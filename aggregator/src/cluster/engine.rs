@@ -423,7 +423,10 @@ impl Cluster {
             ..StreamConfig::default()
         };
         let started = Instant::now();
-        let mut stream = loop {
+        // The answer that found or made the stream carries its configuration: asking again
+        // right after another node made it may meet no stream leader yet and time out,
+        // which failed this node's start (seen in CI).
+        let stream = loop {
             match self.jetstream.get_or_create_stream(wanted.clone()).await {
                 Ok(stream) => break stream,
                 Err(e) if started.elapsed() < START_TIMEOUT => {
@@ -438,10 +441,7 @@ impl Cluster {
                 }
             }
         };
-        let info = stream.info().await.map_err(|e| ClusterError::Stream {
-            stream: c.stream.clone(),
-            detail: e.to_string(),
-        })?;
+        let info = stream.cached_info();
         let found = info.config.metadata.get(PARTITIONS_KEY).cloned();
         if found.as_deref() != Some(c.partitions.to_string().as_str()) {
             return Err(ClusterError::Partitions {
