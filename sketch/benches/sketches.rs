@@ -4,7 +4,9 @@
 //! Run with `cargo bench --bench sketches`; results and verdicts are recorded in
 //! docs/BENCHMARKS.md. Each group holds our figure (`hourglass`), the peer's
 //! (`datasketches`) and, where it applies, a floor (`xxh3_floor`: hashing the same items
-//! with xxh3 and nothing else), so one run prints all of them side by side.
+//! with xxh3 and nothing else), so one run prints all of them side by side. The
+//! HyperLogLog insert, merge and estimate groups also time our UltraLogLog
+//! (`ultraloglog`) on the same items and precision.
 //!
 //! Items are generated up front from a fixed seed, outside every timed loop; inserts and
 //! queries are timed per batch and reported per item through `Throughput::Elements`,
@@ -21,6 +23,7 @@ use hourglass_sketch::countmin::CountMin;
 use hourglass_sketch::frequent::FrequentItems;
 use hourglass_sketch::hash::{ITEM_SEED, item_hash};
 use hourglass_sketch::hll::{DEFAULT_PRECISION, Hll};
+use hourglass_sketch::ull::Ull;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use std::hint::black_box;
@@ -101,6 +104,16 @@ fn dense_hll(precision: u8, n: u64, offset: u64) -> Hll {
     h
 }
 
+/// An UltraLogLog of the same `n` values as [`dense_hll`].
+fn dense_ull(precision: u8, n: u64, offset: u64) -> Ull {
+    let mut u = Ull::new(precision).unwrap();
+    for i in offset..offset + n {
+        u.insert_hash(splitmix(i));
+    }
+    assert!(!u.is_sparse());
+    u
+}
+
 /// The peer's sketch of the same `n` values (its own hash of their 8 bytes).
 fn peer_hll(precision: u8, n: u64, offset: u64) -> HllSketch {
     let mut h = HllSketch::new(precision, PEER_HLL_TYPE).unwrap();
@@ -132,6 +145,22 @@ fn hll_insert(c: &mut Criterion) {
             b.iter(|| {
                 for &hash in black_box(&hashes) {
                     ours.insert_hash(hash);
+                }
+            })
+        });
+        // UltraLogLog at the same precision, on the same items and hashes.
+        let mut ull = dense_ull(p, fill, 0);
+        group.bench_function("ultraloglog", |b| {
+            b.iter(|| {
+                for item in black_box(&items).chunks_exact(len) {
+                    ull.insert(item);
+                }
+            })
+        });
+        group.bench_function("ultraloglog_insert_hash", |b| {
+            b.iter(|| {
+                for &hash in black_box(&hashes) {
+                    ull.insert_hash(hash);
                 }
             })
         });
@@ -169,6 +198,12 @@ fn hll_merge(c: &mut Criterion) {
         let mut ours = dense_hll(p, fill, 0);
         let other = dense_hll(p, fill, fill);
         group.bench_function("hourglass", |b| b.iter(|| ours.merge(black_box(&other))));
+        // UltraLogLog of the same values: m registers of one byte, like ours in memory.
+        let mut ull = dense_ull(p, fill, 0);
+        let ull_other = dense_ull(p, fill, fill);
+        group.bench_function("ultraloglog", |b| {
+            b.iter(|| ull.merge(black_box(&ull_other)))
+        });
 
         // The peer merges through a union object whose gadget already holds the first
         // sketch: updating it with the second is its in-place dense merge.
@@ -198,6 +233,17 @@ fn hll_estimate(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // UltraLogLog of the same values: cached, and first after a change (the register
+    // histogram and the maximum-likelihood solve).
+    let ull = dense_ull(p, FILL_PER_REGISTER << p, 0);
+    group.bench_function("ultraloglog", |b| b.iter(|| black_box(&ull).estimate()));
+    group.bench_function("ultraloglog_first_after_change", |b| {
+        b.iter_batched_ref(
+            || ull.clone(),
+            |fresh| black_box(&*fresh).estimate(),
+            BatchSize::SmallInput,
+        )
+    });
     let peer = peer_hll(p, FILL_PER_REGISTER << p, 0);
     group.bench_function("datasketches", |b| b.iter(|| black_box(&peer).estimate()));
     // The peer keeps a running (HIP) estimate; after a union it recomputes from its
@@ -222,6 +268,18 @@ fn hll_estimate(c: &mut Criterion) {
     group.bench_function("hourglass_first_after_change", |b| {
         b.iter_batched_ref(
             || ours.clone(),
+            |fresh| black_box(&*fresh).estimate(),
+            BatchSize::SmallInput,
+        )
+    });
+    let mut ull = Ull::new(p).unwrap();
+    for i in 0..1000 {
+        ull.insert_hash(splitmix(i));
+    }
+    assert!(ull.is_sparse());
+    group.bench_function("ultraloglog_first_after_change", |b| {
+        b.iter_batched_ref(
+            || ull.clone(),
             |fresh| black_box(&*fresh).estimate(),
             BatchSize::SmallInput,
         )

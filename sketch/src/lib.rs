@@ -9,6 +9,7 @@
 //! | kind | type | answers |
 //! |---|---|---|
 //! | distinct | [`hll::Hll`] | how many distinct items? |
+//! | distinct | [`ull::Ull`] | how many distinct items, in ~28% fewer bytes at the same error? |
 //! | frequency | [`frequency::Frequency`] | how often did X occur? what are the top K? |
 //! | membership | [`bloom::Bloom`] | was X seen? |
 //!
@@ -80,6 +81,8 @@ pub mod countmin;
 pub mod frequency;
 pub mod frequent;
 pub mod hll;
+pub mod overlap;
+pub mod ull;
 
 pub use error::{DecodeError, MergeError, ParameterError};
 pub use format::Kind;

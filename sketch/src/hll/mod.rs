@@ -589,3 +589,47 @@ impl Default for Hll {
 
 #[cfg(test)]
 mod tests;
+
+/// Register access for the joint overlap estimator ([`crate::overlap`]), which needs the
+/// register values themselves, not just the estimate.
+impl Hll {
+    /// The registers at this sketch's precision, one byte each; a sparse sketch is
+    /// converted exactly, as [`Hll::merge`] would.
+    pub(crate) fn dense_registers(&self) -> Vec<u8> {
+        match &self.repr {
+            Repr::Dense(registers) => registers.to_vec(),
+            Repr::Sparse(_) => self.registers_at(self.precision).into_vec(),
+        }
+    }
+
+    /// While sparse, the occupied registers of the virtual sketch at
+    /// [`SPARSE_PRECISION`] as `(index, value)`, sorted by index; `None` once dense.
+    pub(crate) fn sparse_registers(&self) -> Option<Vec<(u32, u8)>> {
+        match &self.repr {
+            Repr::Sparse(entries) => Some(
+                entries
+                    .canonical()
+                    .iter()
+                    .map(|&entry| (sparse::index_of(entry), sparse::rank_of(entry) as u8))
+                    .collect(),
+            ),
+            Repr::Dense(_) => None,
+        }
+    }
+}
+
+impl Hll {
+    /// A dense sketch of `precision` from its registers, one byte each, every one at most
+    /// `65 − precision`: how an UltraLogLog hands over the HyperLogLog of its items
+    /// ([`crate::ull::Ull::to_hll`]). The caller guarantees a valid precision and values.
+    pub(crate) fn from_dense_registers(precision: u8, registers: Box<[u8]>) -> Hll {
+        debug_assert!(check_precision(precision).is_ok());
+        debug_assert_eq!(registers.len(), 1 << precision);
+        debug_assert!(registers.iter().all(|&r| r <= 65 - precision));
+        Hll {
+            precision,
+            repr: Repr::Dense(registers),
+            cached: EstimateCache::empty(),
+        }
+    }
+}

@@ -1,0 +1,594 @@
+//! UltraLogLog: how many distinct items, in about 28% fewer bytes than HyperLogLog at the
+//! same error.
+//!
+//! UltraLogLog (Otmar Ertl, "UltraLogLog: A Practical and More Space-Efficient Alternative
+//! to HyperLogLog for Approximate Distinct Counting", VLDB 2024) keeps, in each register,
+//! the HyperLogLog rank and two bits of history: whether the two ranks just below it were
+//! seen too. Those two bits carry more information than they cost, and with the
+//! maximum-likelihood estimator a byte-per-register sketch of `m` registers has a relative
+//! standard error of `0.761/√m`, where HyperLogLog's six-bit registers give `1.04/√m`.
+//!
+//! # Structure
+//!
+//! Every item is hashed to 64 bits with [`crate::hash::item_hash`], the hash
+//! [`crate::hll::Hll`] uses. A sketch of precision `p` (4 to 18, default 14) is in one of
+//! two states, a function of the set of inserted hashes alone:
+//!
+//! * **Sparse**, while at most `m/4` distinct indices of the virtual sketch at
+//!   [`SPARSE_PRECISION`] 25 are occupied: the sketch keeps the hashes as sorted `u32`
+//!   tokens `index << 6 | rank` at precision 25 (HyperLogLog's sparse entries), every
+//!   distinct token except those three or more ranks below the largest of their index,
+//!   which no register can remember.
+//! * **Dense** above that, where the `m` bytes of registers are smaller than the tokens:
+//!   register `h >> (64 − p)` holds `4·u + 2·[u − 1 seen] + [u − 2 seen]`, `u` the largest
+//!   update value `min(leading_zeros(h << p), 64 − p) + 1` (HyperLogLog's rank) of its
+//!   hashes.
+//!
+//! The HyperLogLog of the same items is sparse at most up to `3·m/16` indices, so whenever
+//! this sketch is dense, so is it, and [`Ull::to_hll`] is exact: its registers are `r >> 2`,
+//! its sparse entries the largest token of each index. Converting sparse to dense and
+//! folding to a lower precision are exact too.
+//!
+//! # Error
+//!
+//! [`Ull::estimate`] is the maximum-likelihood estimate (module `estimate`), with a
+//! relative standard error of about `0.761/√m` for a dense sketch: 0.59% at the default
+//! precision 14 (16 KiB), 2.38% at 10. While sparse it behaves like a sketch of 2^25
+//! registers: below a few dozen items the estimate is the exact count. The interval never
+//! reaches below the number of occupied sparse indices, each at least one distinct item.
+//!
+//! # Merge
+//!
+//! Merging is the union of the item sets: tokens unite, registers take the union of their
+//! remembered update values. Sketches of different precisions merge to the smaller one,
+//! folding the other down exactly, so a merge never fails. `merge(sketch(A), sketch(B))`
+//! encodes byte for byte like `sketch(A ∪ B)`.
+//!
+//! # Encoding
+//!
+//! [`Ull::encode_body`] writes precision, sparse precision, representation (2 sparse, 3
+//! dense: the HyperLogLog body's representations are 0 and 1, so both can share one
+//! frame kind), a reserved byte, then the tokens or the `m` register bytes.
+//! [`Ull::decode_body`] validates every field and names the one at fault.
+//!
+//! # Example
+//!
+//! ```
+//! use hourglass_sketch::ull::Ull;
+//!
+//! let mut monday = Ull::new(14)?;
+//! for user in 0..1000u32 {
+//!     monday.insert(&user.to_le_bytes());
+//! }
+//! let mut tuesday = Ull::default();
+//! for user in 500..1500u32 {
+//!     tuesday.insert(&user.to_le_bytes());
+//! }
+//! monday.merge(&tuesday)?;
+//!
+//! let both = monday.estimate();
+//! assert_eq!(both.estimate.round(), 1500.0);
+//! assert!(both.lower95 <= 1500.0 && 1500.0 <= both.upper95);
+//!
+//! let mut body = Vec::new();
+//! monday.encode_body(&mut body);
+//! assert_eq!(Ull::decode_body(&body)?, monday);
+//! // The HyperLogLog of the same items, exactly.
+//! assert_eq!(monday.to_hll().estimate().estimate.round(), 1500.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod estimate;
+mod registers;
+mod sparse;
+
+use crate::Estimate;
+use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::format::BodyReader;
+use crate::hll::Hll;
+use sparse::SparseTokens;
+
+pub use estimate::MEMORY_VARIANCE_PRODUCT;
+
+/// The smallest precision: 16 registers.
+pub const MIN_PRECISION: u8 = crate::hll::MIN_PRECISION;
+/// The largest precision: 262,144 registers, 256 KiB.
+pub const MAX_PRECISION: u8 = crate::hll::MAX_PRECISION;
+/// The precision of [`Ull::default`]: 16,384 registers, 0.59% standard error, 16 KiB.
+pub const DEFAULT_PRECISION: u8 = crate::hll::DEFAULT_PRECISION;
+/// The precision of the virtual sketch behind sparse tokens; part of the format.
+pub const SPARSE_PRECISION: u8 = crate::hll::SPARSE_PRECISION;
+
+/// Representation byte of a sparse body (HyperLogLog's are 0 and 1).
+const REPRESENTATION_SPARSE: u8 = 2;
+/// Representation byte of a dense body.
+const REPRESENTATION_DENSE: u8 = 3;
+
+/// An UltraLogLog sketch: an estimate of the number of distinct items inserted.
+///
+/// See the [module documentation](self) for the structure, the error and the merge rule.
+/// Equality compares the canonical state, which is what [`Ull::encode_body`] writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ull {
+    precision: u8,
+    repr: Repr,
+    /// The last point estimate, until the state changes.
+    cached: EstimateCache,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Repr {
+    Sparse(SparseTokens),
+    Dense(Box<[u8]>),
+}
+
+/// A point estimate remembered across calls, cleared whenever the state changes. Atomic
+/// so that `&Ull` stays shareable between threads; never part of equality.
+#[derive(Debug)]
+struct EstimateCache(std::sync::atomic::AtomicU64);
+
+/// No estimate is cached: a NaN pattern no estimate produces.
+const NOT_CACHED: u64 = u64::MAX;
+
+impl EstimateCache {
+    fn empty() -> EstimateCache {
+        EstimateCache(std::sync::atomic::AtomicU64::new(NOT_CACHED))
+    }
+
+    fn get(&self) -> Option<f64> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            NOT_CACHED => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    fn set(&self, estimate: f64) {
+        self.0
+            .store(estimate.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn clear(&mut self) {
+        *self.0.get_mut() = NOT_CACHED;
+    }
+}
+
+impl Clone for EstimateCache {
+    /// A clone starts without a cached estimate, which is always correct.
+    fn clone(&self) -> Self {
+        EstimateCache::empty()
+    }
+}
+
+impl PartialEq for EstimateCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for EstimateCache {}
+
+/// The most occupied sparse indices a sketch of `precision` holds before it turns dense:
+/// `m/4`, where four bytes per token reach the `m` bytes of the registers.
+fn sparse_limit(precision: u8) -> usize {
+    (1usize << precision) / 4
+}
+
+fn check_precision(precision: u8) -> Result<(), ParameterError> {
+    if (MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
+        Ok(())
+    } else {
+        Err(ParameterError::new(
+            "precision",
+            precision,
+            format!("must be between {MIN_PRECISION} and {MAX_PRECISION}"),
+        ))
+    }
+}
+
+fn invalid(field: &'static str, reason: String) -> DecodeError {
+    DecodeError::Invalid { field, reason }
+}
+
+impl Ull {
+    /// An empty sketch with `2^precision` registers; `precision` must be in
+    /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
+    pub fn new(precision: u8) -> Result<Ull, ParameterError> {
+        check_precision(precision)?;
+        Ok(Ull {
+            precision,
+            repr: Repr::Sparse(SparseTokens::default()),
+            cached: EstimateCache::empty(),
+        })
+    }
+
+    /// The precision `p`: the sketch has `2^p` registers once dense.
+    pub fn precision(&self) -> u8 {
+        self.precision
+    }
+
+    /// Whether the sketch still holds sparse tokens rather than registers.
+    pub fn is_sparse(&self) -> bool {
+        matches!(self.repr, Repr::Sparse(_))
+    }
+
+    /// Adds an item, hashed with [`crate::hash::item_hash`].
+    #[inline]
+    pub fn insert(&mut self, item: &[u8]) {
+        self.insert_hash(crate::hash::item_hash(item));
+    }
+
+    /// Adds an item by its hash, for callers that already computed
+    /// [`crate::hash::item_hash`].
+    #[inline]
+    pub fn insert_hash(&mut self, hash: u64) {
+        match &mut self.repr {
+            Repr::Dense(registers) => {
+                let (index, value) = registers::position(hash, self.precision);
+                if let Some(register) = registers.get_mut(index) {
+                    // The update is one table lookup, without branches; most inserts into
+                    // a warm sketch change nothing, so the one branch, around the store, is
+                    // predictable, and skipping the store keeps the cache line clean and
+                    // the estimate cached.
+                    let updated = registers::update(*register, value);
+                    if updated != *register {
+                        *register = updated;
+                        self.cached.clear();
+                    }
+                }
+            }
+            Repr::Sparse(tokens) => {
+                if tokens.insert(sparse::token_of_hash(hash)) {
+                    self.cached.clear();
+                    if tokens.indices() > sparse_limit(self.precision) {
+                        self.repr = Repr::Dense(self.registers_at(self.precision));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds every item of `other`. The result has the smaller of the two precisions: a
+    /// sketch of higher precision folds down exactly, so this never fails, as
+    /// [`Hll::merge`]; the `Result` keeps the signature of every other sketch's merge.
+    pub fn merge(&mut self, other: &Ull) -> Result<(), MergeError> {
+        self.cached.clear();
+        let precision = self.precision.min(other.precision);
+        if let (Repr::Sparse(mine), Repr::Sparse(theirs)) = (&self.repr, &other.repr) {
+            let union = sparse::union(&mine.canonical(), &theirs.canonical());
+            *self = Ull::from_canonical(precision, union);
+            return Ok(());
+        }
+        if self.is_sparse() || self.precision != precision {
+            self.repr = Repr::Dense(self.registers_at(precision));
+            self.precision = precision;
+        }
+        if let Repr::Dense(registers) = &mut self.repr {
+            other.union_into(registers, precision);
+        }
+        Ok(())
+    }
+
+    /// The sketch of the same items at a lower (or equal) precision. Exact: the result
+    /// equals a sketch built at `precision` from the start.
+    pub fn fold_to(&self, precision: u8) -> Result<Ull, ParameterError> {
+        check_precision(precision)?;
+        if precision > self.precision {
+            return Err(ParameterError::new(
+                "precision",
+                precision,
+                format!(
+                    "a sketch of precision {} only folds down, to between {MIN_PRECISION} and {}",
+                    self.precision, self.precision
+                ),
+            ));
+        }
+        Ok(match &self.repr {
+            Repr::Sparse(tokens) => Ull::from_canonical(precision, tokens.canonical().into_owned()),
+            Repr::Dense(_) => Ull {
+                precision,
+                repr: Repr::Dense(self.registers_at(precision)),
+                cached: EstimateCache::empty(),
+            },
+        })
+    }
+
+    /// The estimated number of distinct items, with its standard error and 95% interval.
+    pub fn estimate(&self) -> Estimate {
+        let (registers, floor) = match &self.repr {
+            Repr::Sparse(tokens) => (sparse::SPARSE_REGISTERS, tokens.indices() as f64),
+            Repr::Dense(_) => (1u64 << self.precision, 0.0),
+        };
+        let estimate = match self.cached.get() {
+            Some(estimate) => estimate,
+            None => {
+                let estimate = self.raw_estimate();
+                self.cached.set(estimate);
+                estimate
+            }
+        };
+        // 0.761/√m is the asymptotic error of the ML estimate; below a few m items (and
+        // always while sparse) the true error is smaller, so the interval is conservative
+        // there.
+        let std_error = estimate * estimate::RELATIVE_ERROR_SQRT_M / (registers as f64).sqrt();
+        Estimate::normal(estimate, std_error, floor)
+    }
+
+    /// The maximum-likelihood estimate, without the cache.
+    fn raw_estimate(&self) -> f64 {
+        match &self.repr {
+            Repr::Sparse(tokens) => {
+                let mut histogram = [0u32; 256];
+                let canonical = tokens.canonical();
+                for group in canonical.chunk_by(|a, b| sparse::index_of(*a) == sparse::index_of(*b))
+                {
+                    let max = sparse::rank_of(group[group.len() - 1]);
+                    let seen = |rank: u32| group.iter().any(|&t| sparse::rank_of(t) == rank);
+                    let r = 4 * max
+                        + 2 * u32::from(seen(max - 1))
+                        + u32::from(seen(max.wrapping_sub(2)));
+                    histogram[r as usize] += 1;
+                }
+                // At most m/4 ≤ 2^16 indices, so the empty count fits and is positive.
+                histogram[0] = (sparse::SPARSE_REGISTERS - tokens.indices() as u64) as u32;
+                estimate::maximum_likelihood(&histogram, SPARSE_PRECISION, sparse::SPARSE_REGISTERS)
+            }
+            Repr::Dense(registers) => estimate::maximum_likelihood(
+                &registers::histogram(registers),
+                self.precision,
+                1 << self.precision,
+            ),
+        }
+    }
+
+    /// The HyperLogLog of the same items at the same precision, exactly: equal, register
+    /// for register or entry for entry, to the [`Hll`] built by inserting them.
+    pub fn to_hll(&self) -> Hll {
+        match &self.repr {
+            Repr::Sparse(tokens) => {
+                let mut hll = Hll::new(self.precision).expect("the precision was checked");
+                // A hash with the token's index and rank makes the same sparse entry, and
+                // the HyperLogLog keeps the largest rank of each index.
+                for token in tokens.iter() {
+                    hll.insert_hash(sparse::hash_of_token(token));
+                }
+                hll
+            }
+            Repr::Dense(registers) => Hll::from_dense_registers(
+                self.precision,
+                registers.iter().map(|&r| r >> 2).collect(),
+            ),
+        }
+    }
+
+    /// Bytes of the tokens or registers held in memory, for memory accounting.
+    pub fn size_bytes(&self) -> usize {
+        match &self.repr {
+            Repr::Sparse(tokens) => tokens.size_bytes(),
+            Repr::Dense(registers) => registers.len(),
+        }
+    }
+
+    /// Appends the body (docs/FORMAT.md, representations 2 and 3 of the distinct kind) to
+    /// `out`.
+    pub fn encode_body(&self, out: &mut Vec<u8>) {
+        out.push(self.precision);
+        out.push(SPARSE_PRECISION);
+        match &self.repr {
+            Repr::Sparse(tokens) => {
+                out.push(REPRESENTATION_SPARSE);
+                out.push(0);
+                let tokens = tokens.canonical();
+                out.reserve(4 + 4 * tokens.len());
+                // At most 3·2^18/4 tokens: fits a u32.
+                out.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+                for token in tokens.iter() {
+                    out.extend_from_slice(&token.to_le_bytes());
+                }
+            }
+            Repr::Dense(registers) => {
+                out.push(REPRESENTATION_DENSE);
+                out.push(0);
+                out.extend_from_slice(registers);
+            }
+        }
+    }
+
+    /// Reads a body written by [`Ull::encode_body`], validating every field; any other
+    /// input is an error naming the field, never a panic.
+    pub fn decode_body(body: &[u8]) -> Result<Ull, DecodeError> {
+        let mut reader = BodyReader::new(body);
+        let (precision, representation) = read_header(&mut reader)?;
+        let repr = match representation {
+            REPRESENTATION_SPARSE => Repr::Sparse(decode_sparse(&mut reader, precision)?),
+            _ => {
+                let bytes = read_dense(&mut reader, precision)?;
+                Repr::Dense(bytes.into())
+            }
+        };
+        reader.finish()?;
+        Ok(Ull {
+            precision,
+            repr,
+            cached: EstimateCache::empty(),
+        })
+    }
+
+    /// Checks a body exactly as [`Ull::decode_body`] does, without building the sketch.
+    pub fn validate_body(body: &[u8]) -> Result<(), DecodeError> {
+        let mut reader = BodyReader::new(body);
+        let (precision, representation) = read_header(&mut reader)?;
+        match representation {
+            REPRESENTATION_SPARSE => drop(decode_sparse(&mut reader, precision)?),
+            _ => drop(read_dense(&mut reader, precision)?),
+        }
+        reader.finish()
+    }
+
+    /// A sketch from canonical tokens, dense if they occupy too many indices for
+    /// `precision`.
+    fn from_canonical(precision: u8, tokens: Vec<u32>) -> Ull {
+        let sketch = Ull {
+            precision,
+            repr: Repr::Sparse(SparseTokens::from_canonical(tokens)),
+            cached: EstimateCache::empty(),
+        };
+        match &sketch.repr {
+            Repr::Sparse(tokens) if tokens.indices() > sparse_limit(precision) => Ull {
+                precision,
+                repr: Repr::Dense(sketch.registers_at(precision)),
+                cached: EstimateCache::empty(),
+            },
+            _ => sketch,
+        }
+    }
+
+    /// This sketch's registers at `precision`, which must not exceed its own.
+    fn registers_at(&self, precision: u8) -> Box<[u8]> {
+        let mut registers = registers::empty(precision);
+        self.union_into(&mut registers, precision);
+        registers
+    }
+
+    /// Unites `registers` (at `precision`, not above this sketch's) with this sketch's
+    /// registers at that precision.
+    fn union_into(&self, registers: &mut [u8], precision: u8) {
+        match &self.repr {
+            Repr::Sparse(tokens) => {
+                for token in tokens.iter() {
+                    let (index, value) = sparse::dense_position(token, precision);
+                    if let Some(register) = registers.get_mut(index) {
+                        *register = registers::update(*register, value);
+                    }
+                }
+            }
+            Repr::Dense(mine) => registers::fold_into(registers, mine),
+        }
+    }
+}
+
+/// The header of a body: precision and representation, each checked.
+fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
+    let precision = reader.u8("precision")?;
+    if !(MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
+        return Err(invalid(
+            "precision",
+            format!("{precision} is outside {MIN_PRECISION}..={MAX_PRECISION}"),
+        ));
+    }
+    let sparse_precision = reader.u8("sparse precision")?;
+    if sparse_precision != SPARSE_PRECISION {
+        return Err(invalid(
+            "sparse precision",
+            format!("{sparse_precision}, but format version 1 fixes it at {SPARSE_PRECISION}"),
+        ));
+    }
+    let representation = reader.u8("representation")?;
+    let reserved = reader.u8("reserved")?;
+    if reserved != 0 {
+        return Err(invalid("reserved", format!("{reserved}, must be 0")));
+    }
+    match representation {
+        REPRESENTATION_SPARSE | REPRESENTATION_DENSE => Ok((precision, representation)),
+        other => Err(invalid(
+            "representation",
+            format!("{other}, expected 2 (UltraLogLog sparse) or 3 (UltraLogLog dense)"),
+        )),
+    }
+}
+
+fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTokens, DecodeError> {
+    let count = reader.u32("sparse token count")? as usize;
+    let limit = sparse_limit(precision);
+    // At most three tokens per index.
+    if count > 3 * limit {
+        return Err(invalid(
+            "sparse token count",
+            format!(
+                "{count} tokens, but a sparse sketch of precision {precision} holds at most {}",
+                3 * limit
+            ),
+        ));
+    }
+    let bytes = reader.take(4 * count, "sparse tokens")?;
+    let mut tokens = Vec::with_capacity(count);
+    for (i, chunk) in bytes.chunks_exact(4).enumerate() {
+        let token = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        let (index, rank) = (sparse::index_of(token), sparse::rank_of(token));
+        if u64::from(index) >= sparse::SPARSE_REGISTERS {
+            return Err(invalid(
+                "sparse token",
+                format!("token {i} has index {index}, above 2^{SPARSE_PRECISION} - 1"),
+            ));
+        }
+        if !(1..=sparse::MAX_SPARSE_RANK).contains(&rank) {
+            return Err(invalid(
+                "sparse token",
+                format!(
+                    "token {i} has rank {rank}, outside 1..={}",
+                    sparse::MAX_SPARSE_RANK
+                ),
+            ));
+        }
+        if let Some(&previous) = tokens.last()
+            && token <= previous
+        {
+            return Err(invalid(
+                "sparse token",
+                format!(
+                    "token {i} is {token:#x} after {previous:#x}: tokens must strictly increase"
+                ),
+            ));
+        }
+        tokens.push(token);
+    }
+    if let Some(i) = sparse::first_pruned(&tokens) {
+        return Err(invalid(
+            "sparse token",
+            format!(
+                "token {i} has rank {}, three or more below the largest of index {}",
+                sparse::rank_of(tokens[i]),
+                sparse::index_of(tokens[i])
+            ),
+        ));
+    }
+    let indices = sparse::count_indices(&tokens);
+    if indices > limit {
+        return Err(invalid(
+            "sparse token count",
+            format!(
+                "{indices} indices, but a sketch of precision {precision} turns dense above {limit}"
+            ),
+        ));
+    }
+    Ok(SparseTokens::from_canonical(tokens))
+}
+
+/// The `m` register bytes of a dense body, each checked.
+fn read_dense<'a>(reader: &mut BodyReader<'a>, precision: u8) -> Result<&'a [u8], DecodeError> {
+    let bytes = reader.take(1 << precision, "registers")?;
+    if let Some((i, value)) = registers::first_invalid(bytes, precision) {
+        return Err(invalid(
+            "register",
+            format!(
+                "register {i} holds {value}, which no set of items makes at precision {precision} \
+                 (largest value {}, and 1..=3, 5..=7, 9 and 11 never occur)",
+                4 * (65 - u32::from(precision)) + 3
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
+impl Default for Ull {
+    /// An empty sketch of [`DEFAULT_PRECISION`].
+    fn default() -> Ull {
+        Ull {
+            precision: DEFAULT_PRECISION,
+            repr: Repr::Sparse(SparseTokens::default()),
+            cached: EstimateCache::empty(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
