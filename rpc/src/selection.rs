@@ -188,6 +188,106 @@ impl Selection {
     }
 }
 
+/// The hours of a retention period as users write it: `day`, `week`, or a number of
+/// hours, days or weeks (`12h`, `2d`, `4w`).
+pub fn parse_period(text: &str) -> Result<u32, String> {
+    let bad = || {
+        format!("{text:?}: expected day, week, or a number of hours, days or weeks (12h, 2d, 4w)")
+    };
+    let hours = match text {
+        "day" => 24,
+        "week" => 168,
+        _ => {
+            let split = text.len().checked_sub(1).ok_or_else(bad)?;
+            if !text.is_char_boundary(split) {
+                return Err(bad());
+            }
+            let (number, unit) = text.split_at(split);
+            let unit_hours: u32 = match unit {
+                "h" => 1,
+                "d" => 24,
+                "w" => 168,
+                _ => return Err(bad()),
+            };
+            let n: u32 = number.parse().map_err(|_| bad())?;
+            n.checked_mul(unit_hours).ok_or_else(bad)?
+        }
+    };
+    if hours == 0 {
+        return Err(bad());
+    }
+    Ok(hours)
+}
+
+/// Selection B of an overlap question: selection A with what these fields replace
+/// (`hourglass query overlap --vs-from -14d --vs-to -7d`, `/api/v1/overlap?vs_server=api-*`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, clap::Args)]
+pub struct VsSelection {
+    /// overlap: B's metric (default: the --metric of A).
+    #[arg(id = "vs_metric", long = "vs-metric", value_name = "METRIC")]
+    pub metric: Option<String>,
+    /// overlap: B's tags (`key=value`, repeat), in place of A's --tag.
+    #[arg(id = "vs_tag", long = "vs-tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// overlap: B's start, in place of A's --from (same forms).
+    #[arg(id = "vs_from", long = "vs-from", allow_hyphen_values = true)]
+    pub from: Option<String>,
+    /// overlap: B's end, in place of A's --to (same forms).
+    #[arg(id = "vs_to", long = "vs-to", allow_hyphen_values = true)]
+    pub to: Option<String>,
+    /// overlap: B's server globs (repeat), in place of A's --server; `*` for every server.
+    #[arg(id = "vs_server", long = "vs-server", value_name = "GLOB")]
+    pub servers: Vec<String>,
+    /// overlap: B's labels (`region=us`, repeat), in place of A's --label.
+    #[arg(id = "vs_label", long = "vs-label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+}
+
+impl VsSelection {
+    /// Whether this replaces nothing (B would be A).
+    pub fn is_empty(&self) -> bool {
+        *self == VsSelection::default()
+    }
+
+    /// Selection B: `a` with what this replaces, ungrouped.
+    pub fn apply(&self, a: &Selection) -> Selection {
+        let replaced = |theirs: &Vec<String>, ours: &Vec<String>| {
+            if theirs.is_empty() {
+                ours.clone()
+            } else {
+                theirs.clone()
+            }
+        };
+        Selection {
+            metric: self.metric.clone().unwrap_or_else(|| a.metric.clone()),
+            tags: replaced(&self.tags, &a.tags),
+            from: self.from.clone().unwrap_or_else(|| a.from.clone()),
+            to: self.to.clone().unwrap_or_else(|| a.to.clone()),
+            servers: replaced(&self.servers, &a.servers),
+            labels: replaced(&self.labels, &a.labels),
+            group_by: None,
+        }
+    }
+
+    /// Selection B's wire selector; an error names B's field as `spelling` writes it
+    /// (`--vs-from`, `vs_from`), the field a caller changes for B.
+    pub fn selector(
+        &self,
+        a: &Selection,
+        now: DateTime<Utc>,
+        spelling: Spelling,
+    ) -> Result<v1::Selector, String> {
+        self.apply(a).selector(now, spelling).map_err(|e| {
+            let name = e.field.name(spelling);
+            let vs = match spelling {
+                Spelling::Flags => format!("--vs-{}", name.trim_start_matches("--")),
+                Spelling::Parameters => format!("vs_{name}"),
+            };
+            format!("{vs}: {}", e.problem)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +343,70 @@ mod tests {
         ] {
             assert_eq!(parse_group_by(text).unwrap(), (grouping, String::new()));
         }
+    }
+
+    #[test]
+    fn periods_read_as_hours() {
+        assert_eq!(parse_period("day"), Ok(24));
+        assert_eq!(parse_period("week"), Ok(168));
+        assert_eq!(parse_period("12h"), Ok(12));
+        assert_eq!(parse_period("2d"), Ok(48));
+        assert_eq!(parse_period("4w"), Ok(672));
+        for bad in [
+            "",
+            "0h",
+            "h",
+            "month",
+            "-1d",
+            "+1d",
+            "99999999999h",
+            "1y",
+            "1é",
+        ] {
+            let e = parse_period(bad).unwrap_err();
+            assert!(e.contains("expected day, week"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn b_is_a_with_what_vs_replaces_and_its_errors_name_the_vs_field() {
+        let a = Selection {
+            metric: "visitors".into(),
+            tags: vec!["page=home".into()],
+            from: "-7d".into(),
+            to: "now".into(),
+            servers: vec!["web-*".into()],
+            labels: vec!["region=eu".into()],
+            group_by: Some("day".into()),
+        };
+        let vs = VsSelection {
+            from: Some("-14d".into()),
+            to: Some("-7d".into()),
+            servers: vec!["api-*".into()],
+            ..VsSelection::default()
+        };
+        assert!(!vs.is_empty() && VsSelection::default().is_empty());
+        let b = vs.apply(&a);
+        assert_eq!(b.metric, "visitors");
+        assert_eq!(b.tags, a.tags);
+        assert_eq!((b.from.as_str(), b.to.as_str()), ("-14d", "-7d"));
+        assert_eq!(b.servers, vec!["api-*".to_string()]);
+        assert_eq!(b.labels, a.labels);
+        assert_eq!(b.group_by, None);
+        let now = at("2026-12-01T00:00:00Z");
+        let b = vs.selector(&a, now, Spelling::Flags).unwrap();
+        assert_eq!(
+            b.range.unwrap().end_hour - b.range.unwrap().start_hour,
+            7 * 24
+        );
+        let bad = VsSelection {
+            from: Some("yesterday".into()),
+            ..VsSelection::default()
+        };
+        let e = bad.selector(&a, now, Spelling::Flags).unwrap_err();
+        assert!(e.starts_with("--vs-from: cannot read time"), "{e}");
+        let e = bad.selector(&a, now, Spelling::Parameters).unwrap_err();
+        assert!(e.starts_with("vs_from: cannot read time"), "{e}");
     }
 
     #[test]

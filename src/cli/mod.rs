@@ -6,6 +6,7 @@ mod health;
 mod numbers;
 mod query;
 mod send;
+mod sets;
 mod simulate;
 mod sketch;
 
@@ -31,11 +32,14 @@ enum Command {
     /// kilobytes, merge sketches another machine made, debug exported sketches.
     #[command(subcommand)]
     Sketch(sketch::SketchCommand),
-    /// Ask an aggregator: distinct counts, frequencies, top K or membership over any time
-    /// range and any servers, each with its error bar.
+    /// Ask an aggregator: distinct counts, frequencies, top K, membership, the overlap of
+    /// two selections or a retention table, over any time range and any servers, each with
+    /// its error bar.
     ///
-    /// Example: `hourglass query distinct --metric visitors --from -7d --label region=eu`
-    Query(query::QueryArgs),
+    /// Example: `hourglass query distinct --metric visitors --from -7d --label region=eu`;
+    /// `hourglass query overlap --metric visitors --label region=eu --vs-server 'api-*'`;
+    /// `hourglass query retention --metric visitors --from -28d --period week`
+    Query(Box<query::QueryArgs>),
     /// Look at an aggregator cluster (cluster mode): its members, and which partitions
     /// have a ready node to answer for them.
     ///
@@ -110,7 +114,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
         Command::Aggregator(server) => return run_server_subcommand("aggregator", server),
         Command::Demo(args) => demo::run(args),
         Command::Sketch(cmd) => sketch::run(cmd),
-        Command::Query(args) => query::run(args),
+        Command::Query(args) => query::run(*args),
         Command::Cluster(command) => cluster::run(command),
         Command::Send(args) => send::run(args),
         Command::Simulate(args) => simulate::run(args),

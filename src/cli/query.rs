@@ -27,37 +27,50 @@ pub(crate) enum Question {
     Topk,
     /// Was --item seen? (membership sketches)
     Membership,
+    /// How the selection (A) and the one the --vs-* flags make of it (B) overlap: A ∪ B,
+    /// A ∩ B, A only, B only, Jaccard. (distinct sketches)
+    Overlap,
+    /// Of the items seen in each --period of the range, the share seen again in each later
+    /// one. (distinct sketches)
+    Retention,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct QueryArgs {
     /// The question.
-    question: Question,
+    pub(crate) question: Question,
     #[command(flatten)]
     tls: super::TlsArgs,
     /// The aggregator's gRPC address: `host:port` (http://, or https:// when --tls-ca or
     /// --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = DEFAULT_AGGREGATOR)]
-    aggregator: String,
+    pub(crate) aggregator: String,
     #[command(flatten)]
-    selection: Selection,
+    pub(crate) selection: Selection,
     /// frequency, membership: the item to ask about.
     #[arg(long)]
     item: Option<String>,
     /// topk: how many items.
     #[arg(long = "k", default_value_t = 10)]
     k: u32,
+    #[command(flatten)]
+    pub(crate) vs: hourglass_rpc::selection::VsSelection,
+    /// retention: the length of a period: day, week, or a number of hours (`12h`).
+    #[arg(long, value_name = "day|week|Nh")]
+    pub(crate) period: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
-fn question_name(q: Question) -> &'static str {
+pub(crate) fn question_name(q: Question) -> &'static str {
     match q {
         Question::Distinct => "distinct",
         Question::Frequency => "frequency",
         Question::Topk => "topk",
         Question::Membership => "membership",
+        Question::Overlap => "overlap",
+        Question::Retention => "retention",
     }
 }
 
@@ -71,11 +84,20 @@ fn selector(args: &QueryArgs) -> anyhow::Result<v1::Selector> {
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let selector = selector(&args)?;
+    super::sets::check_flags(
+        args.question,
+        &args.vs,
+        args.period.as_deref(),
+        args.selection.group_by.is_some(),
+    )?;
     let item = match (args.question, &args.item) {
         (Question::Frequency | Question::Membership, None) => {
             bail!("query {} needs --item X", question_name(args.question))
         }
-        (Question::Distinct | Question::Topk, Some(_)) => {
+        (
+            Question::Distinct | Question::Topk | Question::Overlap | Question::Retention,
+            Some(_),
+        ) => {
             bail!(
                 "--item does not apply to query {}",
                 question_name(args.question)
@@ -108,7 +130,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
         value["kind"] = json!(match args.question {
-            Question::Distinct => "distinct",
+            Question::Distinct | Question::Overlap | Question::Retention => "distinct",
             Question::Frequency | Question::Topk => "frequency",
             Question::Membership => "membership",
         });
@@ -141,6 +163,33 @@ async fn ask(
         .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let grpc = |s| explain(s, &args.aggregator);
+    match args.question {
+        Question::Overlap => {
+            let b = super::sets::b_selector(args)?;
+            let reply = client
+                .overlap(v1::OverlapRequest {
+                    a: Some(selector),
+                    b: Some(b),
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            return Ok(super::sets::present_overlap(args, &reply));
+        }
+        Question::Retention => {
+            let period_hours = super::sets::period_hours(args.period.as_deref())?;
+            let reply = client
+                .retention(v1::RetentionRequest {
+                    selector: Some(selector),
+                    period_hours,
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            return Ok(super::sets::present_retention(args, period_hours, &reply));
+        }
+        _ => {}
+    }
     let selector = Some(selector);
     let reply = match args.question {
         Question::Distinct => Reply::Distinct(
@@ -180,6 +229,7 @@ async fn ask(
                 .map_err(grpc)?
                 .into_inner(),
         ),
+        Question::Overlap | Question::Retention => unreachable!("asked above"),
     };
     Ok(present(&describe_selection(args), reply, &item))
 }
@@ -248,13 +298,21 @@ fn keyed<G>(groups: &[G], entry: impl Fn(&G) -> (&String, Value)) -> Vec<(String
         .collect()
 }
 
-fn describe_selection(args: &QueryArgs) -> String {
-    let selection = &args.selection;
-    let mut parts = vec![format!(
+pub(crate) fn describe_selection(args: &QueryArgs) -> String {
+    let mut text = format!(
         "{} of {}",
         question_name(args.question),
-        selection.metric
-    )];
+        describe(&args.selection)
+    );
+    if let Some(item) = &args.item {
+        text += &format!(", item {item:?}");
+    }
+    text
+}
+
+/// One selection as a person reads it: `visitors, tags device=mobile, from -7d to now`.
+pub(crate) fn describe(selection: &Selection) -> String {
+    let mut parts = vec![selection.metric.clone()];
     if !selection.tags.is_empty() {
         parts.push(format!("tags {}", selection.tags.join(",")));
     }
@@ -265,13 +323,10 @@ fn describe_selection(args: &QueryArgs) -> String {
     if !selection.labels.is_empty() {
         parts.push(format!("labels {}", selection.labels.join(",")));
     }
-    if let Some(item) = &args.item {
-        parts.push(format!("item {item:?}"));
-    }
     parts.join(", ")
 }
 
-fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
+pub(crate) fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
     let c = c.cloned().unwrap_or_default();
     v["sketches_merged"] = json!(c.sketches_merged);
     v["server_hours_missing"] = json!(c.server_hours_missing);
@@ -283,7 +338,7 @@ fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
         .collect();
 }
 
-fn distinct_value(a: Option<&v1::DistinctAnswer>, c: Option<&v1::Coverage>) -> Value {
+pub(crate) fn distinct_value(a: Option<&v1::DistinctAnswer>, c: Option<&v1::Coverage>) -> Value {
     let a = a.cloned().unwrap_or_default();
     let mut v = json!({
         "estimate": a.estimate,
@@ -448,7 +503,7 @@ fn topk_text(v: &Value) -> String {
 }
 
 /// The warning of a cluster answer that lacks partitions no node answered for.
-fn partitions_text(v: &Value) -> Option<String> {
+pub(crate) fn partitions_text(v: &Value) -> Option<String> {
     let missing = u(v, "partitions_missing");
     (missing > 0).then(|| {
         format!(
@@ -458,7 +513,7 @@ fn partitions_text(v: &Value) -> Option<String> {
     })
 }
 
-fn missing_text(v: &Value) -> Option<String> {
+pub(crate) fn missing_text(v: &Value) -> Option<String> {
     let missing = u(v, "server_hours_missing");
     if missing == 0 {
         return None;

@@ -16,6 +16,7 @@ mod otel;
 mod review;
 mod review2;
 mod robustness;
+mod sets;
 mod sketch_cli;
 mod tls;
 mod util;

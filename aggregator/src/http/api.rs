@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use base64::Engine;
 use hourglass_rpc::proto::v1::{self, query_server::Query};
-use hourglass_rpc::selection::{DEFAULT_FROM, DEFAULT_TO, Selection, Spelling};
+use hourglass_rpc::selection::{DEFAULT_FROM, DEFAULT_TO, Selection, Spelling, VsSelection};
 use serde::Serialize;
 
 use super::{ApiError, HttpState, JSON, caller};
@@ -40,7 +40,7 @@ pub(crate) struct Route {
 /// The parameters that select what to merge ([`Selection`]'s fields).
 const SELECTION: &[&str] = &["metric", "tag", "from", "to", "server", "label", "group_by"];
 /// Parameters that may be given more than once.
-const REPEATABLE: &[&str] = &["tag", "server", "label"];
+const REPEATABLE: &[&str] = &["tag", "server", "label", "vs_tag", "vs_server", "vs_label"];
 
 /// `/api/v1/distinct`.
 const DISTINCT: Route = Route {
@@ -72,6 +72,31 @@ const MEMBERSHIP: Route = Route {
     ],
     handler: || get(membership),
 };
+/// `/api/v1/overlap`: selection A, and B as A with what the `vs_` parameters replace.
+const OVERLAP: Route = Route {
+    path: "/api/v1/overlap",
+    parameters: &[
+        "metric",
+        "tag",
+        "from",
+        "to",
+        "server",
+        "label",
+        "vs_metric",
+        "vs_tag",
+        "vs_from",
+        "vs_to",
+        "vs_server",
+        "vs_label",
+    ],
+    handler: || get(overlap),
+};
+/// `/api/v1/retention`.
+const RETENTION: Route = Route {
+    path: "/api/v1/retention",
+    parameters: &["metric", "tag", "from", "to", "server", "label", "period"],
+    handler: || get(retention),
+};
 /// `/api/v1/series`.
 const SERIES: Route = Route {
     path: "/api/v1/series",
@@ -86,7 +111,9 @@ const SERVERS: Route = Route {
 };
 
 /// Every API route with its parameters.
-pub(crate) const ROUTES: [Route; 6] = [DISTINCT, FREQUENCY, TOPK, MEMBERSHIP, SERIES, SERVERS];
+pub(crate) const ROUTES: [Route; 8] = [
+    DISTINCT, FREQUENCY, TOPK, MEMBERSHIP, OVERLAP, RETENTION, SERIES, SERVERS,
+];
 
 /// The API's routes and their handlers.
 pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<Arc<HttpState>>)> {
@@ -172,6 +199,18 @@ impl Params {
             servers: self.texts("server")?,
             labels: self.texts("label")?,
             group_by: self.text("group_by")?,
+        })
+    }
+
+    /// What the `vs_` parameters replace of selection A (overlap's selection B).
+    fn vs_selection(&self) -> Result<VsSelection, ApiError> {
+        Ok(VsSelection {
+            metric: self.text("vs_metric")?,
+            tags: self.texts("vs_tag")?,
+            from: self.text("vs_from")?,
+            to: self.text("vs_to")?,
+            servers: self.texts("vs_server")?,
+            labels: self.texts("vs_label")?,
         })
     }
 
@@ -264,12 +303,7 @@ impl Asked {
         }
         Answered {
             metric: self.selector.metric.clone(),
-            range: RangeJson {
-                from: hourglass_rpc::time::rfc3339_hour(range.start_hour),
-                to: hourglass_rpc::time::rfc3339_hour(range.end_hour),
-                start_hour: range.start_hour,
-                end_hour: range.end_hour,
-            },
+            range: RangeJson::of(range.start_hour, range.end_hour),
             item: None,
             k: None,
             answer,
@@ -420,6 +454,116 @@ async fn membership(State(state): State<Arc<HttpState>>, request: HttpRequest) -
     )
 }
 
+async fn overlap(State(state): State<Arc<HttpState>>, request: HttpRequest) -> Response {
+    respond(
+        async {
+            let mut asked = Asked::read(&state, &request, OVERLAP)?;
+            let vs = asked.params.vs_selection()?;
+            if vs.is_empty() {
+                return Err(ApiError::invalid(
+                    "selection B is selection A with what the vs_ parameters replace: give at least one (vs_from and vs_to for other hours, vs_server or vs_label for other servers)"
+                        .to_string(),
+                ));
+            }
+            let b = vs
+                .selector(&asked.params.selection()?, chrono::Utc::now(), Spelling::Parameters)
+                .map_err(ApiError::invalid)?;
+            let message = v1::OverlapRequest {
+                a: asked.selector(),
+                b: Some(b.clone()),
+            };
+            let reply = state.query.overlap(asked.request(message)).await?.into_inner();
+            let answer = reply.answer.unwrap_or_default();
+            Ok(OverlapJson {
+                a: SideJson::of(&asked.selector, reply.coverage_a),
+                b: SideJson::of(&b, reply.coverage_b),
+                answer: OverlapAnswerJson {
+                    a: answer.a.unwrap_or_default().into(),
+                    b: answer.b.unwrap_or_default().into(),
+                    union: answer.union.unwrap_or_default().into(),
+                    intersection: answer.intersection.unwrap_or_default().into(),
+                    only_a: answer.only_a.unwrap_or_default().into(),
+                    only_b: answer.only_b.unwrap_or_default().into(),
+                    jaccard: answer.jaccard.unwrap_or_default().into(),
+                    retained: answer.retained.unwrap_or_default().into(),
+                    verdict: verdict_name(answer.verdict),
+                    naive_intersection: answer.naive_intersection,
+                },
+            })
+        }
+        .await,
+    )
+}
+
+async fn retention(State(state): State<Arc<HttpState>>, request: HttpRequest) -> Response {
+    respond(
+        async {
+            let mut asked = Asked::read(&state, &request, RETENTION)?;
+            let Some(period) = asked.params.text("period")? else {
+                return Err(ApiError::invalid(
+                    "period is required: the length of a cohort, day, week or Nh (12h), Nd, Nw"
+                        .to_string(),
+                ));
+            };
+            let period_hours = hourglass_rpc::selection::parse_period(&period)
+                .map_err(|e| ApiError::invalid(format!("period: {e}")))?;
+            let message = v1::RetentionRequest {
+                selector: asked.selector(),
+                period_hours,
+            };
+            let reply = state
+                .query
+                .retention(asked.request(message))
+                .await?
+                .into_inner();
+            let range = asked.selector.range.unwrap_or_default();
+            Ok(RetentionJson {
+                metric: asked.selector.metric.clone(),
+                range: RangeJson::of(range.start_hour, range.end_hour),
+                period_hours,
+                periods: reply
+                    .periods
+                    .into_iter()
+                    .map(|p| PeriodJson {
+                        range: RangeJson::of(p.start_hour, p.end_hour),
+                        answer: p.distinct.unwrap_or_default().into(),
+                        coverage: CoverageJson::from(p.coverage),
+                    })
+                    .collect(),
+                rows: reply
+                    .rows
+                    .into_iter()
+                    .map(|r| RowJson {
+                        cohort: r.cohort,
+                        cells: r
+                            .cells
+                            .into_iter()
+                            .map(|c| CellJson {
+                                period: c.period,
+                                returned: c.returned.unwrap_or_default().into(),
+                                share: c.share.unwrap_or_default().into(),
+                                verdict: verdict_name(c.verdict),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+        }
+        .await,
+    )
+}
+
+/// A wire overlap verdict's name: `estimable`, `too_small`, `empty` or `saturated`.
+fn verdict_name(verdict: i32) -> &'static str {
+    match v1::OverlapVerdict::try_from(verdict) {
+        Ok(v1::OverlapVerdict::Estimable) => "estimable",
+        Ok(v1::OverlapVerdict::TooSmall) => "too_small",
+        Ok(v1::OverlapVerdict::Empty) => "empty",
+        Ok(v1::OverlapVerdict::Saturated) => "saturated",
+        _ => "unspecified",
+    }
+}
+
 async fn series(State(state): State<Arc<HttpState>>, request: HttpRequest) -> Response {
     respond(
         async {
@@ -530,6 +674,96 @@ struct RangeJson {
     to: String,
     start_hour: u32,
     end_hour: u32,
+}
+
+impl RangeJson {
+    /// The hours `[start_hour, end_hour)`.
+    fn of(start_hour: u32, end_hour: u32) -> RangeJson {
+        RangeJson {
+            from: hourglass_rpc::time::rfc3339_hour(start_hour),
+            to: hourglass_rpc::time::rfc3339_hour(end_hour),
+            start_hour,
+            end_hour,
+        }
+    }
+}
+
+/// The answer of `/api/v1/overlap`.
+#[derive(Debug, Serialize)]
+struct OverlapJson {
+    /// Selection A: what it asked and what its merge saw.
+    a: SideJson,
+    /// Selection B.
+    b: SideJson,
+    answer: OverlapAnswerJson,
+}
+
+/// One selection of an overlap: its metric, hours and coverage.
+#[derive(Debug, Serialize)]
+struct SideJson {
+    metric: String,
+    range: RangeJson,
+    coverage: CoverageJson,
+}
+
+impl SideJson {
+    fn of(selector: &v1::Selector, coverage: Option<v1::Coverage>) -> SideJson {
+        let range = selector.range.unwrap_or_default();
+        SideJson {
+            metric: selector.metric.clone(),
+            range: RangeJson::of(range.start_hour, range.end_hour),
+            coverage: CoverageJson::from(coverage),
+        }
+    }
+}
+
+/// The proto's `OverlapAnswer`, its verdict by name.
+#[derive(Debug, Serialize)]
+struct OverlapAnswerJson {
+    a: DistinctJson,
+    b: DistinctJson,
+    union: DistinctJson,
+    intersection: DistinctJson,
+    only_a: DistinctJson,
+    only_b: DistinctJson,
+    jaccard: DistinctJson,
+    retained: DistinctJson,
+    verdict: &'static str,
+    naive_intersection: f64,
+}
+
+/// The answer of `/api/v1/retention`.
+#[derive(Debug, Serialize)]
+struct RetentionJson {
+    metric: String,
+    range: RangeJson,
+    period_hours: u32,
+    periods: Vec<PeriodJson>,
+    rows: Vec<RowJson>,
+}
+
+/// One period of a retention table: its hours, its distinct count and coverage.
+#[derive(Debug, Serialize)]
+struct PeriodJson {
+    range: RangeJson,
+    answer: DistinctJson,
+    coverage: CoverageJson,
+}
+
+/// A cohort's row of a retention table.
+#[derive(Debug, Serialize)]
+struct RowJson {
+    cohort: u32,
+    cells: Vec<CellJson>,
+}
+
+/// A cohort's return in one later period.
+#[derive(Debug, Serialize)]
+struct CellJson {
+    period: u32,
+    returned: DistinctJson,
+    share: DistinctJson,
+    verdict: &'static str,
 }
 
 /// One group of an answer.

@@ -9,6 +9,7 @@ use hourglass_rpc::series::{validate_metric, validate_tag};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::bloom::Health;
+use hourglass_sketch::hll::Hll;
 use tonic::Status;
 
 use crate::keys::Hour;
@@ -170,17 +171,83 @@ pub fn coverage(c: &Coverage) -> v1::Coverage {
 /// A distinct answer; zeros when nothing was merged.
 pub fn distinct(sketch: Option<&Sketch>) -> v1::DistinctAnswer {
     match sketch {
-        Some(Sketch::Distinct(hll)) => {
-            let e = hll.estimate();
-            v1::DistinctAnswer {
-                estimate: e.estimate,
-                std_error: e.std_error,
-                lower95: e.lower95,
-                upper95: e.upper95,
-            }
-        }
+        Some(Sketch::Distinct(hll)) => distinct_of(&hll.estimate()),
         _ => v1::DistinctAnswer::default(),
     }
+}
+
+/// The wire form of an estimate.
+pub fn distinct_of(e: &hourglass_sketch::Estimate) -> v1::DistinctAnswer {
+    v1::DistinctAnswer {
+        estimate: e.estimate,
+        std_error: e.std_error,
+        lower95: e.lower95,
+        upper95: e.upper95,
+    }
+}
+
+/// The overlap of the sets behind `a` and `b` (joint maximum likelihood), beside
+/// inclusion–exclusion's intersection.
+pub fn overlap(a: &Hll, b: &Hll) -> Result<v1::OverlapAnswer, Status> {
+    let joint = estimate_pair(a, b)?;
+    let naive = hourglass_sketch::overlap::inclusion_exclusion(a, b).map_err(estimate_failed)?;
+    Ok(v1::OverlapAnswer {
+        a: Some(distinct_of(&naive.a)),
+        b: Some(distinct_of(&naive.b)),
+        union: Some(distinct_of(&joint.union)),
+        intersection: Some(distinct_of(&joint.intersection)),
+        only_a: Some(distinct_of(&joint.only_a)),
+        only_b: Some(distinct_of(&joint.only_b)),
+        jaccard: Some(distinct_of(&joint.jaccard)),
+        retained: Some(distinct_of(&joint.retained)),
+        verdict: verdict(joint.verdict) as i32,
+        naive_intersection: naive.intersection,
+    })
+}
+
+/// The joint estimate of the overlap of `a` and `b`. Sketches of any precisions compare
+/// (the finer is folded), so this fails only on a defect, answered as INTERNAL.
+fn estimate_pair(a: &Hll, b: &Hll) -> Result<hourglass_sketch::overlap::Overlap, Status> {
+    hourglass_sketch::overlap::estimate_pair(a, b).map_err(estimate_failed)
+}
+
+fn estimate_failed(e: hourglass_sketch::MergeError) -> Status {
+    Status::internal(format!("estimating an overlap: {e}"))
+}
+
+/// The wire form of an overlap verdict.
+fn verdict(v: hourglass_sketch::overlap::Verdict) -> v1::OverlapVerdict {
+    use hourglass_sketch::overlap::Verdict;
+    match v {
+        Verdict::Empty => v1::OverlapVerdict::Empty,
+        Verdict::Estimable => v1::OverlapVerdict::Estimable,
+        Verdict::TooSmall => v1::OverlapVerdict::TooSmall,
+        Verdict::Saturated => v1::OverlapVerdict::Saturated,
+    }
+}
+
+/// A retention table's rows over the sets of consecutive `periods`: each period's set
+/// (the cohort) against every later one.
+pub fn retention_rows(periods: &[Hll]) -> Result<Vec<v1::RetentionRow>, Status> {
+    (0..periods.len().saturating_sub(1))
+        .map(|cohort| {
+            let cells = (cohort + 1..periods.len())
+                .map(|later| {
+                    let joint = estimate_pair(&periods[cohort], &periods[later])?;
+                    Ok(v1::RetentionCell {
+                        period: later as u32,
+                        returned: Some(distinct_of(&joint.intersection)),
+                        share: Some(distinct_of(&joint.retained)),
+                        verdict: verdict(joint.verdict) as i32,
+                    })
+                })
+                .collect::<Result<_, Status>>()?;
+            Ok(v1::RetentionRow {
+                cohort: cohort as u32,
+                cells,
+            })
+        })
+        .collect()
 }
 
 /// A frequency answer for `item`; zeros when nothing was merged.

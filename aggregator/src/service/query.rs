@@ -370,6 +370,155 @@ impl Query for QueryService {
         })
         .await
     }
+
+    async fn overlap(
+        &self,
+        request: Request<v1::OverlapRequest>,
+    ) -> Result<Response<v1::OverlapResponse>, Status> {
+        let metadata = request.metadata().clone();
+        let request = request.into_inner();
+        self.measured("overlap", &metadata, async {
+            let (a, coverage_a) = self.one_set(request.a.as_ref(), "a").await?;
+            let (b, coverage_b) = self.one_set(request.b.as_ref(), "b").await?;
+            let answer = off_the_async_threads(move || convert::overlap(&a, &b)).await??;
+            Ok(v1::OverlapResponse {
+                answer: Some(answer),
+                coverage_a: Some(coverage_a),
+                coverage_b: Some(coverage_b),
+            })
+        })
+        .await
+    }
+
+    async fn retention(
+        &self,
+        request: Request<v1::RetentionRequest>,
+    ) -> Result<Response<v1::RetentionResponse>, Status> {
+        let metadata = request.metadata().clone();
+        let request = request.into_inner();
+        self.measured("retention", &metadata, async {
+            // The whole selection is checked as Distinct checks one (the range bound too),
+            // then asked period by period.
+            convert::selector(
+                request.selector.as_ref(),
+                Kind::Distinct,
+                self.limits.max_query_hours(),
+            )?;
+            let periods = retention_periods(request.selector.as_ref(), request.period_hours)?;
+            let mut sets = Vec::with_capacity(periods.len());
+            let mut answer = v1::RetentionResponse::default();
+            for hours in periods {
+                let mut selector = request.selector.clone().unwrap_or_default();
+                selector.range = Some(v1::TimeRange {
+                    start_hour: hours.start,
+                    end_hour: hours.end,
+                });
+                let (set, coverage) = self.one_set(Some(&selector), "selector").await?;
+                answer.periods.push(v1::RetentionPeriod {
+                    start_hour: hours.start,
+                    end_hour: hours.end,
+                    distinct: Some(convert::distinct_of(&set.estimate())),
+                    coverage: Some(coverage),
+                });
+                sets.push(set);
+            }
+            answer.rows = off_the_async_threads(move || convert::retention_rows(&sets)).await??;
+            Ok(answer)
+        })
+        .await
+    }
+}
+
+/// The most periods a retention table has: a year of weeks. Its cost grows with the
+/// square of the periods (every pair is estimated).
+pub(crate) const MAX_RETENTION_PERIODS: u32 = 53;
+
+/// The periods of a retention table over `selector`'s range: `period_hours` long from its
+/// start, the last one possibly shorter.
+fn retention_periods(
+    selector: Option<&v1::Selector>,
+    period_hours: u32,
+) -> Result<Vec<std::ops::Range<u32>>, Status> {
+    let range = selector
+        .and_then(|s| s.range)
+        .ok_or_else(|| Status::invalid_argument("selector.range is required"))?;
+    if range.start_hour >= range.end_hour {
+        return Err(Status::invalid_argument(format!(
+            "selector.range: end_hour {} must be greater than start_hour {}",
+            range.end_hour, range.start_hour
+        )));
+    }
+    if period_hours == 0 {
+        return Err(Status::invalid_argument(
+            "period_hours must be at least 1 (24 for days, 168 for weeks)",
+        ));
+    }
+    let span = range.end_hour - range.start_hour;
+    let count = span.div_ceil(period_hours);
+    if count < 2 {
+        return Err(Status::invalid_argument(format!(
+            "the range of {span} hours holds one period of {period_hours} hours: a retention table needs at least two"
+        )));
+    }
+    if count > MAX_RETENTION_PERIODS {
+        return Err(Status::invalid_argument(format!(
+            "the range of {span} hours holds {count} periods of {period_hours} hours, more than {MAX_RETENTION_PERIODS}: ask for longer periods or a shorter range"
+        )));
+    }
+    Ok((0..count)
+        .map(|i| {
+            let start = range.start_hour + i * period_hours;
+            start..(start + period_hours).min(range.end_hour)
+        })
+        .collect())
+}
+
+/// Runs the CPU-bound `work` (estimating pairs of sketches) off the async threads.
+async fn off_the_async_threads<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("estimate task failed: {e}")))
+}
+
+impl QueryService {
+    /// The merged distinct sketch of one selection of a set question (an empty one when
+    /// nothing was merged) and its coverage; errors name the selection `name`.
+    async fn one_set(
+        &self,
+        selector: Option<&v1::Selector>,
+        name: &str,
+    ) -> Result<(hourglass_sketch::hll::Hll, v1::Coverage), Status> {
+        if selector.is_some_and(|s| s.group_by != v1::GroupBy::None as i32) {
+            return Err(Status::invalid_argument(format!(
+                "{name}.group_by must be GROUP_BY_NONE: a set question compares whole selections"
+            )));
+        }
+        let a = self
+            .plan(selector, Kind::Distinct)
+            .await
+            .map_err(|status| named(status, name))?;
+        let set = match a.total.sketch {
+            Some(Sketch::Distinct(hll)) => hll,
+            // Nothing merged: the empty set, at the precision that merges with any.
+            _ => hourglass_sketch::hll::Hll::new(hourglass_sketch::hll::MAX_PRECISION)
+                .expect("the largest precision is valid"),
+        };
+        Ok((set, convert::coverage(&a.total.coverage)))
+    }
+}
+
+/// `status` with its message about `selector` said of the selection `name` instead.
+fn named(status: Status, name: &str) -> Status {
+    if name == "selector" {
+        return status;
+    }
+    let message = match status.message().strip_prefix("selector") {
+        Some(rest) => format!("{name}{rest}"),
+        None => format!("{name}: {}", status.message()),
+    };
+    Status::new(status.code(), message)
 }
 
 #[cfg(test)]
