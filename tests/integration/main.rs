@@ -15,6 +15,7 @@ mod netcut;
 mod otel;
 mod review;
 mod review2;
+mod review3;
 mod robustness;
 mod sets;
 mod sketch_cli;

@@ -581,10 +581,10 @@ async fn open(
         metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
         ..pull::Config::default()
     };
+    let (first, instance) = stream_state(stream).await?;
     let mine = cluster
-        .load_position(p)
+        .load_position(p, &instance)
         .map_err(|e| format!("reading this store's position: {e}"))?;
-    let first = stream_first(stream).await?;
     // A new consumer is of a new store (or of one whose consumer JetStream removed, idle
     // for longer than the stream keeps messages): complete if the stream never dropped a
     // message.
@@ -595,7 +595,7 @@ async fn open(
     let mut info = consumer.get_info().await.map_err(|e| e.to_string())?;
     // Its record says whether it missed messages (consumers of older versions have none),
     // and it missed those the stream dropped (max_age) after what it holds.
-    let marked = info
+    let mut marked = info
         .config
         .metadata
         .get(COMPLETE_KEY)
@@ -634,11 +634,25 @@ async fn open(
             let from = DeliverPolicy::ByStartSequence {
                 start_sequence: held + 1,
             };
+            let (first, _) = stream_state(stream).await?;
+            let created_marked = marked && held.saturating_add(1) >= first;
             consumer = stream
-                .create_consumer(consumer_config(from, marked))
+                .create_consumer(consumer_config(from, created_marked))
                 .await
                 .map_err(|e| e.to_string())?;
             info = consumer.get_info().await.map_err(|e| e.to_string())?;
+            // The server starts a consumer whose start the stream no longer has at the
+            // stream's first message, and counts the ones before as looked at: those this
+            // store lacks. That must be on record before this instance is followed (its
+            // deliveries then vouch for what it looked at): a mark written after, and lost
+            // to a failure or a kill in between, would leave a followed instance that
+            // looked past them and a consumer marked complete. Until then the instance is
+            // not followed, and the next opening makes the consumer again.
+            let skipped = info.delivered.stream_sequence > held;
+            if skipped && created_marked {
+                mark_complete(stream, &info, false).await?;
+            }
+            marked = created_marked && !skipped;
             cluster.follow(p, &identity(&info));
         }
     }
@@ -682,8 +696,17 @@ async fn open(
 
 /// The stream's first sequence: messages before it are gone (max_age).
 async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String> {
+    Ok(stream_state(stream).await?.0)
+}
+
+/// The stream's first sequence and the identity of its instance
+/// ([`super::engine::stream_identity`]).
+async fn stream_state(stream: &jetstream::stream::Stream) -> Result<(u64, String), String> {
     let info = stream.get_info().await.map_err(|e| e.to_string())?;
-    Ok(info.state.first_sequence)
+    Ok((
+        info.state.first_sequence,
+        super::engine::stream_identity(&info),
+    ))
 }
 
 /// Copies what the stream dropped of `p` from another node. Returns the position the

@@ -64,6 +64,15 @@ impl Barrier {
         }
     }
 
+    /// Forgets every position the applied live messages named: they count in a stream
+    /// that is gone (deleted and made again), whose sequences started over.
+    pub(crate) fn forget_required(&self) {
+        self.required
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// The position of `p` this node must have applied before answering for it.
     fn required(&self, p: u32) -> u64 {
         let required = self.required.lock().unwrap_or_else(|e| e.into_inner());
@@ -361,6 +370,7 @@ mod tests {
 
     fn mine(consumer: &str, delivered: u64, applied: u64) -> StreamPosition {
         StreamPosition {
+            stream: "HOURGLASS@1".into(),
             consumer: consumer.into(),
             delivered,
             applied,

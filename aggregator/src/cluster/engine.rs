@@ -125,6 +125,17 @@ struct Outgoing {
     payload: Vec<u8>,
 }
 
+/// A stream instance's identity: its name and creation time. A stream deleted and made
+/// again under the same name starts its sequences again; its creation time tells it from
+/// the one before.
+pub(crate) fn stream_identity(info: &jetstream::stream::Info) -> String {
+    format!(
+        "{}@{}",
+        info.config.name,
+        info.created.unix_timestamp_nanos()
+    )
+}
+
 impl Cluster {
     /// Connects to NATS and makes sure the stream exists with this configuration's
     /// partitions, waiting up to a minute for JetStream to be ready.
@@ -233,9 +244,13 @@ impl Cluster {
         });
     }
 
-    /// This node's position in subject `p` (or [`super::LIVE`]), read from the store the
-    /// first time (a restart resumes from it).
-    pub(crate) fn load_position(&self, p: u32) -> Result<StreamPosition, StoreError> {
+    /// This node's position in subject `p` (or [`super::LIVE`]) of the stream instance
+    /// `stream` ([`stream_identity`]), read from the store the first time (a restart
+    /// resumes from it). A position recorded in another instance of the stream (deleted
+    /// and made again: its sequences started over), or in none, says nothing of this one:
+    /// it starts over at nothing applied, recorded at once, and the positions the live
+    /// messages named are forgotten with it.
+    pub(crate) fn load_position(&self, p: u32, stream: &str) -> Result<StreamPosition, StoreError> {
         let first = {
             let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
             !positions.loaded.contains(&p)
@@ -243,19 +258,35 @@ impl Cluster {
         if first && let Some(store) = self.store.get() {
             let stored = store.stream_position(p)?.unwrap_or_default();
             self.position_of(p).send_if_modified(|held| {
-                let newer = stored.applied > held.applied;
-                if newer {
-                    held.applied = stored.applied;
-                }
-                if held.consumer.is_empty() && held.delivered == 0 {
-                    held.consumer = stored.consumer.clone();
-                    held.delivered = stored.delivered;
+                if held.stream.is_empty() && held.consumer.is_empty() && held.applied == 0 {
+                    *held = stored;
                     return true;
                 }
-                newer
+                false
             });
             let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
             positions.loaded.insert(p);
+        }
+        let other = self.position(p).stream != stream;
+        if other {
+            let was = self.position(p);
+            if !was.stream.is_empty() || was.applied > 0 {
+                tracing::warn!(
+                    partition = p,
+                    recorded_in = %was.stream,
+                    now = %stream,
+                    applied_there = was.applied,
+                    "the stream is another instance than the one this node's position counts in (deleted and made again?): applying it from its start"
+                );
+            }
+            self.barrier.forget_required();
+            self.change_position(p, |position| {
+                *position = StreamPosition {
+                    stream: stream.to_string(),
+                    ..StreamPosition::default()
+                };
+                true
+            });
         }
         Ok(self.position(p))
     }

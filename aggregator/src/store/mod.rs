@@ -163,6 +163,10 @@ pub struct ServerEntry {
 /// holds is only ever behind what it applied: a delivery applied again is harmless.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamPosition {
+    /// The stream instance these sequences count in, named after its name and creation
+    /// time: a stream deleted and made again starts its sequences again, so a position
+    /// of another instance (or of none recorded) says nothing of this one.
+    pub stream: String,
     /// The consumer instance whose deliveries [`StreamPosition::delivered`] counts, named
     /// after its name and creation time; empty when no instance is to be trusted.
     pub consumer: String,

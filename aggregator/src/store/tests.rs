@@ -784,12 +784,14 @@ fn concurrent_writers_keep_the_newest(store: Arc<dyn Store>) {
 fn stream_positions_round_trip(store: &dyn Store) {
     assert_eq!(store.stream_position(3).unwrap(), None);
     let first = StreamPosition {
+        stream: "HOURGLASS@1700000000000000001".into(),
         consumer: "apply-agg-1-00000000000000ab-p3@1700000000123456789".into(),
         delivered: 17,
         applied: 1234,
     };
     store.put_stream_position(3, &first).unwrap();
     let live = StreamPosition {
+        stream: String::new(),
         consumer: String::new(),
         delivered: 0,
         applied: u64::MAX,
@@ -800,6 +802,7 @@ fn stream_positions_round_trip(store: &dyn Store) {
     assert_eq!(store.stream_position(4).unwrap(), None);
     // A new consumer instance: its own deliveries, the applied position kept.
     let second = StreamPosition {
+        stream: "HOURGLASS@1700000000000000001".into(),
         consumer: "apply-agg-1-00000000000000ab-p3@1700000099000000000".into(),
         delivered: 0,
         applied: 1234,
@@ -989,6 +992,7 @@ mod rocks {
     fn a_stream_position_survives_reopen_and_a_damaged_one_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let position = StreamPosition {
+            stream: "HOURGLASS@1700000000000000001".into(),
             consumer: "apply-agg-1-00000000000000ab-live@1700000000123456789".into(),
             delivered: 9,
             applied: 40,
@@ -1002,6 +1006,38 @@ mod rocks {
         put_raw(&store, "meta", b"cluster/position/\0\0\0\x07", &[1, 2, 3]);
         let e = store.stream_position(7).unwrap_err();
         assert!(matches!(e, StoreError::BadValue { .. }), "{e}");
+        // A stream name longer than the value holds.
+        let mut long = vec![1u8];
+        long.extend_from_slice(&[0; 16]);
+        long.extend_from_slice(&500u16.to_be_bytes());
+        long.extend_from_slice(b"HOURGLASS");
+        put_raw(&store, "meta", b"cluster/position/\0\0\0\x08", &long);
+        let e = store.stream_position(8).unwrap_err();
+        assert!(e.to_string().contains("names a stream of 500 bytes"), "{e}");
+        // The layout before positions named their stream reads with no stream, which
+        // matches none: the node starts that subject over rather than trust it.
+        let mut old = 40u64.to_be_bytes().to_vec();
+        old.extend_from_slice(&9u64.to_be_bytes());
+        old.extend_from_slice(b"apply-agg-1-p9@1");
+        put_raw(&store, "meta", b"cluster/position/\0\0\0\x09", &old);
+        let read = store.stream_position(9).unwrap().unwrap();
+        assert_eq!(
+            (read.stream.as_str(), read.applied, read.delivered),
+            ("", 40, 9)
+        );
+        assert_eq!(read.consumer, "apply-agg-1-p9@1");
+        // Arbitrary bytes never panic.
+        for len in 0..40 {
+            for fill in [0u8, 1, 0xff] {
+                put_raw(
+                    &store,
+                    "meta",
+                    b"cluster/position/\0\0\0\x0a",
+                    &vec![fill; len],
+                );
+                let _ = store.stream_position(10);
+            }
+        }
     }
 
     #[test]

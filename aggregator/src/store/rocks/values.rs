@@ -102,11 +102,22 @@ pub(super) fn stream_position_key(subject: u32) -> Vec<u8> {
 /// The `meta` prefix of cluster stream positions.
 pub(super) const STREAM_POSITION: &[u8] = b"cluster/position/";
 
-/// A stream position's value: `applied (u64 BE) | delivered (u64 BE) | consumer (UTF-8)`.
+/// The first byte of a stream position's value in this layout.
+const STREAM_POSITION_VERSION: u8 = 1;
+
+/// A stream position's value: `1 | applied (u64 BE) | delivered (u64 BE) | stream length
+/// (u16 BE) | stream (UTF-8) | consumer (UTF-8)`. A value without the leading 1 (written
+/// before positions named their stream) decodes with no stream, which no stream matches.
 pub(super) fn encode_stream_position(position: &StreamPosition) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + position.consumer.len());
+    let stream = position.stream.as_bytes();
+    // A stream identity is a stream name (at most 255 bytes in NATS) and a timestamp.
+    let stream = &stream[..stream.len().min(usize::from(u16::MAX))];
+    let mut out = Vec::with_capacity(19 + stream.len() + position.consumer.len());
+    out.push(STREAM_POSITION_VERSION);
     out.extend_from_slice(&position.applied.to_be_bytes());
     out.extend_from_slice(&position.delivered.to_be_bytes());
+    out.extend_from_slice(&(stream.len() as u16).to_be_bytes());
+    out.extend_from_slice(stream);
     out.extend_from_slice(position.consumer.as_bytes());
     out
 }
@@ -121,19 +132,51 @@ pub(super) fn decode_stream_position(
         key: key.to_vec(),
         reason,
     };
+    let text = |bytes: &[u8], what: &str| {
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| bad(format!("a stream position's {what} is not UTF-8")))
+    };
+    let u64_at = |bytes: &[u8]| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&bytes[..8]);
+        u64::from_be_bytes(word)
+    };
+    if value.first() == Some(&STREAM_POSITION_VERSION) {
+        let rest = &value[1..];
+        if rest.len() < 18 {
+            return Err(bad(format!(
+                "a stream position must be at least 19 bytes, found {}",
+                value.len()
+            )));
+        }
+        let stream_len = usize::from(u16::from_be_bytes([rest[16], rest[17]]));
+        let names = &rest[18..];
+        if names.len() < stream_len {
+            return Err(bad(format!(
+                "a stream position names a stream of {stream_len} bytes in {} bytes",
+                names.len()
+            )));
+        }
+        let (stream, consumer) = names.split_at(stream_len);
+        return Ok(StreamPosition {
+            stream: text(stream, "stream")?,
+            consumer: text(consumer, "consumer")?,
+            delivered: u64_at(&rest[8..16]),
+            applied: u64_at(&rest[..8]),
+        });
+    }
+    // The layout before positions named their stream: `applied | delivered | consumer`.
     if value.len() < 16 {
         return Err(bad(format!(
             "a stream position must be at least 16 bytes, found {}",
             value.len()
         )));
     }
-    let (applied, rest) = value.split_at(8);
-    let (delivered, consumer) = rest.split_at(8);
     Ok(StreamPosition {
-        consumer: String::from_utf8(consumer.to_vec())
-            .map_err(|_| bad("a stream position's consumer is not UTF-8".into()))?,
-        delivered: u64::from_be_bytes(delivered.try_into().unwrap_or_default()),
-        applied: u64::from_be_bytes(applied.try_into().unwrap_or_default()),
+        stream: String::new(),
+        consumer: text(&value[16..], "consumer")?,
+        delivered: u64_at(&value[8..16]),
+        applied: u64_at(&value[..8]),
     })
 }
 
