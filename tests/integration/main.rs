@@ -11,6 +11,7 @@ mod http_review;
 mod install_deps;
 mod multicall;
 mod nats;
+mod natsfaults;
 mod netcut;
 mod otel;
 mod review;
