@@ -23,3 +23,20 @@ pub mod series;
 pub mod size_limit;
 pub mod time;
 pub mod tls;
+
+/// A figure of an answer as JSON can carry it. JSON has no infinity (serde writes `null`,
+/// where the API documents a number), so an unbounded figure (a saturated sketch's
+/// estimate, error or upper end) is written as the largest finite number,
+/// `1.7976931348623157e308`; NaN, which no answer should hold, as 0.
+pub fn json_figure(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(f64::MIN, f64::MAX)
+    }
+}
+
+/// Whether `x`, read back from JSON, is an unbounded figure ([`json_figure`]).
+pub fn is_unbounded(x: f64) -> bool {
+    x >= f64::MAX
+}

@@ -15,10 +15,14 @@ pub fn grouped(n: u64) -> String {
 
 /// A non-negative estimate rounded to a whole count, grouped.
 pub fn count(x: f64) -> String {
-    if x.is_finite() && x >= 0.0 {
-        grouped(x.round() as u64)
-    } else if x.is_infinite() {
+    if x.is_infinite() || x >= f64::MAX {
+        // Unbounded (a saturated sketch), as JSON carries it too.
         "∞".to_string()
+    } else if x >= 1e15 {
+        // Beyond any real count, and beyond what u64 rounds to exactly.
+        format!("{x:.3e}")
+    } else if x.is_finite() && x >= 0.0 {
+        grouped(x.round() as u64)
     } else {
         format!("{x}")
     }

@@ -74,22 +74,26 @@ pub(crate) fn question_name(q: Question) -> &'static str {
     }
 }
 
-fn selector(args: &QueryArgs) -> anyhow::Result<v1::Selector> {
+fn selector(args: &QueryArgs, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<v1::Selector> {
     // Checked here too, so that a misspelt metric is refused before connecting.
     validate_metric(&args.selection.metric)?;
-    Ok(args
-        .selection
-        .selector(chrono::Utc::now(), Spelling::Flags)?)
+    Ok(args.selection.selector(now, Spelling::Flags)?)
 }
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
-    let selector = selector(&args)?;
+    // One "now" for every relative time of the question, A's and B's alike.
+    let now = chrono::Utc::now();
+    let selector = selector(&args, now)?;
     super::sets::check_flags(
         args.question,
         &args.vs,
         args.period.as_deref(),
         args.selection.group_by.is_some(),
     )?;
+    let b = match args.question {
+        Question::Overlap => Some(super::sets::b_selector(&args, now)?),
+        _ => None,
+    };
     let item = match (args.question, &args.item) {
         (Question::Frequency | Question::Membership, None) => {
             bail!("query {} needs --item X", question_name(args.question))
@@ -122,7 +126,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         metric = args.selection.metric.as_str()
     );
     let answer = runtime.block_on(tracing::Instrument::instrument(
-        ask(&args, selector, item),
+        ask(&args, selector, b, item),
         span,
     ));
     drop(telemetry);
@@ -156,6 +160,7 @@ fn explain(status: tonic::Status, aggregator: &str) -> anyhow::Error {
 async fn ask(
     args: &QueryArgs,
     selector: v1::Selector,
+    b: Option<v1::Selector>,
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
     let channel = super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
@@ -165,11 +170,10 @@ async fn ask(
     let grpc = |s| explain(s, &args.aggregator);
     match args.question {
         Question::Overlap => {
-            let b = super::sets::b_selector(args)?;
             let reply = client
                 .overlap(v1::OverlapRequest {
                     a: Some(selector),
-                    b: Some(b),
+                    b,
                 })
                 .await
                 .map_err(grpc)?
@@ -340,12 +344,7 @@ pub(crate) fn coverage_fields(v: &mut Value, c: Option<&v1::Coverage>) {
 
 pub(crate) fn distinct_value(a: Option<&v1::DistinctAnswer>, c: Option<&v1::Coverage>) -> Value {
     let a = a.cloned().unwrap_or_default();
-    let mut v = json!({
-        "estimate": a.estimate,
-        "std_error": a.std_error,
-        "lower95": a.lower95,
-        "upper95": a.upper95,
-    });
+    let mut v = super::sets::estimate_value(Some(&a));
     coverage_fields(&mut v, c);
     v
 }
@@ -436,6 +435,14 @@ fn u(v: &Value, key: &str) -> u64 {
 /// `1,204,331 ± 0.81% (95%: 1,184,900 – 1,223,762)`: the form every distinct answer takes.
 pub fn distinct_text(v: &Value) -> String {
     let (est, se) = (f(v, "estimate"), f(v, "std_error"));
+    if hourglass_rpc::is_unbounded(se) {
+        // A saturated sketch: only bounds, and the upper one may be unbounded too.
+        return format!(
+            "between {} and {} (beyond what the sketches can measure: saturated)",
+            count(f(v, "lower95")),
+            count(f(v, "upper95"))
+        );
+    }
     let relative = if est > 0.0 { se / est } else { 0.0 };
     format!(
         "{} ± {} (95%: {} – {})",

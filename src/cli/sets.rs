@@ -61,13 +61,16 @@ pub(crate) fn period_hours(period: Option<&str>) -> anyhow::Result<u32> {
 }
 
 /// Selection B's wire selector; an error names the `--vs-*` flag at fault.
-pub(crate) fn b_selector(args: &QueryArgs) -> anyhow::Result<v1::Selector> {
+pub(crate) fn b_selector(
+    args: &QueryArgs,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<v1::Selector> {
     if let Some(metric) = &args.vs.metric {
         hourglass_rpc::series::validate_metric(metric)
             .map_err(|e| anyhow::anyhow!("--vs-metric: {e}"))?;
     }
     args.vs
-        .selector(&args.selection, chrono::Utc::now(), Spelling::Flags)
+        .selector(&args.selection, now, Spelling::Flags)
         .map_err(|e| anyhow::anyhow!("selection B: {e}"))
 }
 
@@ -82,19 +85,29 @@ fn verdict_name(verdict: i32) -> &'static str {
     }
 }
 
-fn estimate_value(a: Option<&v1::DistinctAnswer>) -> Value {
+/// An estimate as JSON ([`hourglass_rpc::json_figure`]: an unbounded figure is the
+/// largest finite number).
+pub(crate) fn estimate_value(a: Option<&v1::DistinctAnswer>) -> Value {
+    use hourglass_rpc::json_figure;
     let a = a.cloned().unwrap_or_default();
     json!({
-        "estimate": a.estimate,
-        "std_error": a.std_error,
-        "lower95": a.lower95,
-        "upper95": a.upper95,
+        "estimate": json_figure(a.estimate),
+        "std_error": json_figure(a.std_error),
+        "lower95": json_figure(a.lower95),
+        "upper95": json_figure(a.upper95),
     })
 }
 
 /// A fraction with its interval: `41.2% (95%: 39.0% – 43.4%)`.
 fn share_text(v: &Value) -> String {
     let f = |key: &str| v[key].as_f64().unwrap_or(0.0);
+    if hourglass_rpc::is_unbounded(f("std_error")) {
+        return format!(
+            "between {} and {} (the sketches cannot say)",
+            percent(f("lower95")),
+            percent(f("upper95"))
+        );
+    }
     format!(
         "{} (95%: {} – {})",
         percent(f("estimate")),
@@ -118,7 +131,7 @@ pub(crate) fn present_overlap(args: &QueryArgs, reply: &v1::OverlapResponse) -> 
         "jaccard": estimate_value(answer.jaccard.as_ref()),
         "retained": estimate_value(answer.retained.as_ref()),
         "verdict": verdict_name(answer.verdict),
-        "naive_intersection": answer.naive_intersection,
+        "naive_intersection": hourglass_rpc::json_figure(answer.naive_intersection),
     });
     let b_selection = args.vs.apply(&args.selection);
     let mut text = format!(

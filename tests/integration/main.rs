@@ -19,6 +19,7 @@ mod review2;
 mod review3;
 mod robustness;
 mod sets;
+mod sets_review;
 mod sketch_cli;
 mod tls;
 mod util;

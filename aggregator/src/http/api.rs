@@ -240,6 +240,8 @@ struct Asked {
     extensions: tonic::Extensions,
     params: Params,
     selector: v1::Selector,
+    /// The instant relative times were read at (B's too, for an overlap).
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 impl Asked {
@@ -248,15 +250,17 @@ impl Asked {
     fn read(state: &HttpState, request: &HttpRequest, route: Route) -> Result<Asked, ApiError> {
         let (metadata, extensions) = caller(&state.auth, request)?;
         let params = Params::parse(request.uri.query(), route)?;
+        let now = chrono::Utc::now();
         let selector = params
             .selection()?
-            .selector(chrono::Utc::now(), Spelling::Parameters)
+            .selector(now, Spelling::Parameters)
             .map_err(|e| ApiError::invalid(e.to_string()))?;
         Ok(Asked {
             metadata,
             extensions,
             params,
             selector,
+            now,
         })
     }
 
@@ -466,7 +470,7 @@ async fn overlap(State(state): State<Arc<HttpState>>, request: HttpRequest) -> R
                 ));
             }
             let b = vs
-                .selector(&asked.params.selection()?, chrono::Utc::now(), Spelling::Parameters)
+                .selector(&asked.params.selection()?, asked.now, Spelling::Parameters)
                 .map_err(ApiError::invalid)?;
             let message = v1::OverlapRequest {
                 a: asked.selector(),
@@ -487,7 +491,7 @@ async fn overlap(State(state): State<Arc<HttpState>>, request: HttpRequest) -> R
                     jaccard: answer.jaccard.unwrap_or_default().into(),
                     retained: answer.retained.unwrap_or_default().into(),
                     verdict: verdict_name(answer.verdict),
-                    naive_intersection: answer.naive_intersection,
+                    naive_intersection: hourglass_rpc::json_figure(answer.naive_intersection),
                 },
             })
         }
@@ -856,11 +860,12 @@ struct DistinctJson {
 
 impl From<v1::DistinctAnswer> for DistinctJson {
     fn from(a: v1::DistinctAnswer) -> DistinctJson {
+        use hourglass_rpc::json_figure;
         DistinctJson {
-            estimate: a.estimate,
-            std_error: a.std_error,
-            lower95: a.lower95,
-            upper95: a.upper95,
+            estimate: json_figure(a.estimate),
+            std_error: json_figure(a.std_error),
+            lower95: json_figure(a.lower95),
+            upper95: json_figure(a.upper95),
         }
     }
 }

@@ -201,7 +201,12 @@ pub fn overlap(a: &Hll, b: &Hll) -> Result<v1::OverlapAnswer, Status> {
         jaccard: Some(distinct_of(&joint.jaccard)),
         retained: Some(distinct_of(&joint.retained)),
         verdict: verdict(joint.verdict) as i32,
-        naive_intersection: naive.intersection,
+        // inf − inf when a side is saturated: then there is nothing to compare.
+        naive_intersection: if naive.intersection.is_nan() {
+            0.0
+        } else {
+            naive.intersection
+        },
     })
 }
 

@@ -161,3 +161,5 @@ fn with_reflection<L: Clone>(
     }
     router
 }
+#[cfg(test)]
+mod review_sets_tests;

@@ -467,8 +467,10 @@ fn retention_periods(
     }
     Ok((0..count)
         .map(|i| {
+            // At most 53 periods, each starting before end_hour: neither sum overflows
+            // but the last end, which saturates into end_hour.
             let start = range.start_hour + i * period_hours;
-            start..(start + period_hours).min(range.end_hour)
+            start..start.saturating_add(period_hours).min(range.end_hour)
         })
         .collect())
 }

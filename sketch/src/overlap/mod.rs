@@ -120,8 +120,10 @@ pub enum Verdict {
     /// estimate: its 95% interval reaches 0. Report the interval ("at most `upper95`"),
     /// not the point.
     TooSmall,
-    /// Every register of a sketch is saturated: the sets are beyond the range the
-    /// sketches can measure, and the upper ends of the intervals are infinite.
+    /// A sketch is saturated (the joint fit ends at its cap): the sets are beyond the
+    /// range the sketches can measure together. Each figure is then only what the two
+    /// sketches bound alone: estimates at their lower ends, errors infinite, and upper
+    /// ends infinite where a saturated side bounds them.
     Saturated,
 }
 
@@ -178,6 +180,9 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
         });
     }
     let fit = likelihood::maximize(&histograms, start);
+    if fit.at_cap {
+        return Ok(saturated(a, b, precision));
+    }
     let m = histograms.registers;
     let mut covariance = likelihood::covariance(&fit.at_maximum);
     // From the covariance under the Poisson model to the error for the sets at hand: take
@@ -188,11 +193,7 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
     let rate_x = fit.rates[2];
     let estimate = |weights: Vector| {
         let point: f64 = (0..3).map(|i| weights[i] * fit.rates[i]).sum();
-        let std_error = if fit.at_cap {
-            f64::INFINITY
-        } else {
-            m * quadratic_form(&covariance, &weights).max(0.0).sqrt()
-        };
+        let std_error = m * quadratic_form(&covariance, &weights).max(0.0).sqrt();
         Estimate::normal(m * point, std_error, 0.0)
     };
     let mut intersection = estimate([0.0, 0.0, 1.0]);
@@ -203,15 +204,11 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
         if d <= 0.0 {
             return Estimate::normal(0.0, 0.0, 0.0);
         }
-        let std_error = if fit.at_cap {
-            f64::INFINITY
-        } else {
-            let gradient: Vector = std::array::from_fn(|i| {
-                let own = if i == 2 { d } else { 0.0 };
-                (own - denominator[i] * rate_x) / (d * d)
-            });
-            quadratic_form(&covariance, &gradient).max(0.0).sqrt()
-        };
+        let gradient: Vector = std::array::from_fn(|i| {
+            let own = if i == 2 { d } else { 0.0 };
+            (own - denominator[i] * rate_x) / (d * d)
+        });
+        let std_error = quadratic_form(&covariance, &gradient).max(0.0).sqrt();
         let mut share = Estimate::normal(rate_x / d, std_error, 0.0);
         share.upper95 = share.upper95.min(1.0);
         share
@@ -219,14 +216,12 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
     // J = λx / (λa + λb + λx); retained share R = λx / (λa + λx).
     let mut jaccard = ratio([1.0, 1.0, 1.0]);
     let mut retained = ratio([1.0, 0.0, 1.0]);
-    let verdict = if fit.at_cap {
-        Verdict::Saturated
-    } else if intersection.std_error > 0.0 && intersection.estimate <= Z95 * intersection.std_error
-    {
-        Verdict::TooSmall
-    } else {
-        Verdict::Estimable
-    };
+    let verdict =
+        if intersection.std_error > 0.0 && intersection.estimate <= Z95 * intersection.std_error {
+            Verdict::TooSmall
+        } else {
+            Verdict::Estimable
+        };
     if verdict == Verdict::TooSmall {
         // The intersection may be 0, and so may the shares.
         jaccard.lower95 = 0.0;
@@ -258,6 +253,37 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
         verdict,
         precision,
     })
+}
+
+/// The overlap when a sketch is saturated ([`Verdict::Saturated`]): the joint fit ends at
+/// its cap and its figures mean nothing, so each is what the two sketches alone bound:
+/// `|A ∩ B|` at most the smaller `|A|` or `|B|`, each side's own part at most that side,
+/// the union at least the larger side, the shares anywhere in `[0, 1]`. Each estimate is
+/// its lower end (a saturated side's own estimate is infinite), with an infinite error.
+fn saturated(a: &Hll, b: &Hll, precision: u8) -> Overlap {
+    let (ea, eb) = (a.estimate(), b.estimate());
+    let at_most = |upper: f64| Estimate {
+        estimate: 0.0,
+        std_error: f64::INFINITY,
+        lower95: 0.0,
+        upper95: upper,
+    };
+    let lower = ea.lower95.max(eb.lower95);
+    Overlap {
+        union: Estimate {
+            estimate: ea.estimate.max(eb.estimate),
+            std_error: f64::INFINITY,
+            lower95: lower,
+            upper95: ea.upper95 + eb.upper95,
+        },
+        intersection: at_most(ea.upper95.min(eb.upper95)),
+        only_a: at_most(ea.upper95),
+        only_b: at_most(eb.upper95),
+        jaccard: at_most(1.0),
+        retained: at_most(1.0),
+        verdict: Verdict::Saturated,
+        precision,
+    }
 }
 
 /// How far below `t` the lower end of the 95% interval of a normal mean `μ ≥ 0` lies, in
@@ -392,5 +418,7 @@ pub fn inclusion_exclusion(a: &Hll, b: &Hll) -> Result<InclusionExclusion, Merge
     })
 }
 
+#[cfg(test)]
+mod review_tests;
 #[cfg(test)]
 mod tests;
