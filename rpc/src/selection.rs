@@ -209,6 +209,10 @@ pub fn parse_period(text: &str) -> Result<u32, String> {
                 "w" => 168,
                 _ => return Err(bad()),
             };
+            // Digits only: `u32`'s parser would take a leading `+` too.
+            if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
             let n: u32 = number.parse().map_err(|_| bad())?;
             n.checked_mul(unit_hours).ok_or_else(bad)?
         }
