@@ -16,6 +16,19 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hour
 
 use hourglass_sketch::Kind;
 
+/// The name of an overlap verdict (`v1::OverlapVerdict`) in JSON answers, the HTTP API's
+/// and `hourglass query overlap --json`'s alike: `estimable`, `too_small`, `empty`,
+/// `saturated`, or `unspecified` for a value this build does not know.
+pub fn overlap_verdict_name(verdict: i32) -> &'static str {
+    match v1::OverlapVerdict::try_from(verdict) {
+        Ok(v1::OverlapVerdict::Estimable) => "estimable",
+        Ok(v1::OverlapVerdict::TooSmall) => "too_small",
+        Ok(v1::OverlapVerdict::Empty) => "empty",
+        Ok(v1::OverlapVerdict::Saturated) => "saturated",
+        _ => "unspecified",
+    }
+}
+
 /// The metric label of a gRPC status code: snake case, as Prometheus labels go.
 pub fn code_label(code: tonic::Code) -> &'static str {
     use tonic::Code;

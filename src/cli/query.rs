@@ -84,7 +84,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // One "now" for every relative time of the question, A's and B's alike.
     let now = chrono::Utc::now();
     let selector = selector(&args, now)?;
-    super::sets::check_flags(
+    let period_hours = super::sets::check_flags(
         args.question,
         &args.vs,
         args.period.as_deref(),
@@ -126,7 +126,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         metric = args.selection.metric.as_str()
     );
     let answer = runtime.block_on(tracing::Instrument::instrument(
-        ask(&args, selector, b, item),
+        ask(&args, selector, b, period_hours, item),
         span,
     ));
     drop(telemetry);
@@ -161,6 +161,7 @@ async fn ask(
     args: &QueryArgs,
     selector: v1::Selector,
     b: Option<v1::Selector>,
+    period_hours: u32,
     item: Vec<u8>,
 ) -> anyhow::Result<(Value, String)> {
     let channel = super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
@@ -181,7 +182,6 @@ async fn ask(
             return Ok(super::sets::present_overlap(args, &reply));
         }
         Question::Retention => {
-            let period_hours = super::sets::period_hours(args.period.as_deref())?;
             let reply = client
                 .retention(v1::RetentionRequest {
                     selector: Some(selector),

@@ -24,13 +24,14 @@ use super::query::{
     distinct_value, missing_text, partitions_text,
 };
 
-/// Refuses flags that do not belong to `question`, before anything is asked.
+/// Refuses flags that do not belong to `question`, before anything is asked. Returns the
+/// hours of retention's `--period` (0 for the other questions).
 pub(crate) fn check_flags(
     question: Question,
     vs: &VsSelection,
     period: Option<&str>,
     grouped_by: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u32> {
     let name = super::query::question_name(question);
     if matches!(question, Question::Overlap | Question::Retention) && grouped_by {
         bail!("--group-by does not apply to query {name}: it compares whole selections");
@@ -47,9 +48,9 @@ pub(crate) fn check_flags(
         bail!("--period applies to query retention only, not query {name}");
     }
     if question == Question::Retention {
-        period_hours(period)?;
+        return period_hours(period);
     }
-    Ok(())
+    Ok(0)
 }
 
 /// The hours of `--period`.
@@ -72,17 +73,6 @@ pub(crate) fn b_selector(
     args.vs
         .selector(&args.selection, now, Spelling::Flags)
         .map_err(|e| anyhow::anyhow!("selection B: {e}"))
-}
-
-/// The wire verdict's name in `--json`.
-fn verdict_name(verdict: i32) -> &'static str {
-    match v1::OverlapVerdict::try_from(verdict) {
-        Ok(v1::OverlapVerdict::Estimable) => "estimable",
-        Ok(v1::OverlapVerdict::TooSmall) => "too_small",
-        Ok(v1::OverlapVerdict::Empty) => "empty",
-        Ok(v1::OverlapVerdict::Saturated) => "saturated",
-        _ => "unspecified",
-    }
 }
 
 /// An estimate as JSON ([`hourglass_rpc::json_figure`]: an unbounded figure is the
@@ -130,7 +120,7 @@ pub(crate) fn present_overlap(args: &QueryArgs, reply: &v1::OverlapResponse) -> 
         "only_b": estimate_value(answer.only_b.as_ref()),
         "jaccard": estimate_value(answer.jaccard.as_ref()),
         "retained": estimate_value(answer.retained.as_ref()),
-        "verdict": verdict_name(answer.verdict),
+        "verdict": hourglass_rpc::proto::overlap_verdict_name(answer.verdict),
         "naive_intersection": hourglass_rpc::json_figure(answer.naive_intersection),
     });
     let b_selection = args.vs.apply(&args.selection);
@@ -207,7 +197,7 @@ pub(crate) fn present_retention(
                     "period": c.period,
                     "returned": estimate_value(c.returned.as_ref()),
                     "share": estimate_value(c.share.as_ref()),
-                    "verdict": verdict_name(c.verdict),
+                    "verdict": hourglass_rpc::proto::overlap_verdict_name(c.verdict),
                 })).collect::<Vec<_>>(),
             })
         })

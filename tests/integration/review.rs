@@ -5,12 +5,11 @@ use std::time::{Duration, Instant};
 
 use crate::faults::{agg_metric, wait_until};
 use crate::nats::NatsCluster;
+use crate::natsfaults::push_until_answered;
 use crate::netcut::Link;
 use crate::util::{AggregatorAddrs, InProcessAggregator, TempDir, channel, runtime};
 use hourglass_aggregator::cluster::ClusterConfig;
-use hourglass_rpc::proto::v1::{
-    self, collector_client::CollectorClient, query_client::QueryClient,
-};
+use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
 
 const PARTITIONS: u32 = 8;
 const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -67,27 +66,6 @@ fn push(page: &str, hour: u32, items: std::ops::Range<u32>) -> v1::PushRequest {
         }),
         snapshots: vec![s],
         live_hours: vec![hour],
-    }
-}
-
-/// Pushes `request` to `grpc` until it is answered other than UNAVAILABLE (for at most
-/// 90 s: a push never answered is a failure, not a hang).
-async fn push_until_answered(grpc: &str, request: v1::PushRequest) -> Vec<v1::PushOutcome> {
-    let mut c = CollectorClient::new(channel(grpc).await);
-    let started = Instant::now();
-    loop {
-        match c.push(request.clone()).await {
-            Ok(r) => return r.into_inner().results.iter().map(|r| r.outcome()).collect(),
-            Err(s) if s.code() == tonic::Code::Unavailable => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(90),
-                    "a push through {grpc} is not answered after {:?}: {s}",
-                    started.elapsed()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(s) => panic!("push refused: {s}"),
-        }
     }
 }
 

@@ -634,7 +634,8 @@ async fn open(
             let from = DeliverPolicy::ByStartSequence {
                 start_sequence: held + 1,
             };
-            let (first, _) = stream_state(stream).await?;
+            // The stream's start as read at the top: if it moved since, the skip check
+            // below finds it from the consumer itself.
             let created_marked = marked && held.saturating_add(1) >= first;
             consumer = stream
                 .create_consumer(consumer_config(from, created_marked))

@@ -490,7 +490,7 @@ async fn overlap(State(state): State<Arc<HttpState>>, request: HttpRequest) -> R
                     only_b: answer.only_b.unwrap_or_default().into(),
                     jaccard: answer.jaccard.unwrap_or_default().into(),
                     retained: answer.retained.unwrap_or_default().into(),
-                    verdict: verdict_name(answer.verdict),
+                    verdict: hourglass_rpc::proto::overlap_verdict_name(answer.verdict),
                     naive_intersection: hourglass_rpc::json_figure(answer.naive_intersection),
                 },
             })
@@ -546,7 +546,7 @@ async fn retention(State(state): State<Arc<HttpState>>, request: HttpRequest) ->
                                 period: c.period,
                                 returned: c.returned.unwrap_or_default().into(),
                                 share: c.share.unwrap_or_default().into(),
-                                verdict: verdict_name(c.verdict),
+                                verdict: hourglass_rpc::proto::overlap_verdict_name(c.verdict),
                             })
                             .collect(),
                     })
@@ -555,17 +555,6 @@ async fn retention(State(state): State<Arc<HttpState>>, request: HttpRequest) ->
         }
         .await,
     )
-}
-
-/// A wire overlap verdict's name: `estimable`, `too_small`, `empty` or `saturated`.
-fn verdict_name(verdict: i32) -> &'static str {
-    match v1::OverlapVerdict::try_from(verdict) {
-        Ok(v1::OverlapVerdict::Estimable) => "estimable",
-        Ok(v1::OverlapVerdict::TooSmall) => "too_small",
-        Ok(v1::OverlapVerdict::Empty) => "empty",
-        Ok(v1::OverlapVerdict::Saturated) => "saturated",
-        _ => "unspecified",
-    }
 }
 
 async fn series(State(state): State<Arc<HttpState>>, request: HttpRequest) -> Response {
