@@ -10,7 +10,7 @@
 //!   survivor takes every partition over;
 //! - a node cut off from NATS and the other nodes, then healed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::faults::{
     PARTS, agg_metric, assert_same, reference, send_part, start_agent, stored, try_stored,
@@ -99,7 +99,19 @@ fn wait_applied(nodes: &[&dyn AggregatorAddrs]) {
         })
     };
     for _ in 0..2 {
-        wait_until("the nodes to apply the stream", settled);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !settled() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the nodes to apply the stream: {}",
+                nodes
+                    .iter()
+                    .map(|n| crate::natsfaults::readiness(*n))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         std::thread::sleep(HEARTBEAT * 2);
     }
 }

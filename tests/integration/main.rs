@@ -9,6 +9,7 @@ mod faults;
 mod http;
 mod http_review;
 mod install_deps;
+mod lag;
 mod multicall;
 mod nats;
 mod natsfaults;

@@ -432,15 +432,30 @@ pub(crate) async fn export(
     page: &str,
     hour: u32,
 ) -> Result<(Vec<u8>, u32), tonic::Status> {
+    let tags = vec![v1::Tag {
+        key: "page".into(),
+        value: page.into(),
+    }];
+    export_visits(grpc, tags, hour).await
+}
+
+/// The distinct Export of every `visits` series over `hour`, merged: its bytes and the
+/// partitions it says it lacks, or the node's refusal.
+pub(crate) async fn export_all(grpc: &str, hour: u32) -> Result<(Vec<u8>, u32), tonic::Status> {
+    export_visits(grpc, vec![], hour).await
+}
+
+async fn export_visits(
+    grpc: &str,
+    tags: Vec<v1::Tag>,
+    hour: u32,
+) -> Result<(Vec<u8>, u32), tonic::Status> {
     let mut q = QueryClient::new(channel(grpc).await);
     let r = q
         .export(v1::ExportRequest {
             selector: Some(v1::Selector {
                 metric: "visits".into(),
-                tags: vec![v1::Tag {
-                    key: "page".into(),
-                    value: page.into(),
-                }],
+                tags,
                 range: Some(v1::TimeRange {
                     start_hour: hour,
                     end_hour: hour + 1,

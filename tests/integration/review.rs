@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use crate::faults::{agg_metric, wait_until};
 use crate::nats::NatsCluster;
-use crate::natsfaults::push_until_answered;
+use crate::natsfaults::{export_all as export, push_until_answered};
 use crate::netcut::Link;
-use crate::util::{AggregatorAddrs, InProcessAggregator, TempDir, channel, runtime};
+use crate::util::{AggregatorAddrs, InProcessAggregator, TempDir, runtime};
 use hourglass_aggregator::cluster::ClusterConfig;
-use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
+use hourglass_rpc::proto::v1;
 
 const PARTITIONS: u32 = 8;
 const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -67,30 +67,6 @@ fn push(page: &str, hour: u32, items: std::ops::Range<u32>) -> v1::PushRequest {
         snapshots: vec![s],
         live_hours: vec![hour],
     }
-}
-
-/// The distinct Export of `visits` over `hour`: its bytes and the partitions it says it
-/// lacks, or the node's refusal.
-async fn export(grpc: &str, hour: u32) -> Result<(Vec<u8>, u32), tonic::Status> {
-    let mut q = QueryClient::new(channel(grpc).await);
-    let r = q
-        .export(v1::ExportRequest {
-            selector: Some(v1::Selector {
-                metric: "visits".into(),
-                range: Some(v1::TimeRange {
-                    start_hour: hour,
-                    end_hour: hour + 1,
-                }),
-                ..Default::default()
-            }),
-            kind: v1::SketchKind::Distinct as i32,
-        })
-        .await?
-        .into_inner();
-    Ok((
-        r.sketch.map(|s| s.data.to_vec()).unwrap_or_default(),
-        r.coverage.map_or(0, |c| c.partitions_missing),
-    ))
 }
 
 /// A node that is ready for its partitions stays ready for as long as its consumers run:

@@ -17,7 +17,7 @@ use prost::Message;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
-use super::barrier::{Delivered, Vouched, identity, vouched};
+use super::barrier::{Delivered, Vouched, identity, nothing_aged_out, vouched};
 use super::{Cluster, ClusterError, LIVE};
 use crate::metrics::{ApplyLabel, Metrics};
 use crate::service::CollectorService;
@@ -384,10 +384,13 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // Every delivery of this consumer takes the next consumer sequence: one skipped
         // was delivered and lost on the way (a reconnect). Applying on would record a
         // position past it, so the consumer is opened again, from this node's position.
-        let (consumer_sequence, stream_sequence, pending) = match message.info() {
-            Ok(info) if info.consumer_sequence == delivered + 1 => {
-                (info.consumer_sequence, info.stream_sequence, info.pending)
-            }
+        let (consumer_sequence, stream_sequence, pending, published) = match message.info() {
+            Ok(info) if info.consumer_sequence == delivered + 1 => (
+                info.consumer_sequence,
+                info.stream_sequence,
+                info.pending,
+                system_time(info.published.unix_timestamp_nanos()),
+            ),
             Ok(info) => {
                 return stream_error(format!(
                     "consumer {name}: deliveries {} to {} were lost on the way",
@@ -401,9 +404,26 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
                 ));
             }
         };
+        // Messages of the subject between this node's position and this one that the
+        // stream dropped (max_age) before the consumer reached them were passed over
+        // with no gap in the deliveries: a consumer far enough behind is opened again,
+        // which finds what is missing and copies it.
+        match nothing_aged_out(cluster, p, cluster.position(p).applied).await {
+            Ok(true) => {}
+            Ok(false) => {
+                cluster.distrust(p, &identity);
+                return stream_error(format!(
+                    "consumer {name}: it fell so far behind that the stream may have dropped messages it never delivered; opening it again from this node's position"
+                ));
+            }
+            Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
+        }
         // A message the store could not take is retried here, before any later one: the
         // position recorded as applied must never pass a message not applied.
         let outcome = loop {
+            if !config.apply_delay.is_zero() {
+                tokio::time::sleep(config.apply_delay).await;
+            }
             let outcome = apply_one(work, p, &message).await;
             count(work, outcome);
             if outcome != Applied::Retry {
@@ -423,6 +443,8 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // After the count, so that a reader who sees the position also sees the count.
         work.metrics.cluster_applied_at(stream_sequence);
         cluster.record_delivery(p, &identity, consumer_sequence, stream_sequence);
+        // Every message of the subject still to come was published after this one.
+        cluster.barrier().fresh_since(p, published);
         delivered = consumer_sequence;
         cluster.members().set_pending(p, pending);
         let caught_up = pending == 0;
@@ -493,7 +515,9 @@ pub(crate) fn unchecked(config: &super::ClusterConfig) -> Duration {
 /// check (`unreceived` holds the last seen), were lost on the way and will not come back
 /// before `ACK_WAIT`, or ever if the stream drops them first: the consumer is opened
 /// again (the error). With every delivery applied and nothing left, what the consumer
-/// looked at is applied: recorded, so that a quiet subject's position follows the stream
+/// looked at is applied, unless the stream may have dropped some of it before the
+/// consumer reached it ([`nothing_aged_out`]: the consumer is distrusted and opened
+/// again, the error): recorded, so that a quiet subject's position follows the stream
 /// and a reopen after `max_age` does not take what the stream dropped of others as
 /// missing.
 async fn idle(
@@ -503,6 +527,7 @@ async fn idle(
     identity: &str,
     unreceived: &mut Option<u64>,
 ) -> Result<(), String> {
+    let asked = std::time::SystemTime::now();
     let info = match consumer.get_info().await {
         Ok(info) => info,
         Err(e) => {
@@ -518,6 +543,12 @@ async fn idle(
     match vouched(&theirs, &mine) {
         Vouched::All { at } => {
             if info.num_pending == 0 {
+                if !nothing_aged_out(cluster, p, mine.applied).await? {
+                    cluster.distrust(p, identity);
+                    return Err("it fell so far behind that the stream may have dropped messages it looked past without delivering them".into());
+                }
+                // Nothing was left to deliver: what comes was published after `asked`.
+                cluster.barrier().fresh_since(p, asked);
                 cluster.record_applied(p, at);
             }
             *unreceived = None;
@@ -601,7 +632,19 @@ async fn open(
         .get(COMPLETE_KEY)
         .is_none_or(|v| v == "true");
     let theirs = Delivered::of(&info);
-    let verdict = vouched(&theirs, &mine);
+    let mut verdict = vouched(&theirs, &mine);
+    // What the consumer looked at past this store's position counts only if the stream
+    // dropped none of it before the consumer reached it: one that fell behind by
+    // max_age (in this process or the one before) may have looked past such messages
+    // with no gap in its deliveries. Read after the consumer's state: if the stream has
+    // dropped anything after the position by now, the consumer starts again from the
+    // position, and the check below finds what is missing.
+    if let Vouched::All { at } = verdict
+        && at > mine.applied
+        && stream_first(stream).await? > mine.applied.saturating_add(1)
+    {
+        verdict = Vouched::Behind { at: mine.applied };
+    }
     // Every message of the subject up to it is in the store.
     let held = verdict.at();
     match verdict {
@@ -781,6 +824,13 @@ fn count(work: &Consuming, outcome: Applied) {
             },
         })
         .inc();
+}
+
+/// A NATS timestamp, in nanoseconds since the Unix epoch, as a `SystemTime` (one
+/// before the epoch as the epoch).
+fn system_time(unix_nanos: i128) -> std::time::SystemTime {
+    let nanos = u64::try_from(unix_nanos).unwrap_or(0);
+    std::time::UNIX_EPOCH + Duration::from_nanos(nanos)
 }
 
 /// The messages of `p` this node has still to apply, by its consumer's `info`: those not

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::consumer::{Consumer, pull};
 
@@ -43,10 +43,8 @@ const POLL: Duration = Duration::from_millis(20);
 #[derive(Default)]
 pub(crate) struct Barrier {
     required: Mutex<HashMap<u32, u64>>,
-    /// This node's consumers, by partition ([`LIVE`] for the live subject), each with
-    /// when its loop last showed it runs (it asks JetStream for messages, so the consumer
-    /// looks at what the stream gets).
-    consumers: Mutex<HashMap<u32, (Consumer<pull::Config>, Instant)>>,
+    /// This node's consumers, by partition ([`LIVE`] for the live subject).
+    consumers: Mutex<HashMap<u32, Running>>,
     /// Whether this node's store holds every live message the stream ever had (applied,
     /// or copied from another node): else its series index may lack series.
     live_complete: std::sync::atomic::AtomicBool,
@@ -79,17 +77,25 @@ impl Barrier {
         required.get(&p).copied().unwrap_or(0)
     }
 
-    /// This node's consumer of `p` (or [`LIVE`]), from when it runs.
+    /// This node's consumer of `p` (or [`LIVE`]), from when it runs. Nothing is known yet
+    /// of when what it has to deliver was published ([`Running::fresh`]).
     pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.insert(p, (consumer, Instant::now()));
+        consumers.insert(
+            p,
+            Running {
+                consumer,
+                ran: Instant::now(),
+                fresh: None,
+            },
+        );
     }
 
     /// Records that the loop of `p`'s consumer runs now.
     pub(crate) fn running(&self, p: u32) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, at)) = consumers.get_mut(&p) {
-            *at = Instant::now();
+        if let Some(running) = consumers.get_mut(&p) {
+            running.ran = Instant::now();
         }
     }
 
@@ -98,7 +104,23 @@ impl Barrier {
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers
             .get(&p)
-            .map_or(Duration::MAX, |(_, at)| at.elapsed())
+            .map_or(Duration::MAX, |running| running.ran.elapsed())
+    }
+
+    /// Records that every message of `p` this node has yet to receive was published at
+    /// `since` or later ([`Running::fresh`]); an earlier time than the one recorded
+    /// changes nothing.
+    pub(crate) fn fresh_since(&self, p: u32, since: SystemTime) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(running) = consumers.get_mut(&p) {
+            running.fresh = Some(running.fresh.map_or(since, |t| t.max(since)));
+        }
+    }
+
+    /// [`Running::fresh`] of `p`'s consumer.
+    pub(crate) fn fresh(&self, p: u32) -> Option<SystemTime> {
+        let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.get(&p).and_then(|running| running.fresh)
     }
 
     /// Forgets the consumer of `p`, which stopped.
@@ -109,7 +131,7 @@ impl Barrier {
 
     fn consumer(&self, p: u32) -> Option<Consumer<pull::Config>> {
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.get(&p).map(|(consumer, _)| consumer.clone())
+        consumers.get(&p).map(|running| running.consumer.clone())
     }
 
     /// Records whether this node holds every live message the stream ever had.
@@ -123,6 +145,36 @@ impl Barrier {
         self.live_complete
             .load(std::sync::atomic::Ordering::Acquire)
     }
+}
+
+/// One running consumer of this node.
+struct Running {
+    consumer: Consumer<pull::Config>,
+    /// When its loop last showed it runs (it asks JetStream for messages, so the consumer
+    /// looks at what the stream gets).
+    ran: Instant,
+    /// A time at or before the publication of every message of the subject this node has
+    /// yet to receive from the consumer: the publication of the last message it received,
+    /// or when its consumer was last seen with nothing left to deliver. `None` until one
+    /// of those is known. What the consumer looked at since can be taken as applied only
+    /// while no such message can have aged out of the stream ([`may_have_aged_out`]).
+    fresh: Option<SystemTime>,
+}
+
+/// Whether a message of a subject published at `fresh` or later (`None`: at any time)
+/// may have aged out of the stream (`max_age`) by `now`: then a consumer may have looked
+/// past it with no gap in its deliveries (DESIGN §10, "a consumer that falls behind").
+///
+/// `fresh` and the stream's ages are the NATS servers' clocks, `now` this node's: the
+/// answer is "may" from `max_age` less a margin for the difference (a quarter of
+/// `max_age`, at most 30 s).
+pub(crate) fn may_have_aged_out(
+    fresh: Option<SystemTime>,
+    now: SystemTime,
+    max_age: Duration,
+) -> bool {
+    let margin = (max_age / 4).min(Duration::from_secs(30));
+    fresh.is_none_or(|t| now.duration_since(t).unwrap_or_default() >= max_age - margin)
 }
 
 /// Passes the read barrier (module docs) for the `ready` partitions within half of
@@ -179,6 +231,7 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
         .ok_or_else(|| "its consumer is not running yet".to_string())?;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
+        let asked = SystemTime::now();
         let info = tokio::time::timeout(left, consumer.get_info())
             .await
             .map_err(|_| "JetStream did not answer in time".to_string())?
@@ -204,6 +257,16 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
             && info.num_pending == 0
             && running
         {
+            // What the consumer looked at is applied only if the stream dropped none of it
+            // before the consumer reached it.
+            if !nothing_aged_out(cluster, p, cluster.position(p).applied).await? {
+                return Err(
+                    "its consumer may have looked past messages the stream dropped before delivering them; it is being opened again"
+                        .into(),
+                );
+            }
+            // Nothing was left to deliver: what comes was published after `asked`.
+            cluster.barrier().fresh_since(p, asked);
             cluster.record_applied(p, at);
             return Ok(());
         }
@@ -230,6 +293,25 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Whether no message of `p` after stream sequence `applied` (this node's position) can
+/// have aged out of the stream unseen: the consumer's [`Running::fresh`] says none is old
+/// enough, or else the stream still starts at or before `applied + 1` (one request).
+pub(crate) async fn nothing_aged_out(
+    cluster: &Cluster,
+    p: u32,
+    applied: u64,
+) -> Result<bool, String> {
+    let fresh = cluster.barrier().fresh(p);
+    if !may_have_aged_out(fresh, SystemTime::now(), cluster.config().max_age) {
+        return Ok(true);
+    }
+    let first = cluster
+        .stream_first_sequence()
+        .await
+        .map_err(|e| format!("reading the stream's start: {e}"))?;
+    Ok(first <= applied.saturating_add(1))
 }
 
 /// What a consumer instance reports it delivered: its identity, the consumer sequence of
@@ -300,6 +382,13 @@ impl Vouched {
 pub(crate) fn vouched(theirs: &Delivered, mine: &StreamPosition) -> Vouched {
     let at = mine.applied;
     if mine.consumer.is_empty() || mine.consumer != theirs.consumer {
+        Vouched::Other { at }
+    } else if theirs.consumer_sequence < mine.delivered && theirs.stream_sequence > at {
+        // Fewer deliveries than this node received, yet further in the stream than it
+        // applied: not a report older than this node's record (that would be behind in
+        // both), but the instance's numbering gone back (a consumer state lost in a NATS
+        // leader change) while it went on. Its sequences may repeat ones this node
+        // counted for other messages: they vouch for nothing.
         Vouched::Other { at }
     } else if theirs.consumer_sequence > mine.delivered {
         Vouched::Behind { at }
@@ -389,6 +478,17 @@ mod tests {
             vouched(&theirs("c@1", 7, 90), &mine("c@1", 9, 100)),
             Vouched::All { at: 100 }
         );
+        // The instance's numbering gone back while it went on in the stream (a consumer
+        // state lost in a leader change): it vouches for nothing. Behind in both is a
+        // report older than this node's record: its own position.
+        assert_eq!(
+            vouched(&theirs("c@1", 5, 130), &mine("c@1", 9, 100)),
+            Vouched::Other { at: 100 }
+        );
+        assert_eq!(
+            vouched(&theirs("c@1", 5, 100), &mine("c@1", 9, 100)),
+            Vouched::All { at: 100 }
+        );
         // A delivery it has not applied (lost, or on its way): only its own position,
         // however far the consumer (and its ack floor) went.
         assert_eq!(
@@ -414,6 +514,32 @@ mod tests {
             Vouched::Other { at: 0 }
         );
         assert_eq!(Vouched::Behind { at: 4 }.at(), 4);
+    }
+
+    #[test]
+    fn what_a_consumer_looked_past_may_have_aged_out_from_max_age_less_a_margin() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs;
+        let week = s(7 * 24 * 3600);
+        // Unknown (just opened): always "may".
+        assert!(may_have_aged_out(None, t, week));
+        // A week's max_age: 30 s of margin.
+        assert!(!may_have_aged_out(Some(t), t + week - s(31), week));
+        assert!(may_have_aged_out(Some(t), t + week - s(30), week));
+        // A short max_age: a quarter of it.
+        let short = Duration::from_millis(2000);
+        assert!(!may_have_aged_out(
+            Some(t),
+            t + Duration::from_millis(1499),
+            short
+        ));
+        assert!(may_have_aged_out(
+            Some(t),
+            t + Duration::from_millis(1500),
+            short
+        ));
+        // A time after now (clocks apart) is fresh.
+        assert!(!may_have_aged_out(Some(t + s(5)), t, short));
     }
 
     #[test]

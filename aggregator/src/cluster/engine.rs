@@ -408,6 +408,17 @@ impl Cluster {
 
     /// The stream's last sequence, as JetStream reports it now.
     pub(crate) async fn stream_last_sequence(&self) -> Result<u64, ClusterError> {
+        Ok(self.stream_state().await?.last_sequence)
+    }
+
+    /// The stream's first sequence, as JetStream reports it now: the messages before it
+    /// are gone (`max_age`).
+    pub(crate) async fn stream_first_sequence(&self) -> Result<u64, ClusterError> {
+        Ok(self.stream_state().await?.first_sequence)
+    }
+
+    /// The stream's state, as JetStream reports it now (one request).
+    async fn stream_state(&self) -> Result<jetstream::stream::State, ClusterError> {
         let stream = self
             .jetstream
             .get_stream(&self.config.stream)
@@ -416,11 +427,7 @@ impl Cluster {
                 stream: self.config.stream.clone(),
                 detail: e.to_string(),
             })?;
-        let info = stream.get_info().await.map_err(|e| ClusterError::Stream {
-            stream: self.config.stream.clone(),
-            detail: e.to_string(),
-        })?;
-        Ok(info.state.last_sequence)
+        Ok(stream.cached_info().state.clone())
     }
 
     /// The members and who owns what.

@@ -157,6 +157,12 @@ pub struct ClusterConfig {
     /// The PEM key of `peer_cert_file`.
     #[serde(default)]
     pub peer_key_file: Option<PathBuf>,
+    /// Fault injection for tests, not a setting (never read from the file): this node
+    /// waits this long before applying each message of the stream, as a slow disk would
+    /// make it, so that a test can make one node fall behind the others.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub apply_delay: Duration,
 }
 
 fn default_stream() -> String {
@@ -213,6 +219,7 @@ impl ClusterConfig {
             peer_ca_file: None,
             peer_cert_file: None,
             peer_key_file: None,
+            apply_delay: Duration::ZERO,
         }
     }
 

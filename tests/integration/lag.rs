@@ -1,0 +1,168 @@
+//! A node that falls behind by about `max_age`: its consumers deliver in order with no
+//! gap in their consumer sequences, yet the stream drops (max_age) messages they have not
+//! delivered yet, and a consumer looks past what is gone. The node must not take what
+//! its consumers looked at as applied then: it answers right, names what it lacks, or
+//! refuses, and it copies what it missed from a node that has it (DESIGN §10).
+
+use std::time::{Duration, Instant};
+
+use crate::faults::{agg_metric, wait_until};
+use crate::nats::NatsCluster;
+use crate::natsfaults::*;
+use crate::util::{TempDir, runtime};
+use hourglass_aggregator::cluster::ClusterConfig;
+use hourglass_rpc::proto::v1;
+
+/// `agg-2` applies each message 100 ms late (`apply_delay`, a slow disk) while a burst of
+/// pushes, each a new series of partition `p`, goes through `agg-1`: agg-2's consumers
+/// hold what JetStream delivered ahead (a pull batch) and fall seconds behind, the stream
+/// drops (max_age 2 s) messages they never delivered, and they look past them. While it
+/// lags, every answer agg-2 gives is the full one, names a missing partition, or is a
+/// refusal; afterwards, with agg-1 gone, agg-2 alone gives the full answer: it found
+/// what it missed and copied it.
+#[test]
+fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_delivering_it() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("lag");
+    let urls = nats.urls();
+    let max_age = Duration::from_secs(2);
+    let fast = node(&dir, urls.clone(), "agg-1", |c: &mut ClusterConfig| {
+        c.max_age = max_age;
+    });
+    let slow = node(&dir, urls.clone(), "agg-2", |c: &mut ClusterConfig| {
+        c.max_age = max_age;
+        c.apply_delay = Duration::from_millis(100);
+    });
+    wait_until("two members, both ready", || {
+        agg_metric(&fast, "cluster_members") == 2.0
+            && agg_metric(&slow, "cluster_members") == 2.0
+            && ready(&fast)
+            && ready(&slow)
+    });
+    let hour = crate::util::this_hour();
+    let p = partition_of("lag-0");
+    let pages: Vec<String> = (0..)
+        .map(|i| format!("lag-{i}"))
+        .filter(|page| partition_of(page) == p)
+        .take(400)
+        .collect();
+    let slow_consumer = consumer_of(&dir, "agg-2", p);
+
+    // The burst, eight pushes at a time, while watching for the premise: the stream
+    // starts after what agg-2's consumer of p delivered while it has more to deliver.
+    let burst = std::thread::spawn({
+        let grpc = fast.grpc.clone();
+        let pages = pages.clone();
+        move || {
+            let rt = runtime();
+            for (chunk, pages) in pages.chunks(8).enumerate() {
+                let outcomes = rt.block_on(async {
+                    let pushes: Vec<_> = pages
+                        .iter()
+                        .enumerate()
+                        .map(|(i, page)| {
+                            let base = ((chunk * 8 + i) * 10) as u32;
+                            let (grpc, request) =
+                                (grpc.clone(), push(page, hour, 1, base..base + 10));
+                            tokio::spawn(async move { push_until_answered(&grpc, request).await })
+                        })
+                        .collect();
+                    let mut outcomes = Vec::new();
+                    for push in pushes {
+                        outcomes.push(push.await.expect("a push task"));
+                    }
+                    outcomes
+                });
+                for outcome in outcomes {
+                    assert_eq!(outcome, vec![v1::PushOutcome::Stored]);
+                }
+            }
+        }
+    });
+    let mut premise = false;
+    let mut burst_ended: Option<Instant> = None;
+    while !premise && burst_ended.is_none_or(|t| t.elapsed() < Duration::from_secs(20)) {
+        if burst_ended.is_none() && burst.is_finished() {
+            burst_ended = Some(Instant::now());
+        }
+        let (_, first, _) = stream_state(&urls[0]);
+        if let Some((delivered, _, _, pending)) = consumer_state(&urls[0], &slow_consumer)
+            && pending > 0
+            && first > delivered + 1
+        {
+            premise = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    burst.join().expect("the burst of pushes");
+    assert!(
+        premise,
+        "premise not reached (not the defect): the stream never dropped messages of partition {p} that agg-2's consumer had yet to deliver"
+    );
+    let rt = runtime();
+    wait_until("agg-1 to have applied everything", || ready(&fast));
+    let (full, missing) = rt
+        .block_on(export_all(&fast.grpc, hour))
+        .expect("agg-1 answers");
+    assert_eq!(missing, 0, "agg-1 holds every push");
+
+    // Every push was acknowledged before these questions: agg-2 answers in full, names
+    // what it lacks, or refuses, until it has caught up and copied what it missed.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut answers = 0;
+    loop {
+        let caught_up = ready(&slow);
+        let answer = rt.block_on(export_all(&slow.grpc, hour));
+        answers += 1;
+        match &answer {
+            Ok((got, missing)) => assert!(
+                *got == full || *missing > 0,
+                "answer {answers} of agg-2 ({}) lacks acknowledged pushes and names no missing partition ({} bytes, the full answer is {}): it took what its consumers looked past as applied",
+                readiness(&slow),
+                got.len(),
+                full.len()
+            ),
+            Err(s) => assert_eq!(
+                s.code(),
+                tonic::Code::Unavailable,
+                "answer {answers} of agg-2: {s}"
+            ),
+        }
+        if caught_up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agg-2 did not catch up in 120 s: {}",
+            readiness(&slow)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // With agg-1 gone, agg-2 alone holds what it answers for.
+    drop(fast);
+    wait_until("agg-2 alone in the cluster", || {
+        agg_metric(&slow, "cluster_members") == 1.0
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match rt.block_on(export_all(&slow.grpc, hour)) {
+            Ok((got, 0)) => {
+                assert!(
+                    got == full,
+                    "agg-2 alone answers without the pushes the stream dropped before its consumers delivered them ({} bytes, the full answer is {}): it took what they looked past as applied",
+                    got.len(),
+                    full.len()
+                );
+                break;
+            }
+            other => assert!(
+                Instant::now() < deadline,
+                "agg-2 alone does not answer in full after 60 s: {other:?}; {}",
+                readiness(&slow)
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(rt);
+}
