@@ -98,33 +98,41 @@ fn size_for(capacity: u64, fpr: f64) -> (f64, u64, u32) {
     (raw_bits, bits, hashes)
 }
 
+/// The bits and hash count of the filter [`Bloom::new`] builds for a design point, or
+/// why there is none: the one place the design rule and its limits live, so that sizing
+/// (crate::membership) can work out a filter's shape without allocating it.
+pub(crate) fn design(capacity: u64, fpr: f64) -> Result<(u64, u32), ParameterError> {
+    if capacity == 0 {
+        return Err(ParameterError::new(
+            "capacity",
+            capacity,
+            "must be at least 1",
+        ));
+    }
+    if !(fpr > 0.0 && fpr < 1.0) {
+        return Err(ParameterError::new(
+            "false-positive rate",
+            fpr,
+            "must be strictly between 0 and 1",
+        ));
+    }
+    let (raw_bits, bits, hashes) = size_for(capacity, fpr);
+    if raw_bits > MAX_BITS as f64 {
+        return Err(ParameterError::new(
+            "capacity",
+            capacity,
+            format!(
+                "at false-positive rate {fpr} needs {raw_bits:.0} bits, more than the limit of {MAX_BITS}"
+            ),
+        ));
+    }
+    Ok((bits, hashes))
+}
+
 impl Bloom {
     /// A filter for `capacity` distinct items at a target false-positive rate `fpr`.
     pub fn new(capacity: u64, fpr: f64) -> Result<Bloom, ParameterError> {
-        if capacity == 0 {
-            return Err(ParameterError::new(
-                "capacity",
-                capacity,
-                "must be at least 1",
-            ));
-        }
-        if !(fpr > 0.0 && fpr < 1.0) {
-            return Err(ParameterError::new(
-                "false-positive rate",
-                fpr,
-                "must be strictly between 0 and 1",
-            ));
-        }
-        let (raw_bits, bits, hashes) = size_for(capacity, fpr);
-        if raw_bits > MAX_BITS as f64 {
-            return Err(ParameterError::new(
-                "capacity",
-                capacity,
-                format!(
-                    "at false-positive rate {fpr} needs {raw_bits:.0} bits, more than the limit of {MAX_BITS}"
-                ),
-            ));
-        }
+        let (bits, hashes) = design(capacity, fpr)?;
         Ok(Bloom {
             capacity,
             target_fpr: fpr,
@@ -217,6 +225,11 @@ impl Bloom {
         } else {
             Health::Healthy
         }
+    }
+
+    /// The bit array, 64 bits a word (bit `b` is bit `b % 64` of word `b / 64`).
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.words
     }
 
     /// Bytes of bit array held in memory.

@@ -12,6 +12,7 @@
 //! | distinct | [`ull::Ull`] | how many distinct items, in ~28% fewer bytes at the same error? |
 //! | frequency | [`frequency::Frequency`] | how often did X occur? what are the top K? |
 //! | membership | [`bloom::Bloom`] | was X seen? |
+//! | membership over a range | [`membership::lookup`], [`membership::RangeSizing`] | was X seen in any of these server-hours, and where, without merging the filters? |
 //!
 //! Every sketch type has the same shape: `insert` items, `merge` another sketch of the
 //! same kind and parameters (an error naming the parameter otherwise), `encode` to the
@@ -81,6 +82,7 @@ pub mod countmin;
 pub mod frequency;
 pub mod frequent;
 pub mod hll;
+pub mod membership;
 pub mod overlap;
 pub mod ull;
 
