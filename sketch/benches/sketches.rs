@@ -217,6 +217,35 @@ fn hll_merge(c: &mut Criterion) {
     }
 }
 
+/// What a query does per stored row: decode the row's bytes and merge them into the
+/// answer being built. HyperLogLog's stored form packs six bits per register (unpacked on
+/// decode); UltraLogLog's keeps one byte per register.
+fn hll_merge_stored(c: &mut Criterion) {
+    for p in [DEFAULT_PRECISION, 18] {
+        let fill = FILL_PER_REGISTER << p;
+        let mut group = c.benchmark_group(format!("hll_merge_stored_dense_p{p}"));
+        group.throughput(Throughput::Elements(1));
+        let mut ours = dense_hll(p, fill, 0);
+        let stored = dense_hll(p, fill, fill).encode();
+        group.bench_function("hourglass", |b| {
+            b.iter(|| {
+                let row = Hll::decode(black_box(&stored)).unwrap();
+                ours.merge(&row).unwrap()
+            })
+        });
+        let mut ull = dense_ull(p, fill, 0);
+        let mut ull_stored = Vec::new();
+        dense_ull(p, fill, fill).encode_body(&mut ull_stored);
+        group.bench_function("ultraloglog", |b| {
+            b.iter(|| {
+                let row = Ull::decode_body(black_box(&ull_stored)).unwrap();
+                ull.merge(&row).unwrap()
+            })
+        });
+        group.finish();
+    }
+}
+
 fn hll_estimate(c: &mut Criterion) {
     let p = DEFAULT_PRECISION;
     let mut group = c.benchmark_group("hll_estimate_dense_p14");
@@ -633,6 +662,6 @@ fn config() -> Criterion {
 criterion::criterion_group! {
     name = benches;
     config = config();
-    targets = hll_insert, hll_merge, hll_estimate, hll_sparse_to_dense, hll_codec, countmin, frequent, bloom
+    targets = hll_insert, hll_merge, hll_merge_stored, hll_estimate, hll_sparse_to_dense, hll_codec, countmin, frequent, bloom
 }
 criterion::criterion_main!(benches);
