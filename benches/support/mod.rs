@@ -1,0 +1,110 @@
+//! What the end-to-end benches share: the real programs as child processes, announced
+//! addresses, and plain HTTP to their admin ports.
+
+#![allow(dead_code)]
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The server program `name` (`hourglass-agent`, `hourglass-aggregator`): the
+/// `hourglass` binary called by that name, as the container image's links call it.
+pub fn server(name: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+    command.arg0(name);
+    command
+}
+
+/// A process announcing `NAME listening on ADDR` lines, killed when dropped.
+pub struct Service {
+    pub child: Child,
+    pub addrs: Vec<String>,
+}
+
+impl Service {
+    pub fn start(name: &str, args: &[&str], announces: &[&str], log: &Path) -> Service {
+        let mut child = server(name)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::fs::File::create(log).expect("log file"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start");
+        let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let mut addrs = vec![String::new(); announces.len()];
+        while addrs.iter().any(String::is_empty) {
+            let line = lines
+                .next()
+                .expect("process ended before announcing")
+                .expect("line");
+            if let Some((what, addr)) = line.split_once(" listening on ")
+                && let Some(i) = announces.iter().position(|a| *a == what)
+            {
+                addrs[i] = addr.trim().to_string();
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Service { child, addrs }
+    }
+
+    pub fn terminate(mut self) {
+        use rustix::process::{Pid, Signal, kill_process};
+        kill_process(Pid::from_child(&self.child), Signal::TERM).expect("SIGTERM");
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "exit {status}");
+    }
+
+    /// Peak resident memory, bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn aggregator(dir: &Path) -> Service {
+    std::fs::create_dir_all(dir).expect("bench dir");
+    let data = dir.join("agg");
+    Service::start(
+        "hourglass-aggregator",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ],
+        &["grpc", "admin"],
+        &dir.join("agg.log"),
+    )
+}
+
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    text
+}

@@ -1,0 +1,564 @@
+//! hourglass beside Redis, in one run on one machine, on the same seeded workload: every
+//! server-hour sees between `min_users` and `max_users` distinct users (uniform) drawn
+//! from a pool of `pool` users, for `servers` servers over `hours` hours ending at the
+//! start of this hour.
+//!
+//! - **Redis** (`redis-server` from Debian's packages, started here on loopback, no
+//!   persistence): one HyperLogLog per server-hour (`PFADD hll:SERVER:HOUR`), pipelined;
+//!   questions are `PFCOUNT` over the keys of the range.
+//! - **hourglass**: one real agent process per server (`--default-kinds distinct`), fed
+//!   the same items through its Ingest API (one `SeriesBatch` per server-hour), shipping
+//!   to one real aggregator; the agents are stopped (a final flush), then questions are
+//!   `Query/Distinct` over gRPC.
+//!
+//! Printed, one table of ratios: events per server-side CPU-second (Redis's process;
+//! the agents' and the aggregator's, from `/proc`), stored bytes per server-hour (Redis's
+//! `used_memory` growth; the aggregator's data directory while running and after a clean
+//! stop), and per question its p50 and p99 latency over the repetitions and its error
+//! against the exact answer, counted here.
+//!
+//! `cargo bench --bench vs_redis` runs the full sizes (100 servers × 168 hours, 500–5,000
+//! users per server-hour from 2 million: about 46 million events; release binaries);
+//! without `--bench` (as `cargo test --all-targets` runs it) it is a short smoke run of
+//! the same code. `redis-server` must be on PATH (`apt-get install redis-server`;
+//! `scripts/test` installs it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hourglass_rpc::proto::v1::{self, ingest_client::IngestClient, query_client::QueryClient};
+
+mod support;
+use support::Service;
+
+struct Sizes {
+    servers: usize,
+    hours: u32,
+    min_users: u32,
+    max_users: u32,
+    pool: u32,
+    repetitions: usize,
+}
+
+const FULL: Sizes = Sizes {
+    servers: 100,
+    hours: 168,
+    min_users: 500,
+    max_users: 5000,
+    pool: 2_000_000,
+    repetitions: 10,
+};
+
+const SMOKE: Sizes = Sizes {
+    servers: 3,
+    hours: 6,
+    min_users: 50,
+    max_users: 200,
+    pool: 10_000,
+    repetitions: 2,
+};
+
+/// SplitMix64: the workload's only source of randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u32) -> u32 {
+        ((self.next() >> 32) * u64::from(n) >> 32) as u32
+    }
+}
+
+/// The users of server `s` in hour `h` (index within the range): the same for every
+/// call, and independent of the order of calls.
+fn users_of(sizes: &Sizes, s: usize, h: u32) -> Vec<u32> {
+    let mut rng = Rng(((s as u64) << 32 | u64::from(h)) ^ 0x5EED);
+    let n = sizes.min_users + rng.below(sizes.max_users - sizes.min_users + 1);
+    let mut users: Vec<u32> = (0..n).map(|_| rng.below(sizes.pool)).collect();
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
+fn item(user: u32) -> Vec<u8> {
+    format!("user-{user}").into_bytes()
+}
+
+fn server_name(s: usize) -> String {
+    format!("web-{}", s + 1)
+}
+
+/// A question: a range of hours (indices) over some servers, with its exact answer.
+struct Question {
+    name: String,
+    hours: std::ops::Range<u32>,
+    servers: usize,
+    truth: u64,
+}
+
+impl Question {
+    fn new(sizes: &Sizes, name: &str, last_hours: u32, servers: usize) -> Question {
+        let hours = sizes.hours.saturating_sub(last_hours)..sizes.hours;
+        let mut seen = vec![0u64; (sizes.pool as usize).div_ceil(64)];
+        for s in 0..servers {
+            for h in hours.clone() {
+                for u in users_of(sizes, s, h) {
+                    seen[u as usize / 64] |= 1 << (u % 64);
+                }
+            }
+        }
+        Question {
+            name: name.into(),
+            hours,
+            servers,
+            truth: seen.iter().map(|w| u64::from(w.count_ones())).sum(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis, over RESP on a plain socket.
+
+struct Redis {
+    child: Child,
+    conn: BufReader<TcpStream>,
+}
+
+impl Redis {
+    fn start(dir: &Path) -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("a free port")
+            .local_addr()
+            .expect("its address")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("redis-server: {e} (apt-get install redis-server; scripts/test installs it)")
+            });
+        let started = Instant::now();
+        let stream = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("redis-server did not listen on {port}: {e}"),
+            }
+        };
+        Redis {
+            child,
+            conn: BufReader::new(stream),
+        }
+    }
+
+    /// Sends `commands` in one write and reads their replies; returns the last one.
+    fn pipeline(&mut self, commands: &[Vec<Vec<u8>>]) -> Reply {
+        let mut out = Vec::new();
+        for args in commands {
+            write!(out, "*{}\r\n", args.len()).unwrap();
+            for a in args {
+                write!(out, "${}\r\n", a.len()).unwrap();
+                out.extend_from_slice(a);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        self.conn.get_mut().write_all(&out).expect("to redis");
+        let mut last = Reply::Int(0);
+        for _ in commands {
+            last = self.reply();
+        }
+        last
+    }
+
+    fn reply(&mut self) -> Reply {
+        let mut line = String::new();
+        self.conn.read_line(&mut line).expect("from redis");
+        let line = line.trim_end();
+        let (kind, rest) = line.split_at(1);
+        match kind {
+            ":" => Reply::Int(rest.parse().expect("an integer reply")),
+            "+" => Reply::Text(rest.to_string()),
+            "$" => {
+                let len: usize = rest.parse().expect("a bulk length");
+                let mut buf = vec![0; len + 2];
+                self.conn.read_exact(&mut buf).expect("a bulk reply");
+                buf.truncate(len);
+                Reply::Text(String::from_utf8_lossy(&buf).into_owned())
+            }
+            _ => panic!("redis answered {line}"),
+        }
+    }
+
+    fn info_field(&mut self, section: &str, field: &str) -> u64 {
+        let Reply::Text(text) = self.pipeline(&[vec![b"INFO".to_vec(), section.into()]]) else {
+            panic!("INFO is text");
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+enum Reply {
+    Int(i64),
+    Text(String),
+}
+
+fn key(s: usize, h: u32) -> Vec<u8> {
+    format!("hll:{}:{h}", server_name(s)).into_bytes()
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring.
+
+/// CPU seconds a process has used, from `/proc/PID/stat` (utime + stime).
+fn cpu_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    ticks(&stat, 13) + ticks(&stat, 14)
+}
+
+/// CPU seconds of this process's children that have ended (cutime + cstime).
+fn cpu_of_ended_children() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    ticks(&stat, 15) + ticks(&stat, 16)
+}
+
+/// Field `i` (0-based, after the command name) of a stat line, in seconds.
+fn ticks(stat: &str, i: usize) -> f64 {
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let field: f64 = after
+        .split(' ')
+        .nth(i - 2)
+        .and_then(|f| f.parse().ok())
+        .expect("a stat field");
+    let per_second = rustix::param::clock_ticks_per_second() as f64;
+    field / per_second
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// p50 and p99 (nearest rank) of `samples`, in milliseconds.
+fn quantiles(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        samples[rank - 1] * 1000.0
+    };
+    (at(0.5), at(0.99))
+}
+
+struct Side {
+    events_per_cpu_second: f64,
+    bytes_per_server_hour: f64,
+    bytes_per_server_hour_running: f64,
+    /// Per question: p50 ms, p99 ms, relative error.
+    answers: Vec<(f64, f64, f64)>,
+}
+
+fn redis_side(sizes: &Sizes, dir: &Path, questions: &[Question], events: u64) -> Side {
+    let mut redis = Redis::start(dir);
+    let before = redis.info_field("memory", "used_memory");
+    let cpu_before = cpu_of(redis.child.id());
+    for s in 0..sizes.servers {
+        let commands: Vec<Vec<Vec<u8>>> = (0..sizes.hours)
+            .map(|h| {
+                let mut args = vec![b"PFADD".to_vec(), key(s, h)];
+                args.extend(users_of(sizes, s, h).into_iter().map(item));
+                args
+            })
+            .collect();
+        redis.pipeline(&commands);
+    }
+    let cpu = cpu_of(redis.child.id()) - cpu_before;
+    let used = redis.info_field("memory", "used_memory") - before;
+    let bytes = used as f64 / (sizes.servers as f64 * f64::from(sizes.hours));
+    let answers = questions
+        .iter()
+        .map(|q| {
+            let mut args = vec![b"PFCOUNT".to_vec()];
+            for s in 0..q.servers {
+                args.extend(q.hours.clone().map(|h| key(s, h)));
+            }
+            let mut latencies = Vec::new();
+            let mut estimate = 0;
+            for _ in 0..sizes.repetitions {
+                let t = Instant::now();
+                let Reply::Int(n) = redis.pipeline(std::slice::from_ref(&args)) else {
+                    panic!("PFCOUNT answers an integer");
+                };
+                latencies.push(t.elapsed().as_secs_f64());
+                estimate = n;
+            }
+            let (p50, p99) = quantiles(latencies);
+            (
+                p50,
+                p99,
+                (estimate as f64 - q.truth as f64) / q.truth as f64,
+            )
+        })
+        .collect();
+    Side {
+        events_per_cpu_second: events as f64 / cpu,
+        bytes_per_server_hour: bytes,
+        bytes_per_server_hour_running: bytes,
+        answers,
+    }
+}
+
+fn hourglass_side(
+    sizes: &Sizes,
+    dir: &Path,
+    questions: &[Question],
+    start_hour: u32,
+    events: u64,
+) -> Side {
+    let agg = support::aggregator(dir);
+    let url = format!("http://{}", agg.addrs[0]);
+    let lateness = format!("{}h", sizes.hours + 2);
+    let agents: Vec<Service> = (0..sizes.servers)
+        .map(|s| {
+            let data = dir.join(server_name(s));
+            Service::start(
+                "hourglass-agent",
+                &[
+                    "--server-name",
+                    &server_name(s),
+                    "--aggregator",
+                    &url,
+                    "--statsd-listen",
+                    "off",
+                    "--ingest-listen",
+                    "127.0.0.1:0",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--data-dir",
+                    data.to_str().expect("utf-8"),
+                    "--lateness",
+                    &lateness,
+                    "--default-kinds",
+                    "distinct",
+                ],
+                &["ingest", "admin"],
+                &dir.join(format!("{}.log", server_name(s))),
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let agg_cpu_before = cpu_of(agg.child.id());
+    let ended_before = cpu_of_ended_children();
+    rt.block_on(async {
+        for (s, agent) in agents.iter().enumerate() {
+            let mut client = IngestClient::connect(format!("http://{}", agent.addrs[0]))
+                .await
+                .expect("an agent's Ingest API");
+            for h in 0..sizes.hours {
+                let hour_start = i64::from(start_hour + h) * 3600;
+                let users = users_of(sizes, s, h);
+                let times = (0..users.len() as i64)
+                    .map(|i| hour_start + i % 3600)
+                    .collect();
+                let r = client
+                    .send(v1::IngestRequest {
+                        events: vec![],
+                        batches: vec![v1::SeriesBatch {
+                            metric: "visitors".into(),
+                            tags: vec![],
+                            items: users.into_iter().map(|u| item(u).into()).collect(),
+                            times_unix_seconds: times,
+                            weights: vec![],
+                        }],
+                    })
+                    .await
+                    .expect("ingest")
+                    .into_inner();
+                assert_eq!(
+                    r.rejected, 0,
+                    "the agent rejected events: {:?}",
+                    r.rejected_events
+                );
+            }
+        }
+    });
+    // Each agent ships what it holds in a final flush as it stops.
+    for agent in agents {
+        agent.terminate();
+    }
+    let agents_cpu = cpu_of_ended_children() - ended_before;
+    let agg_cpu = cpu_of(agg.child.id()) - agg_cpu_before;
+    let server_hours = sizes.servers as f64 * f64::from(sizes.hours);
+    let running = dir_bytes(&dir.join("agg")) as f64 / server_hours;
+    let answers = rt.block_on(async {
+        let mut client = QueryClient::connect(url.clone())
+            .await
+            .expect("the Query API");
+        let mut answers = Vec::new();
+        for q in questions {
+            let selector = v1::Selector {
+                metric: "visitors".into(),
+                range: Some(v1::TimeRange {
+                    start_hour: start_hour + q.hours.start,
+                    end_hour: start_hour + q.hours.end,
+                }),
+                servers: if q.servers == sizes.servers {
+                    vec![]
+                } else {
+                    (0..q.servers).map(server_name).collect()
+                },
+                ..Default::default()
+            };
+            let mut latencies = Vec::new();
+            let mut estimate = 0.0;
+            for _ in 0..sizes.repetitions {
+                let t = Instant::now();
+                let r = client
+                    .distinct(v1::DistinctRequest {
+                        selector: Some(selector.clone()),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("a distinct answer")
+                    .into_inner();
+                latencies.push(t.elapsed().as_secs_f64());
+                estimate = r.answer.expect("an answer").estimate;
+            }
+            let (p50, p99) = quantiles(latencies);
+            answers.push((p50, p99, (estimate - q.truth as f64) / q.truth as f64));
+        }
+        answers
+    });
+    agg.terminate();
+    Side {
+        events_per_cpu_second: events as f64 / (agents_cpu + agg_cpu),
+        bytes_per_server_hour: dir_bytes(&dir.join("agg")) as f64 / server_hours,
+        bytes_per_server_hour_running: running,
+        answers,
+    }
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let sizes = if full { &FULL } else { &SMOKE };
+    let dir = std::env::temp_dir().join(format!("hourglass-vs-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let now_hour = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+        / 3600) as u32;
+    let start_hour = now_hour - sizes.hours;
+    let events: u64 = (0..sizes.servers)
+        .flat_map(|s| (0..sizes.hours).map(move |h| (s, h)))
+        .map(|(s, h)| users_of(sizes, s, h).len() as u64)
+        .sum();
+    let ten = sizes.servers.min(10);
+    let questions = [
+        Question::new(
+            sizes,
+            &format!("last {} h × {} servers", sizes.hours, sizes.servers),
+            sizes.hours,
+            sizes.servers,
+        ),
+        Question::new(
+            sizes,
+            &format!("last 24 h × {} servers", sizes.servers),
+            24,
+            sizes.servers,
+        ),
+        Question::new(
+            sizes,
+            &format!("last {} h × {ten} servers", sizes.hours),
+            sizes.hours,
+            ten,
+        ),
+    ];
+    eprintln!(
+        "vs_redis: {} servers × {} h, {}–{} users per server-hour from {}: {events} events",
+        sizes.servers, sizes.hours, sizes.min_users, sizes.max_users, sizes.pool
+    );
+    let redis_dir = dir.join("redis");
+    std::fs::create_dir_all(&redis_dir).expect("redis dir");
+    let redis = redis_side(sizes, &redis_dir, &questions, events);
+    let ours = hourglass_side(
+        sizes,
+        &dir.join("hourglass"),
+        &questions,
+        start_hour,
+        events,
+    );
+
+    println!("| | Redis | hourglass | hourglass ÷ Redis |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| events per server-side CPU-second | {:.0} | {:.0} | {:.2}× |",
+        redis.events_per_cpu_second,
+        ours.events_per_cpu_second,
+        ours.events_per_cpu_second / redis.events_per_cpu_second
+    );
+    println!(
+        "| stored bytes per server-hour, after a clean stop | {:.0} | {:.0} | {:.2}× |",
+        redis.bytes_per_server_hour,
+        ours.bytes_per_server_hour,
+        ours.bytes_per_server_hour / redis.bytes_per_server_hour
+    );
+    println!(
+        "| stored bytes per server-hour, running | {:.0} | {:.0} | {:.2}× |",
+        redis.bytes_per_server_hour_running,
+        ours.bytes_per_server_hour_running,
+        ours.bytes_per_server_hour_running / redis.bytes_per_server_hour_running
+    );
+    for (i, q) in questions.iter().enumerate() {
+        let (r, o) = (redis.answers[i], ours.answers[i]);
+        println!(
+            "| {}: p50 / p99 ms (error) | {:.2} / {:.2} ({:+.2}%) | {:.2} / {:.2} ({:+.2}%) | {:.2}× faster at p50 |",
+            q.name,
+            r.0,
+            r.1,
+            r.2 * 100.0,
+            o.0,
+            o.1,
+            o.2 * 100.0,
+            r.0 / o.0
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
