@@ -74,14 +74,14 @@ impl Rng {
     }
 
     fn below(&mut self, n: u32) -> u32 {
-        ((self.next() >> 32) * u64::from(n) >> 32) as u32
+        (((self.next() >> 32) * u64::from(n)) >> 32) as u32
     }
 }
 
 /// The users of server `s` in hour `h` (index within the range): the same for every
 /// call, and independent of the order of calls.
 fn users_of(sizes: &Sizes, s: usize, h: u32) -> Vec<u32> {
-    let mut rng = Rng(((s as u64) << 32 | u64::from(h)) ^ 0x5EED);
+    let mut rng = Rng((((s as u64) << 32) | u64::from(h)) ^ 0x5EED);
     let n = sizes.min_users + rng.below(sizes.max_users - sizes.min_users + 1);
     let mut users: Vec<u32> = (0..n).map(|_| rng.below(sizes.pool)).collect();
     users.sort_unstable();
@@ -453,7 +453,6 @@ fn hourglass_side(
                 let r = client
                     .distinct(v1::DistinctRequest {
                         selector: Some(selector.clone()),
-                        ..Default::default()
                     })
                     .await
                     .expect("a distinct answer")
