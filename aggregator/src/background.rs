@@ -8,6 +8,10 @@
 //! (`accepted_from`), so no snapshot lands in a day whose hours are gone and no
 //! rebuild reads a day with some of its hours deleted.
 //!
+//! In cluster mode hourly rows are kept `cluster.max_age` longer: a node applies a push
+//! from the stream up to that long after the entry accepted it, and the push's day must
+//! still have its hours then.
+//!
 //! A day is closed once its end plus the lateness window has passed (DESIGN §4): later
 //! snapshots are still stored, mark the day dirty again, and the next pass rebuilds it.
 //! Each pass runs on a blocking thread and takes no lock of its own; the store's
@@ -71,7 +75,16 @@ impl PassBounds {
         let hour = |secs: u64| Hour(u32::try_from(secs / 3600).unwrap_or(u32::MAX));
         // The day that holds (now − lateness) is still open; every earlier one is closed.
         let closed_before = hour(now.saturating_sub(config.rollup.lateness.as_secs())).day();
-        let hourly_before = hourly_retention_day(now, config.retention.hourly);
+        // In cluster mode a node may apply a push up to cluster.max_age after the entry
+        // accepted it (collector's `checked_hours`): its day's rows must still be here.
+        let stream_delay = config
+            .cluster
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.max_age);
+        let hourly_before = hourly_retention_day(
+            now.saturating_sub(stream_delay.as_secs()),
+            config.retention.hourly,
+        );
         let rollups_before = hour(now.saturating_sub(config.retention.rollups.as_secs())).day();
         PassBounds {
             closed_before,
@@ -277,6 +290,18 @@ mod tests {
         let after = PassBounds::at(1001 * DAY_SECS + 3600, &config);
         assert_eq!(after.closed_before, Day(1001));
         assert_eq!(after.hourly_before, Day(1001 - 35));
+        assert_eq!(after.rollups_before, Day(1001 - 400));
+        // In cluster mode hourly rows stay cluster.max_age longer (7 days by default): a
+        // node may apply a push from the stream that much later.
+        let cluster = Config {
+            cluster: Some(crate::cluster::ClusterConfig::new(
+                "n",
+                vec!["nats://h:4222".into()],
+            )),
+            ..Config::default()
+        };
+        let after = PassBounds::at(1001 * DAY_SECS + 3600, &cluster);
+        assert_eq!(after.hourly_before, Day(1001 - 35 - 7));
         assert_eq!(after.rollups_before, Day(1001 - 400));
     }
 

@@ -846,6 +846,14 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
         e.contains("subjects") && e.contains("cluster.subject_prefix"),
         "{e}"
     );
+    // Every guard against applying past what the stream dropped unseen is timed from
+    // cluster.max_age: a node configured for longer than the stream keeps would trust
+    // what its consumers looked past (review 4 proved a wrong answer that way).
+    let e = start("agg-5", &|c| c.max_age = Duration::from_secs(60));
+    assert!(
+        e.contains("max_age 604800s") && e.contains("60s (cluster.max_age)"),
+        "{e}"
+    );
 }
 
 // ---- The series bound when one server pushes through two nodes ----

@@ -18,6 +18,7 @@ mod otel;
 mod review;
 mod review2;
 mod review3;
+mod review4;
 mod robustness;
 mod sets;
 mod sets_review;

@@ -368,7 +368,9 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         }
         cluster.barrier().running(p);
         let Some(next) = next else {
-            if let Err(detail) = idle(cluster, p, &consumer, &identity, &mut unreceived).await {
+            if let Err(detail) =
+                idle(cluster, p, &consumer, &identity, complete, &mut unreceived).await
+            {
                 return stream_error(format!("consumer {name}: {detail}"));
             }
             quiet_until = tokio::time::Instant::now() + quiet;
@@ -407,8 +409,15 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // Messages of the subject between this node's position and this one that the
         // stream dropped (max_age) before the consumer reached them were passed over
         // with no gap in the deliveries: a consumer far enough behind is opened again,
-        // which finds what is missing and copies it.
-        match nothing_aged_out(cluster, p, cluster.position(p).applied).await {
+        // which finds what is missing and copies it. (A store already known to lack
+        // messages answers for none of the subject and copies them before it does: it
+        // applies on meanwhile, and its next copy covers what it skips now.)
+        match guard(
+            complete,
+            nothing_aged_out(cluster, p, cluster.position(p).applied),
+        )
+        .await
+        {
             Ok(true) => {}
             Ok(false) => {
                 cluster.distrust(p, &identity);
@@ -444,7 +453,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         work.metrics.cluster_applied_at(stream_sequence);
         cluster.record_delivery(p, &identity, consumer_sequence, stream_sequence);
         // Every message of the subject still to come was published after this one.
-        cluster.barrier().fresh_since(p, published);
+        cluster.barrier().fresh_since(p, &identity, published);
         delivered = consumer_sequence;
         cluster.members().set_pending(p, pending);
         let caught_up = pending == 0;
@@ -525,6 +534,7 @@ async fn idle(
     p: u32,
     consumer: &PullConsumer,
     identity: &str,
+    complete: bool,
     unreceived: &mut Option<u64>,
 ) -> Result<(), String> {
     let asked = std::time::SystemTime::now();
@@ -543,12 +553,12 @@ async fn idle(
     match vouched(&theirs, &mine) {
         Vouched::All { at } => {
             if info.num_pending == 0 {
-                if !nothing_aged_out(cluster, p, mine.applied).await? {
+                if !guard(complete, nothing_aged_out(cluster, p, mine.applied)).await? {
                     cluster.distrust(p, identity);
                     return Err("it fell so far behind that the stream may have dropped messages it looked past without delivering them".into());
                 }
                 // Nothing was left to deliver: what comes was published after `asked`.
-                cluster.barrier().fresh_since(p, asked);
+                cluster.barrier().fresh_since(p, identity, asked);
                 cluster.record_applied(p, at);
             }
             *unreceived = None;
@@ -612,7 +622,7 @@ async fn open(
         metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
         ..pull::Config::default()
     };
-    let (first, instance) = stream_state(stream).await?;
+    let (first, instance) = stream_state(stream, config).await?;
     let mine = cluster
         .load_position(p, &instance)
         .map_err(|e| format!("reading this store's position: {e}"))?;
@@ -719,7 +729,9 @@ async fn open(
         }
     }
     cluster.record_applied(p, held);
-    cluster.barrier().set_consumer(p, consumer.clone());
+    cluster
+        .barrier()
+        .set_consumer(p, consumer.clone(), &identity);
     if p == LIVE {
         cluster
             .members()
@@ -740,13 +752,23 @@ async fn open(
 
 /// The stream's first sequence: messages before it are gone (max_age).
 async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String> {
-    Ok(stream_state(stream).await?.0)
+    let info = stream.get_info().await.map_err(|e| e.to_string())?;
+    Ok(info.state.first_sequence)
 }
 
 /// The stream's first sequence and the identity of its instance
 /// ([`super::engine::stream_identity`]).
-async fn stream_state(stream: &jetstream::stream::Stream) -> Result<(u64, String), String> {
+async fn stream_state(
+    stream: &jetstream::stream::Stream,
+    config: &super::ClusterConfig,
+) -> Result<(u64, String), String> {
     let info = stream.get_info().await.map_err(|e| e.to_string())?;
+    // Edited since this node started? Its guards assume it drops messages only by age.
+    if let Err((setting, found, configured)) = super::engine::check_limits(&info.config, config) {
+        return Err(format!(
+            "the stream now has {setting} {found} where this node expects {configured}; it applies nothing until they agree"
+        ));
+    }
     Ok((
         info.state.first_sequence,
         super::engine::stream_identity(&info),
@@ -824,6 +846,17 @@ fn count(work: &Consuming, outcome: Applied) {
             },
         })
         .inc();
+}
+
+/// The lag check `check` ([`nothing_aged_out`]) where it matters: in a store complete
+/// so far. One known to lack messages vouches for nothing of the subject until a copy
+/// fills it (then from the copy's position), so what its consumer skips meanwhile needs
+/// no check, and checking would reopen it over the gap already on record.
+async fn guard(
+    complete: bool,
+    check: impl Future<Output = Result<bool, String>>,
+) -> Result<bool, String> {
+    if complete { check.await } else { Ok(true) }
 }
 
 /// A NATS timestamp, in nanoseconds since the Unix epoch, as a `SystemTime` (one
@@ -917,9 +950,10 @@ async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> A
         let applied = applier.apply_live(request).await;
         match positions {
             Ok(positions) if applied.is_ok() => {
+                let stream = work.cluster.position(LIVE).stream;
                 work.cluster
                     .barrier()
-                    .require(&positions.unwrap_or_default());
+                    .require(&stream, &positions.unwrap_or_default());
             }
             Ok(_) => {}
             // Only the read barrier's wait for this push's rows is lost: its series are

@@ -42,7 +42,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// named by the live messages it applied, and its live consumer.
 #[derive(Default)]
 pub(crate) struct Barrier {
-    required: Mutex<HashMap<u32, u64>>,
+    required: Mutex<Required>,
     /// This node's consumers, by partition ([`LIVE`] for the live subject).
     consumers: Mutex<HashMap<u32, Running>>,
     /// Whether this node's store holds every live message the stream ever had (applied,
@@ -51,40 +51,47 @@ pub(crate) struct Barrier {
 }
 
 impl Barrier {
-    /// Records the positions a just-applied live message names. Called before the live
+    /// Records the positions a just-applied live message of the stream instance
+    /// `stream` ([`super::engine::stream_identity`]) names. Called before the live
     /// message's own position is recorded as applied, so that a reader who sees that
-    /// position also sees these.
-    pub(crate) fn require(&self, positions: &[(u32, u64)]) {
+    /// position also sees these. Positions named in another instance (the stream deleted
+    /// and made again: its sequences started over) are forgotten.
+    pub(crate) fn require(&self, stream: &str, positions: &[(u32, u64)]) {
         let mut required = self.required.lock().unwrap_or_else(|e| e.into_inner());
+        if required.stream != stream {
+            *required = Required {
+                stream: stream.to_string(),
+                at: HashMap::new(),
+            };
+        }
         for &(p, sequence) in positions {
-            let at = required.entry(p).or_insert(0);
+            let at = required.at.entry(p).or_insert(0);
             *at = (*at).max(sequence);
         }
     }
 
-    /// Forgets every position the applied live messages named: they count in a stream
-    /// that is gone (deleted and made again), whose sequences started over.
-    pub(crate) fn forget_required(&self) {
-        self.required
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-
-    /// The position of `p` this node must have applied before answering for it.
-    fn required(&self, p: u32) -> u64 {
+    /// The position of `p` this node must have applied before answering for it, if it
+    /// counts in the stream instance `stream`: `None` if the live messages named it in
+    /// another one (then `p`'s position and the series index count in different
+    /// instances, and nothing says how far `p` must be applied).
+    fn required(&self, p: u32, stream: &str) -> Option<u64> {
         let required = self.required.lock().unwrap_or_else(|e| e.into_inner());
-        required.get(&p).copied().unwrap_or(0)
+        match required.at.get(&p) {
+            Some(&at) if required.stream == stream => Some(at),
+            Some(_) => None,
+            None => Some(0),
+        }
     }
 
     /// This node's consumer of `p` (or [`LIVE`]), from when it runs. Nothing is known yet
     /// of when what it has to deliver was published ([`Running::fresh`]).
-    pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>) {
+    pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>, instance: &str) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers.insert(
             p,
             Running {
                 consumer,
+                instance: instance.to_string(),
                 ran: Instant::now(),
                 fresh: None,
             },
@@ -107,12 +114,15 @@ impl Barrier {
             .map_or(Duration::MAX, |running| running.ran.elapsed())
     }
 
-    /// Records that every message of `p` this node has yet to receive was published at
-    /// `since` or later ([`Running::fresh`]); an earlier time than the one recorded
-    /// changes nothing.
-    pub(crate) fn fresh_since(&self, p: u32, since: SystemTime) {
+    /// Records that every message of `p` this node has yet to receive from the consumer
+    /// instance `instance` was published at `since` or later ([`Running::fresh`]); an
+    /// earlier time than the one recorded changes nothing, and neither does another
+    /// instance than the running one (opened again meanwhile: its backlog is its own).
+    pub(crate) fn fresh_since(&self, p: u32, instance: &str, since: SystemTime) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(running) = consumers.get_mut(&p) {
+        if let Some(running) = consumers.get_mut(&p)
+            && running.instance == instance
+        {
             running.fresh = Some(running.fresh.map_or(since, |t| t.max(since)));
         }
     }
@@ -147,9 +157,18 @@ impl Barrier {
     }
 }
 
+/// The positions the applied live messages named, in the stream instance they count in.
+#[derive(Default)]
+struct Required {
+    stream: String,
+    at: HashMap<u32, u64>,
+}
+
 /// One running consumer of this node.
 struct Running {
     consumer: Consumer<pull::Config>,
+    /// Its instance ([`identity`]).
+    instance: String,
     /// When its loop last showed it runs (it asks JetStream for messages, so the consumer
     /// looks at what the stream gets).
     ran: Instant,
@@ -185,9 +204,13 @@ pub(crate) async fn pass(cluster: &Cluster, ready: BTreeSet<u32>) -> Result<BTre
     live_caught_up(cluster, deadline).await?;
     let mut behind = BTreeSet::new();
     for &p in &ready {
-        let required = cluster.barrier().required(p);
         let left = deadline.saturating_duration_since(Instant::now());
-        if required > 0 && !cluster.wait_applied(p, required, left).await {
+        let passed = match cluster.barrier().required(p, &cluster.position(p).stream) {
+            Some(0) => true,
+            Some(required) => cluster.wait_applied(p, required, left).await,
+            None => false,
+        };
+        if !passed {
             behind.insert(p);
         }
     }
@@ -199,6 +222,17 @@ pub(crate) async fn pass(cluster: &Cluster, ready: BTreeSet<u32>) -> Result<BTre
         );
     }
     Ok(ready.difference(&behind).copied().collect())
+}
+
+/// Waits until this node's series index and servers (the live subject) hold every push
+/// acknowledged before the call (step (1) of the module docs), so that a listing of
+/// series or servers is no older than an answer would be; UNAVAILABLE if it cannot
+/// confirm that in time.
+pub(crate) async fn index_caught_up(cluster: &Cluster) -> Result<(), tonic::Status> {
+    pass(cluster, BTreeSet::new())
+        .await
+        .map(drop)
+        .map_err(tonic::Status::unavailable)
 }
 
 /// Step (1) of the module docs: waits until this node applied every live message
@@ -266,7 +300,7 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
                 );
             }
             // Nothing was left to deliver: what comes was published after `asked`.
-            cluster.barrier().fresh_since(p, asked);
+            cluster.barrier().fresh_since(p, &theirs.consumer, asked);
             cluster.record_applied(p, at);
             return Ok(());
         }
@@ -545,9 +579,21 @@ mod tests {
     #[test]
     fn the_requirement_of_a_partition_is_the_highest_named() {
         let barrier = Barrier::default();
-        assert_eq!(barrier.required(3), 0);
-        barrier.require(&[(3, 10), (4, 2)]);
-        barrier.require(&[(3, 7)]);
-        assert_eq!((barrier.required(3), barrier.required(4)), (10, 2));
+        assert_eq!(barrier.required(3, "S@1"), Some(0));
+        barrier.require("S@1", &[(3, 10), (4, 2)]);
+        barrier.require("S@1", &[(3, 7)]);
+        assert_eq!(
+            (barrier.required(3, "S@1"), barrier.required(4, "S@1")),
+            (Some(10), Some(2))
+        );
+        // A partition whose position counts in another instance: nothing says how far.
+        assert_eq!(barrier.required(3, "S@2"), None);
+        assert_eq!(barrier.required(5, "S@2"), Some(0));
+        // Live messages of a new instance: the old instance's positions are forgotten.
+        barrier.require("S@2", &[(4, 1)]);
+        assert_eq!(
+            (barrier.required(3, "S@2"), barrier.required(4, "S@2")),
+            (Some(0), Some(1))
+        );
     }
 }

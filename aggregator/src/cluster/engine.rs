@@ -248,8 +248,8 @@ impl Cluster {
     /// `stream` ([`stream_identity`]), read from the store the first time (a restart
     /// resumes from it). A position recorded in another instance of the stream (deleted
     /// and made again: its sequences started over), or in none, says nothing of this one:
-    /// it starts over at nothing applied, recorded at once, and the positions the live
-    /// messages named are forgotten with it.
+    /// it starts over at nothing applied, recorded at once. (The positions the live
+    /// messages named are kept per instance by the read barrier.)
     pub(crate) fn load_position(&self, p: u32, stream: &str) -> Result<StreamPosition, StoreError> {
         let first = {
             let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
@@ -279,7 +279,6 @@ impl Cluster {
                     "the stream is another instance than the one this node's position counts in (deleted and made again?): applying it from its start"
                 );
             }
-            self.barrier.forget_required();
             self.change_position(p, |position| {
                 *position = StreamPosition {
                     stream: stream.to_string(),
@@ -511,6 +510,9 @@ impl Cluster {
                 format!("{:?} (cluster.subject_prefix)", wanted.subjects),
             ));
         }
+        if let Err((setting, found, configured)) = check_limits(&info.config, c) {
+            return Err(mismatch(&setting, found, configured));
+        }
         tracing::info!(
             stream = %c.stream,
             partitions = c.partitions,
@@ -625,6 +627,47 @@ impl Cluster {
 }
 
 /// A push message from `server` before its snapshots (and live hours) are added.
+/// Whether the stream drops messages only as this node's configuration says: after
+/// `cluster.max_age`, and by no other limit (a count, a size, a per-subject count, or a
+/// retention other than limits). Every guard against applying past a message the stream
+/// dropped unseen (the consumers' timings, the lag check) is derived from
+/// `cluster.max_age`: a stream that drops sooner or otherwise would defeat them. Else
+/// the setting, what the stream has and what this node expects.
+pub(crate) fn check_limits(
+    stream: &jetstream::stream::Config,
+    c: &ClusterConfig,
+) -> Result<(), (String, String, String)> {
+    let unlimited = |setting: &str, found: i64| {
+        if found > 0 {
+            Err((
+                setting.to_string(),
+                found.to_string(),
+                "none (messages leave the stream only by cluster.max_age)".to_string(),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    if stream.max_age != c.max_age {
+        return Err((
+            "max_age".into(),
+            format!("{:?}", stream.max_age),
+            format!("{:?} (cluster.max_age)", c.max_age),
+        ));
+    }
+    unlimited("max_msgs", stream.max_messages)?;
+    unlimited("max_bytes", stream.max_bytes)?;
+    unlimited("max_msgs_per_subject", stream.max_messages_per_subject)?;
+    if stream.retention != jetstream::stream::RetentionPolicy::Limits {
+        return Err((
+            "retention".into(),
+            format!("{:?}", stream.retention),
+            "Limits".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn header(server: &v1::Server) -> v1::PushRequest {
     v1::PushRequest {
         server: Some(server.clone()),

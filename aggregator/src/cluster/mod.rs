@@ -59,6 +59,7 @@ mod engine;
 mod members;
 mod peer;
 mod query;
+#[cfg(test)] mod review4_tests;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -68,6 +69,7 @@ use serde::Deserialize;
 
 pub(crate) use apply::{consumer_name, run};
 pub(crate) use peer::{PeerService, held};
+pub(crate) use barrier::index_caught_up;
 pub(crate) use query::{Asked, fan_out};
 
 /// The key of the live subject where partitions are keyed by number.

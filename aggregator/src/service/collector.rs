@@ -102,7 +102,8 @@ impl CollectorService {
         checked_server(&server, None)?;
         let labels = checked_labels(&server)?;
         let accepted_hours = self.accepted_hours();
-        let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
+        let checked_hours = Self::checked_hours(&accepted_hours, true);
+        let live = self.live_hours(&request.live_hours, &checked_hours, &server.name)?;
         let mut index = Vec::with_capacity(request.snapshots.len());
         for (i, s) in request.snapshots.iter().enumerate() {
             let Some(series) = s.series.as_ref() else {
@@ -113,7 +114,7 @@ impl CollectorService {
             let kind = convert::kind(s.sketch.as_ref().map_or(0, |k| k.kind), "sketch.kind")
                 .map_err(Status::invalid_argument)?;
             // A day gone with retention would only be swept again.
-            if Hour(s.hour).day() >= Hour(*accepted_hours.start()).day() {
+            if Hour(s.hour).day() >= Hour(*checked_hours.start()).day() {
                 let name = SeriesName::new(series.metric(), series.tags().to_vec(), kind);
                 index.push((name, Hour(s.hour).day()));
             }
@@ -148,7 +149,7 @@ impl CollectorService {
     /// the push breaks a rule of the whole request).
     pub(crate) async fn apply(&self, request: v1::PushRequest) -> Result<(), Status> {
         let span = push_span("stream", request.snapshots.len());
-        self.push_inner(request, None, &span)
+        self.push_inner(request, None, true, &span)
             .instrument(span.clone())
             .await
             .map(|_| ())
@@ -475,7 +476,7 @@ impl Collector for CollectorService {
         let span = push_span("grpc", request.snapshots.len());
         hourglass_rpc::process::adopt_remote_parent(&span, &metadata);
         let result = self
-            .push_inner(request, principal, &span)
+            .push_inner(request, principal, false, &span)
             .instrument(span.clone())
             .await;
         let outcome = match &result {
@@ -509,6 +510,24 @@ impl CollectorService {
         oldest.0..=now_hour.saturating_add(1)
     }
 
+    /// The hours this service checks snapshots and live hours against: those accepted
+    /// now ([`Self::accepted_hours`]), or, for a push from the cluster's stream, any. The entry
+    /// checked them against its clock when it accepted the push; this node applies the
+    /// same message up to `cluster.max_age` later (a backlog, a restart, a partition that
+    /// moved to it) or with another clock, and refusing what the entry acknowledged would
+    /// leave this node without it while it answers for it (review 4). Its hourly rows are
+    /// kept `cluster.max_age` past hourly retention for that ([`crate::background`]).
+    fn checked_hours(
+        accepted: &std::ops::RangeInclusive<u32>,
+        from_stream: bool,
+    ) -> std::ops::RangeInclusive<u32> {
+        if from_stream {
+            0..=u32::MAX
+        } else {
+            accepted.clone()
+        }
+    }
+
     /// Counts a refused snapshot under its rule and makes its result.
     fn rejection(&self, r: Rejection) -> v1::SnapshotResult {
         self.metrics.rejected(r.rule);
@@ -523,6 +542,7 @@ impl CollectorService {
         &self,
         mut request: v1::PushRequest,
         principal: Option<crate::auth::Principal>,
+        from_stream: bool,
         span: &tracing::Span,
     ) -> Result<v1::PushResponse, Status> {
         let limits = &self.limits;
@@ -541,7 +561,8 @@ impl CollectorService {
         span.record("server", server.name.as_str());
         let labels = checked_labels(&server)?;
         let accepted_hours = self.accepted_hours();
-        let live = self.live_hours(&request.live_hours, &accepted_hours, &server.name)?;
+        let checked_hours = Self::checked_hours(&accepted_hours, from_stream);
+        let live = self.live_hours(&request.live_hours, &checked_hours, &server.name)?;
         if let Some(cluster) = &self.cluster {
             return self
                 .publish(
@@ -557,7 +578,7 @@ impl CollectorService {
         let mut results = Vec::with_capacity(request.snapshots.len());
         let mut valid = Vec::new();
         for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
-            match check_snapshot(i, snapshot, limits, &accepted_hours) {
+            match check_snapshot(i, snapshot, limits, &checked_hours) {
                 Ok(v) => {
                     valid.push(v);
                     results.push(v1::SnapshotResult::default());

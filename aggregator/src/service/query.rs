@@ -98,6 +98,15 @@ impl QueryService {
         result.map(Response::new)
     }
 
+    /// In cluster mode, waits until this node's series index and servers hold every push
+    /// acknowledged before the question ([`crate::cluster::index_caught_up`]).
+    async fn index_caught_up(&self) -> Result<(), Status> {
+        match &self.cluster {
+            Some(cluster) => crate::cluster::index_caught_up(cluster).await,
+            None => Ok(()),
+        }
+    }
+
     /// Converts the selector and asks the planner, off the async threads.
     async fn plan(&self, selector: Option<&v1::Selector>, kind: Kind) -> Result<Answer, Status> {
         let proto = selector;
@@ -296,6 +305,7 @@ impl Query for QueryService {
         let metadata = request.metadata().clone();
         let metric = request.into_inner().metric;
         self.measured("list_series", &metadata, async {
+            self.index_caught_up().await?;
             let mut names: Vec<_> = self
                 .read(|store| store.list_series())
                 .await?
@@ -322,6 +332,7 @@ impl Query for QueryService {
         request: Request<v1::ListServersRequest>,
     ) -> Result<Response<v1::ListServersResponse>, Status> {
         self.measured("list_servers", request.metadata(), async {
+            self.index_caught_up().await?;
             let mut servers = self.read(|store| store.list_servers()).await?;
             servers.sort_by(|a, b| a.name.cmp(&b.name));
             Ok(v1::ListServersResponse {
