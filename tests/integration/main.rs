@@ -19,6 +19,7 @@ mod review;
 mod review2;
 mod review3;
 mod review4;
+mod review5;
 mod robustness;
 mod sets;
 mod sets_review;

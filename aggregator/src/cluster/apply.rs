@@ -626,6 +626,14 @@ async fn open(
     let mine = cluster
         .load_position(p, &instance)
         .map_err(|e| format!("reading this store's position: {e}"))?;
+    // The live subject in another instance (the stream made again): the positions the
+    // old one's live messages named say nothing here, and none of the new one is named
+    // yet (every push acknowledged in it is named by a live message of it, which the
+    // barrier's first step waits for). Without this, partitions opened in the new
+    // instance stayed behind requirements of the old one until a push came (review 5).
+    if p == LIVE {
+        cluster.barrier().require(&instance, &[]);
+    }
     // A new consumer is of a new store (or of one whose consumer JetStream removed, idle
     // for longer than the stream keeps messages): complete if the stream never dropped a
     // message.
