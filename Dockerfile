@@ -10,7 +10,7 @@
 # The default command is the aggregator; another program runs by naming it, as above
 # (the Helm chart in helm/hourglass sets the command of each role). The first build
 # compiles RocksDB from source: about 10 minutes on 2 cores; later builds reuse the layer
-# that holds it until Cargo.toml, Cargo.lock or the .proto files change.
+# that holds it until Cargo.toml or Cargo.lock change.
 #
 # Works with the classic builder and with BuildKit (no registry-fetched syntax image, no
 # cache mounts). Without a registry, point the two stages at local images:
@@ -28,17 +28,18 @@ WORKDIR /src
 COPY scripts/install-deps scripts/install-deps
 RUN scripts/install-deps && rm -rf /var/lib/apt/lists/*
 
-# The dependencies, RocksDB above all, in a layer of their own: the manifests, the
-# lockfile, the build script and the .proto files, with empty sources for every target
-# the manifests name. A new workspace member needs its Cargo.toml listed here.
+# The dependencies, RocksDB above all, in a layer of their own: the manifests and the
+# lockfile, with empty sources (and an empty build script for the .proto files) for every
+# target the manifests name, so that only a change of dependencies rebuilds it, not a
+# change of a .proto file. A new workspace member needs its Cargo.toml listed here.
 COPY Cargo.toml Cargo.lock ./
 COPY .cargo .cargo
-COPY proto proto
 COPY sketch/Cargo.toml sketch/Cargo.toml
-COPY rpc/Cargo.toml rpc/build.rs rpc/
+COPY rpc/Cargo.toml rpc/Cargo.toml
 COPY agent/Cargo.toml agent/Cargo.toml
 COPY aggregator/Cargo.toml aggregator/Cargo.toml
 RUN set -e; \
+    echo 'fn main() {}' > rpc/build.rs; \
     for manifest in Cargo.toml */Cargo.toml; do \
         dir=$(dirname "$manifest"); \
         mkdir -p "$dir/src" "$dir/benches"; \
@@ -49,7 +50,7 @@ RUN set -e; \
         done; \
     done; \
     cargo build --release --locked -p hourglass --bin hourglass; \
-    rm -rf src benches */src */benches
+    rm -rf src benches */src */benches rpc/build.rs
 
 # The sources. Touched, so cargo never takes the empty stubs' build for them.
 COPY . .
