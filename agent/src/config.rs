@@ -18,6 +18,13 @@
 //! precision = 16
 //! allowed_tags = ["country", "device"] # other tag keys are dropped (and counted)
 //!
+//! [metrics.users]         # membership sized for the question, not the filter:
+//! kinds = ["membership"]
+//! capacity = 2000         # distinct items per server-hour
+//! membership_range = "7d" # the range "was it seen?" asks about (whole hours)
+//! membership_servers = 6  # servers it asks over
+//! membership_range_fpr = 0.05 # chance that an item seen nowhere in that range comes back "maybe"
+//!
 //! [limits]
 //! max_series = 10000      # active series held at once
 //! max_tags = 16           # tags per series
@@ -51,6 +58,7 @@ use hourglass_sketch::format::Kind;
 use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 use hourglass_sketch::frequent::MAX_ITEM_LEN;
 use hourglass_sketch::hll::Hll;
+use hourglass_sketch::membership::RangeSizing;
 use serde::{Deserialize, Deserializer};
 use thiserror::Error;
 
@@ -125,6 +133,102 @@ pub struct MetricConfig {
     /// Tag keys kept; any key if unset. Other keys are dropped from the event (and
     /// counted), so the event still counts in the coarser series.
     pub(crate) allowed_tags: Option<Vec<String>>,
+    /// Membership: the range a lookup spans. With it, the Bloom filters are sized so
+    /// that a lookup over `membership_servers` × the range's hours filters (one per
+    /// server-hour, never merged: docs/DESIGN.md §5) answers "maybe" for an item seen
+    /// nowhere with probability at most `membership_range_fpr`, each filter holding
+    /// `capacity` items ([`RangeSizing::for_range`]).
+    #[serde(deserialize_with = "some_duration")]
+    pub(crate) membership_range: Option<Duration>,
+    /// Membership: servers a lookup spans (default 1), with `membership_range`.
+    pub(crate) membership_servers: Option<u64>,
+    /// Membership: the false-positive probability of a whole range lookup (default
+    /// 0.05), with `membership_range`.
+    pub(crate) membership_range_fpr: Option<f64>,
+}
+
+/// The range a metric's membership lookups span, from `[metrics.NAME]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct MembershipRange {
+    /// Hours of the range.
+    pub(crate) hours: u64,
+    /// Servers.
+    pub(crate) servers: u64,
+    /// False-positive probability of a lookup over all of them.
+    pub(crate) range_fpr: f64,
+}
+
+/// The default `membership_range_fpr`.
+pub const DEFAULT_MEMBERSHIP_RANGE_FPR: f64 = 0.05;
+
+impl MetricConfig {
+    /// The membership range, if set; an error names the field at fault (relative to
+    /// `[metrics.NAME]`) and what to write instead.
+    pub(crate) fn membership_range(&self) -> Result<Option<MembershipRange>, (String, String)> {
+        let err = |field: &str, message: String| Err((field.to_string(), message));
+        let Some(range) = self.membership_range else {
+            for (field, set) in [
+                ("membership_servers", self.membership_servers.is_some()),
+                ("membership_range_fpr", self.membership_range_fpr.is_some()),
+            ] {
+                if set {
+                    return err(
+                        field,
+                        "needs membership_range: the range lookups span (e.g. \"7d\")".into(),
+                    );
+                }
+            }
+            return Ok(None);
+        };
+        let secs = range.as_secs();
+        if range.subsec_nanos() != 0 || secs == 0 || !secs.is_multiple_of(3600) {
+            return err(
+                "membership_range",
+                format!("is {range:?}; it must be a whole number of hours, at least 1h"),
+            );
+        }
+        let hours = secs / 3600;
+        if hours > 400 * 24 {
+            return err("membership_range", format!("is {range:?}; at most 400d"));
+        }
+        let servers = self.membership_servers.unwrap_or(1);
+        if !(1..=100_000).contains(&servers) {
+            return err(
+                "membership_servers",
+                format!("is {servers}; it must be between 1 and 100000"),
+            );
+        }
+        let range_fpr = self
+            .membership_range_fpr
+            .unwrap_or(DEFAULT_MEMBERSHIP_RANGE_FPR);
+        if !(range_fpr > 0.0 && range_fpr < 1.0) {
+            return err(
+                "membership_range_fpr",
+                format!("is {range_fpr}; it must be strictly between 0 and 1"),
+            );
+        }
+        if self.fpr.is_some() {
+            return err(
+                "fpr",
+                "is one filter's rate, which membership_range sets: give membership_range_fpr, the rate of a whole range lookup, instead".into(),
+            );
+        }
+        if self
+            .kinds
+            .as_ref()
+            .is_some_and(|k| !k.contains(&Kind::Membership))
+        {
+            return err(
+                "membership_range",
+                "is set but kinds does not keep membership".into(),
+            );
+        }
+        Ok(Some(MembershipRange {
+            hours,
+            servers,
+            range_fpr,
+        }))
+    }
 }
 
 /// `[limits]`.
@@ -316,9 +420,12 @@ impl Config {
         }
         self.spec_for("(defaults)")
             .map_err(|m| invalid("defaults", m))?;
-        for name in self.metrics.keys() {
+        for (name, metric) in &self.metrics {
             hourglass_rpc::series::validate_metric(name)
                 .map_err(|e| invalid(&format!("metrics.{name}"), e.to_string()))?;
+            metric
+                .membership_range()
+                .map_err(|(field, m)| invalid(&format!("metrics.{name}.{field}"), m))?;
             self.spec_for(name)
                 .map_err(|m| invalid(&format!("metrics.{name}"), m))?;
         }
@@ -364,13 +471,26 @@ impl Config {
                     .map_err(|e| e.to_string())?;
                     Sketch::Frequency(Frequency::new(params).map_err(|e| e.to_string())?)
                 }
-                Kind::Membership => Sketch::Membership(
-                    Bloom::new(
-                        m.and_then(|m| m.capacity).unwrap_or(d.capacity),
-                        get(|m| m.fpr, d.fpr),
-                    )
-                    .map_err(|e| e.to_string())?,
-                ),
+                Kind::Membership => {
+                    let capacity = m.and_then(|m| m.capacity).unwrap_or(d.capacity);
+                    let range = match m {
+                        Some(m) => m
+                            .membership_range()
+                            .map_err(|(field, message)| format!("{field} {message}"))?,
+                        None => None,
+                    };
+                    let filter = match range {
+                        // Sized for the question: N = servers × hours filters per lookup.
+                        Some(r) => RangeSizing::for_range(
+                            r.servers.saturating_mul(r.hours),
+                            capacity,
+                            r.range_fpr,
+                        )
+                        .and_then(|sizing| sizing.new_filter()),
+                        None => Bloom::new(capacity, get(|m| m.fpr, d.fpr)),
+                    };
+                    Sketch::Membership(filter.map_err(|e| e.to_string())?)
+                }
             };
             empty.push(sketch);
         }
@@ -521,6 +641,10 @@ fn some_kinds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<K
     kinds(deserializer).map(Some)
 }
 
+fn some_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    deserialize_duration(deserializer).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,7 +683,94 @@ mod tests {
                 ..MetricConfig::default()
             },
         );
+        expected.metrics.insert(
+            "users".into(),
+            MetricConfig {
+                kinds: Some(vec![Kind::Membership]),
+                capacity: Some(2000),
+                membership_range: Some(Duration::from_secs(7 * 86_400)),
+                membership_servers: Some(6),
+                membership_range_fpr: Some(0.05),
+                ..MetricConfig::default()
+            },
+        );
         assert_eq!(parsed, expected);
+        parsed.validate().unwrap();
+    }
+
+    #[test]
+    fn a_membership_range_sizes_the_filters_for_the_whole_lookup() {
+        let c: Config = toml::from_str(
+            "[metrics.users]\nkinds = [\"membership\"]\ncapacity = 1300\nmembership_range = \"7d\"\nmembership_servers = 6\nmembership_range_fpr = 0.05\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let spec = c.spec_for("users").unwrap();
+        let want = RangeSizing::for_range(6 * 168, 1300, 0.05).unwrap();
+        match &spec.empty[..] {
+            [Sketch::Membership(b)] => {
+                assert_eq!((b.bits(), b.hashes()), (want.bits, want.hashes));
+                assert_eq!(b.capacity(), 1300);
+                // About 5.1e-5 per filter: 1 − 0.95^(1/1008).
+                assert!(b.target_fpr() < 5.1e-5, "{}", b.target_fpr());
+            }
+            other => panic!("unexpected kinds {other:?}"),
+        }
+        // Servers default to 1 and the range rate to 5%.
+        let c: Config = toml::from_str(
+            "[metrics.u]\nkinds = [\"membership\"]\ncapacity = 100\nmembership_range = \"24h\"\n",
+        )
+        .unwrap();
+        let spec = c.spec_for("u").unwrap();
+        let want = RangeSizing::for_range(24, 100, DEFAULT_MEMBERSHIP_RANGE_FPR).unwrap();
+        assert!(matches!(&spec.empty[..], [Sketch::Membership(b)] if b.bits() == want.bits));
+    }
+
+    #[test]
+    fn membership_range_errors_name_the_field() {
+        for (toml, field) in [
+            ("membership_range = \"90m\"", "metrics.u.membership_range"),
+            ("membership_range = \"0h\"", "metrics.u.membership_range"),
+            (
+                "membership_range = \"7d\"\nmembership_servers = 0",
+                "metrics.u.membership_servers",
+            ),
+            (
+                "membership_range = \"7d\"\nmembership_range_fpr = 1.0",
+                "metrics.u.membership_range_fpr",
+            ),
+            (
+                "membership_range = \"7d\"\nmembership_range_fpr = 0",
+                "metrics.u.membership_range_fpr",
+            ),
+            ("membership_servers = 6", "metrics.u.membership_servers"),
+            (
+                "membership_range_fpr = 0.05",
+                "metrics.u.membership_range_fpr",
+            ),
+            ("membership_range = \"7d\"\nfpr = 0.01", "metrics.u.fpr"),
+        ] {
+            let c: Config =
+                toml::from_str(&format!("[metrics.u]\nkinds = [\"membership\"]\n{toml}\n"))
+                    .unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{toml}: {e}");
+        }
+        let c: Config =
+            toml::from_str("[metrics.u]\nkinds = [\"distinct\"]\nmembership_range = \"7d\"\n")
+                .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("metrics.u.membership_range") && e.contains("kinds"),
+            "{e}"
+        );
+        // A range too fine for a filter: the sizing's error, under the metric.
+        let c: Config = toml::from_str(
+            "[metrics.u]\nkinds = [\"membership\"]\ncapacity = 100000000\nmembership_range = \"400d\"\nmembership_servers = 100000\nmembership_range_fpr = 0.000001\n",
+        )
+        .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("metrics.u"), "{e}");
     }
 
     #[test]

@@ -16,10 +16,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
-use serde_json::Value;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet};
 
 use super::numbers::{count, grouped, percent};
-use super::simulate::{self, Fleet, PAGES, Plan, REGIONS, VISITORS};
+use super::simulate::{self, Fleet, PAGES, Plan, REGIONS, Traffic, VISITORS};
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -191,6 +192,8 @@ fn simulate_week(
     dir: &Path,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<Value> {
+    let plan = plan_of(args);
+    let capacity = membership_capacity(&plan);
     let mut fleet = Fleet::spawn(
         args.agents,
         url,
@@ -201,7 +204,7 @@ fn simulate_week(
             "--flush-interval",
             "2s",
             "--config",
-            &agent_config(dir)?.to_string_lossy(),
+            &agent_config(dir, args, capacity)?.to_string_lossy(),
         ],
     )?;
     eprintln!(
@@ -211,7 +214,22 @@ fn simulate_week(
         args.days,
         grouped(u64::from(args.events_per_hour))
     );
-    let plan = Plan {
+    let truth = runtime.block_on(simulate::drive(&plan, &fleet.ingest, &fleet.names()))?;
+    eprintln!("demo: stopping the agents: each ships what it holds in a final flush");
+    fleet.stop()?;
+    let mut truth = truth.to_json(&plan);
+    truth["membership_sizing"] = json!({
+        "capacity": capacity,
+        "range_fpr": MEMBERSHIP_RANGE_FPR,
+        "servers": args.agents,
+        "hours": args.days * 24,
+    });
+    Ok(truth)
+}
+
+/// The demo's traffic plan.
+fn plan_of(args: &DemoArgs) -> Plan {
+    Plan {
         start_hour: simulate::default_start(args.days),
         hour_count: args.days * 24,
         events_per_hour: args.events_per_hour,
@@ -219,21 +237,44 @@ fn simulate_week(
         users: 200_000,
         pages: 1000,
         servers: args.agents,
-    };
-    let truth = runtime.block_on(simulate::drive(&plan, &fleet.ingest, &fleet.names()))?;
-    eprintln!("demo: stopping the agents: each ships what it holds in a final flush");
-    fleet.stop()?;
-    Ok(truth.to_json(&plan))
+    }
+}
+
+/// The false-positive probability the demo's membership metric declares for a lookup
+/// over its whole range (all servers, all days).
+const MEMBERSHIP_RANGE_FPR: f64 = 0.05;
+
+/// Items per server-hour the membership filters are sized for, as a metric's owner would
+/// declare it: the mean distinct users of a server-hour in a pilot day of other traffic
+/// (another seed), rounded up to a hundred (1,300 at 2,000 visits per server-hour).
+fn membership_capacity(plan: &Plan) -> u64 {
+    let pilot = Traffic::new(Plan {
+        seed: plan.seed ^ 0x9E37_79B9_7F4A_7C15,
+        ..plan.clone()
+    });
+    let hours = plan.start_hour..plan.start_hour + 24;
+    let mut distinct = 0usize;
+    for server in 0..plan.servers {
+        for hour in hours.clone() {
+            let users: HashSet<u32> = pilot.visits(server, hour).iter().map(|v| v.user).collect();
+            distinct += users.len();
+        }
+    }
+    let mean = distinct as f64 / (plan.servers * 24) as f64;
+    ((mean / 100.0).ceil() as u64).max(1) * 100
 }
 
 /// The agents' metric settings: visitors keep distinct counts and membership, pages
-/// keep frequencies.
-fn agent_config(dir: &Path) -> anyhow::Result<PathBuf> {
+/// keep frequencies. The membership filters are sized for the question the report asks,
+/// "was this user seen in the whole range, on any server?": `capacity` users per
+/// server-hour, and at most a 5% chance that a user seen nowhere comes back "maybe".
+fn agent_config(dir: &Path, args: &DemoArgs, capacity: u64) -> anyhow::Result<PathBuf> {
     let path = dir.join("agent.toml");
     std::fs::write(
         &path,
         format!(
-            "[metrics.{VISITORS}]\nkinds = [\"distinct\", \"membership\"]\ncapacity = 20000\nfpr = 0.01\n\n[metrics.{PAGES}]\nkinds = [\"frequency\"]\n"
+            "[metrics.{VISITORS}]\nkinds = [\"distinct\", \"membership\"]\ncapacity = {capacity}\nmembership_range = \"{}d\"\nmembership_servers = {}\nmembership_range_fpr = {MEMBERSHIP_RANGE_FPR}\n\n[metrics.{PAGES}]\nkinds = [\"frequency\"]\n",
+            args.days, args.agents
         ),
     )?;
     Ok(path)
@@ -411,7 +452,108 @@ async fn top_pages_report(
     Ok(out)
 }
 
-/// Membership of the probe users, beside whether they were seen.
+/// Absent users looked up over the whole range: enough that the share answered "maybe"
+/// (a few percent) is measured to about ±6% of itself.
+const ABSENT_PROBES: u32 = 10_000;
+/// Present users looked up, sampled evenly from everyone the traffic made.
+const PRESENT_PROBES: usize = 1_000;
+/// Lookups in flight at once.
+const LOOKUPS_IN_FLIGHT: usize = 4;
+
+/// Looks each of `items` up over `start..end`, a few at a time; answers in item order.
+async fn look_up_all(
+    q: &QueryClient<tonic::transport::Channel>,
+    items: Vec<String>,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<Vec<v1::MembershipAnswer>> {
+    let chunk = items.len().div_ceil(LOOKUPS_IN_FLIGHT).max(1);
+    let mut tasks = Vec::new();
+    for part in items.chunks(chunk) {
+        let (mut q, part) = (q.clone(), part.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::with_capacity(part.len());
+            for item in part {
+                let r = q
+                    .membership(v1::MembershipRequest {
+                        selector: selector(VISITORS, start, end, &[]),
+                        item: item.into_bytes(),
+                    })
+                    .await
+                    .map_err(|s| anyhow::anyhow!("the aggregator answered: {}", s.message()))?;
+                answers.push(r.into_inner().answer.unwrap_or_default());
+            }
+            Ok::<_, anyhow::Error>(answers)
+        }));
+    }
+    let mut answers = Vec::with_capacity(items.len());
+    for task in tasks {
+        answers.extend(task.await.context("lookup task failed")??);
+    }
+    Ok(answers)
+}
+
+/// Where each user of the traffic was seen: (server name, hour) pairs, made again from
+/// the plan stored with the truth; `None` for a truth stored without it.
+fn sightings(truth: &Value) -> Option<BTreeMap<u32, Vec<(String, u32)>>> {
+    let p = truth.get("plan")?;
+    let servers = u(&p["servers"]) as usize;
+    let plan = Plan {
+        start_hour: u(&truth["start_hour"]) as u32,
+        hour_count: (u(&truth["end_hour"]) - u(&truth["start_hour"])) as u32,
+        events_per_hour: u(&p["events_per_hour"]) as u32,
+        seed: u(&p["seed"]),
+        users: u(&p["users"]) as u32,
+        pages: u(&p["pages"]) as u32,
+        servers,
+    };
+    let traffic = Traffic::new(plan.clone());
+    let mut seen: BTreeMap<u32, Vec<(String, u32)>> = BTreeMap::new();
+    // Server by server, hour by hour: each user's list comes out ordered as answers are.
+    for server in 0..servers {
+        let name = format!("web-{}", server + 1);
+        for hour in plan.hours() {
+            let users: HashSet<u32> = traffic
+                .visits(server, hour)
+                .iter()
+                .map(|v| v.user)
+                .collect();
+            for user in users {
+                seen.entry(user).or_default().push((name.clone(), hour));
+            }
+        }
+    }
+    // Names sort as strings (web-10 before web-2), as the answers order them.
+    for list in seen.values_mut() {
+        list.sort();
+    }
+    Some(seen)
+}
+
+/// Whether an answer lists every server-hour of `want` (ordered) that sorts before its
+/// last listed sighting, and counts at least all of them: where a user was seen, as far
+/// as an answer capped at 100 sightings can show it.
+fn found_everywhere(a: &v1::MembershipAnswer, want: &[(String, u32)]) -> bool {
+    let listed: HashSet<(&str, u32)> = a
+        .seen_in
+        .iter()
+        .map(|s| (s.server.as_str(), s.start_hour))
+        .collect();
+    let complete = a.seen_in.len() as u64 == a.seen_in_count;
+    let last = a.seen_in.last().map(|s| (s.server.as_str(), s.start_hour));
+    a.maybe_present
+        && a.seen_in_count >= want.len() as u64
+        && want
+            .iter()
+            .map(|(s, h)| (s.as_str(), *h))
+            .filter(|w| complete || last.is_some_and(|l| *w <= l))
+            .all(|w| listed.contains(&w))
+}
+
+/// Membership over the whole range: the probe users beside whether they were seen, then
+/// thousands of absent users (how many come back "definitely absent", and the stated
+/// false-positive probability against the measured one) and a sample of present ones
+/// (each found wherever it was seen).
 async fn membership_report(
     q: &mut QueryClient<tonic::transport::Channel>,
     truth: &Value,
@@ -419,25 +561,120 @@ async fn membership_report(
     end: u32,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
-    out.push_str("\nWas this user seen? (Bloom filters: \"maybe\" can be a false positive, \"no\" is certain)\n");
-    for probe in truth["membership"].as_array().cloned().unwrap_or_default() {
-        let item = probe["item"].as_str().unwrap_or("").to_string();
-        let r = q
-            .membership(v1::MembershipRequest {
-                selector: selector(VISITORS, start, end, &[]),
-                item: item.clone().into_bytes(),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("the aggregator answered: {}", s.message()))?
-            .into_inner();
-        let a = r.answer.unwrap_or_default();
-        let seen = probe["seen"].as_bool().unwrap_or(false);
+    let sizing = &truth["membership_sizing"];
+    out.push_str("\nWas this user seen over the whole range? (each server-hour's Bloom filter looked up, never merged: \"no\" is certain, \"maybe\" can be a false positive)\n");
+    if sizing.is_null() {
+        out.push_str("  filters of an older demo, sized for one server-hour, not for the range (--fresh sizes them for it)\n");
+    } else {
         out.push_str(&format!(
-            "  {item:<14} {:<6} exact: {:<4} (false-positive rate of the merged filter {})\n",
+            "  filters sized for it: {} users per server-hour, {} false-positive probability over {} servers × {} hours\n",
+            grouped(u(&sizing["capacity"])),
+            percent(sizing["range_fpr"].as_f64().unwrap_or(0.0)),
+            u(&sizing["servers"]),
+            u(&sizing["hours"]),
+        ));
+    }
+    let probes = truth["membership"].as_array().cloned().unwrap_or_default();
+    let items: Vec<String> = probes
+        .iter()
+        .map(|p| p["item"].as_str().unwrap_or("").to_string())
+        .collect();
+    let answers = look_up_all(q, items.clone(), start, end).await?;
+    for ((item, probe), a) in items.iter().zip(&probes).zip(&answers) {
+        let seen = probe["seen"].as_bool().unwrap_or(false);
+        let said = if a.maybe_present {
+            format!(
+                "seen in {} of {} filters",
+                grouped(a.seen_in_count),
+                grouped(a.filters_consulted)
+            )
+        } else {
+            format!(
+                "definitely absent from all {} filters",
+                grouped(a.filters_consulted)
+            )
+        };
+        out.push_str(&format!(
+            "  {item:<14} {:<6} exact: {:<4} {said}\n",
             if a.maybe_present { "maybe" } else { "no" },
             if seen { "yes" } else { "no" },
-            percent(a.estimated_fpr)
         ));
+    }
+
+    // Users the model never makes: each answer is "definitely absent" or a false positive.
+    let absent: Vec<String> = (0..ABSENT_PROBES).map(|i| format!("nobody{i}")).collect();
+    let answers = look_up_all(q, absent, start, end).await?;
+    let definitely = answers.iter().filter(|a| a.definitely_absent).count() as u64;
+    let n = f64::from(ABSENT_PROBES);
+    let measured = (n - definitely as f64) / n;
+    // The stated rate is the filters', the same for every item: the mean guards against
+    // a filter stored between two lookups.
+    let stated = answers.iter().map(|a| a.range_fpr).sum::<f64>() / n;
+    let sigma = (stated * (1.0 - stated) / n).sqrt();
+    let share = definitely as f64 / n;
+    let wanted = 1.0 - sizing["range_fpr"].as_f64().unwrap_or(MEMBERSHIP_RANGE_FPR);
+    out.push_str(&format!(
+        "  {:<46} {:>7} of {:<7} ({})   target ≥ {}   {}\n",
+        "absent users answered definitely absent",
+        grouped(definitely),
+        grouped(u64::from(ABSENT_PROBES)),
+        percent(share),
+        percent(wanted),
+        if share >= wanted { "yes" } else { "NO" }
+    ));
+    let ratio = if stated > 0.0 { measured / stated } else { 0.0 };
+    let verdict = if (ratio - 1.0).abs() <= 0.2 {
+        "yes".to_string()
+    } else if (measured - stated).abs() > 2.0 * sigma + 0.2 * stated {
+        "NO".to_string()
+    } else {
+        // Too few false positives to resolve 20%: the difference is within the noise.
+        format!(
+            "within the noise (±{} of stated, 1σ)",
+            percent(sigma / stated.max(1e-300))
+        )
+    };
+    out.push_str(&format!(
+        "  {:<46} stated {} measured {} (±{} 1σ), ratio {:.3}   target within 20%   {verdict}\n",
+        "false-positive probability of a lookup",
+        percent(stated),
+        percent(measured),
+        percent(sigma),
+        ratio,
+    ));
+
+    // Users the traffic made: each must be found in every server-hour that saw it.
+    match sightings(truth) {
+        None => out.push_str(
+            "  (present users not checked: the data dir was made by an older demo; --fresh)\n",
+        ),
+        Some(seen) => {
+            let users: Vec<&u32> = seen.keys().collect();
+            let step = (users.len() / PRESENT_PROBES).max(1);
+            let sample: Vec<u32> = users
+                .iter()
+                .step_by(step)
+                .take(PRESENT_PROBES)
+                .map(|u| **u)
+                .collect();
+            let items = sample.iter().map(|&u| simulate::user_name(u)).collect();
+            let answers = look_up_all(q, items, start, end).await?;
+            let found = sample
+                .iter()
+                .zip(&answers)
+                .filter(|(user, a)| found_everywhere(a, &seen[user]))
+                .count();
+            let places: usize = sample.iter().map(|u| seen[u].len()).sum();
+            out.push_str(&format!(
+                "  {:<46} {:>7} of {:<7} (in all {} server-hours that saw them; {} users in all)   target all   {}\n",
+                "present users found wherever they were seen",
+                grouped(found as u64),
+                grouped(sample.len() as u64),
+                grouped(places as u64),
+                grouped(users.len() as u64),
+                if found == sample.len() { "yes" } else { "NO" }
+            ));
+        }
     }
     Ok(out)
 }

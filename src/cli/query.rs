@@ -378,6 +378,19 @@ fn membership_value(a: Option<&v1::MembershipAnswer>, c: Option<&v1::Coverage>) 
     let a = a.cloned().unwrap_or_default();
     let mut v = json!({
         "maybe_present": a.maybe_present,
+        "definitely_absent": a.definitely_absent,
+        "filters_consulted": a.filters_consulted,
+        "range_fpr": a.range_fpr,
+        "all_false_probability": a.all_false_probability,
+        "saturated_filters": a.saturated_filters,
+        "seen_in": a.seen_in.iter().map(|s| json!({
+            "server": s.server,
+            "from": hourglass_rpc::time::rfc3339_hour(s.start_hour),
+            "start_hour": s.start_hour,
+            "hours": s.hours,
+            "fpr": s.fpr,
+        })).collect::<Vec<_>>(),
+        "seen_in_count": a.seen_in_count,
         "fill_ratio": a.fill_ratio,
         "estimated_fpr": a.estimated_fpr,
         "past_design_point": a.past_design_point,
@@ -462,21 +475,63 @@ fn frequency_text(v: &Value) -> String {
     )
 }
 
+/// A range lookup: definitely absent, or where it was seen, each with the rates that
+/// qualify it.
 fn membership_text(v: &Value) -> String {
-    let verdict = if v["maybe_present"] == true {
+    let consulted = u(v, "filters_consulted");
+    let mut text = if v["maybe_present"] == true {
+        let seen = v["seen_in"].as_array().cloned().unwrap_or_default();
+        let mut text = format!(
+            "seen (maybe) in {} of {} filters; an absent item would be seen somewhere here with probability {}, and in all of these with probability {}",
+            grouped(u(v, "seen_in_count")),
+            grouped(consulted),
+            percent(f(v, "range_fpr")),
+            percent(f(v, "all_false_probability")),
+        );
+        for s in &seen {
+            let hours = u(s, "hours");
+            text += &format!(
+                "\n  {}  {}{}  (filter false-positive rate {})",
+                s["server"].as_str().unwrap_or(""),
+                s["from"].as_str().unwrap_or(""),
+                if hours == 1 {
+                    String::new()
+                } else {
+                    format!(" (a day rollup, {hours} hours)")
+                },
+                percent(f(s, "fpr")),
+            );
+        }
+        if (seen.len() as u64) < u(v, "seen_in_count") {
+            text += &format!(
+                "\n  … and {} more",
+                grouped(u(v, "seen_in_count") - seen.len() as u64)
+            );
+        }
+        text
+    } else if consulted == 0 {
+        "no data: no filter covers the selection".to_string()
+    } else {
         format!(
-            "maybe present (wrong with probability {})",
-            percent(f(v, "estimated_fpr"))
+            "definitely absent from all {} filters (a \"seen\" would have been wrong with probability {})",
+            grouped(consulted),
+            percent(f(v, "range_fpr")),
         )
-    } else {
-        "definitely absent".to_string()
     };
-    let warning = if v["past_design_point"] == true {
-        "; filter past its design point"
-    } else {
-        ""
-    };
-    format!("{verdict} (fill {}{warning})", percent(f(v, "fill_ratio")))
+    let saturated = u(v, "saturated_filters");
+    if saturated > 0 {
+        text += &format!(
+            "\nwarning: {} filters are so full that they say \"maybe\" to at least half of all items",
+            grouped(saturated)
+        );
+    }
+    if v["past_design_point"] == true {
+        text += &format!(
+            "\nwarning: some filters are past their design point (fullest {} full): false positives above their target",
+            percent(f(v, "fill_ratio"))
+        );
+    }
+    text
 }
 
 fn topk_text(v: &Value) -> String {

@@ -289,6 +289,15 @@ impl Truth {
                 "top": top.iter().take(10).map(|(p, c)| json!({"item": page_name(*p), "count": c})).collect::<Vec<_>>(),
             },
             "membership": probes,
+            // What made the traffic: enough to make it again (`Traffic::new`), as the
+            // demo does to know where each user was seen.
+            "plan": {
+                "events_per_hour": plan.events_per_hour,
+                "seed": plan.seed,
+                "users": plan.users,
+                "pages": plan.pages,
+                "servers": plan.servers,
+            },
         })
     }
 }

@@ -608,6 +608,19 @@ def check_membership(dom, item, reply, what):
          f"{what}: past-design-point {answer.attrs.get('data-past-design-point')}, the API says {a['past_design_point']}")
     same_number(answer.attrs.get("data-estimated-fpr"), a["estimated_fpr"], f"{what}: estimated fpr")
     same_number(answer.attrs.get("data-fill-ratio"), a["fill_ratio"], f"{what}: fill ratio")
+    for field in ("filters_consulted", "range_fpr", "all_false_probability", "seen_in_count", "saturated_filters"):
+        same_number(answer.attrs.get("data-" + field.replace("_", "-")), a[field], f"{what}: {field}")
+    need(answer.attrs.get("data-definitely-absent") == str(a["definitely_absent"]).lower(),
+         f"{what}: definitely-absent {answer.attrs.get('data-definitely-absent')}, the API says {a['definitely_absent']}")
+    # Where it was seen: one row per filter the API lists, in its order, with its numbers.
+    rows = list(result.all(lambda n: n.tag == "tr" and "data-server" in n.attrs))
+    need(len(rows) == len(a["seen_in"]),
+         f"{what}: {len(rows)} 'seen in' rows, the API lists {len(a['seen_in'])}")
+    for row, seen in zip(rows, a["seen_in"]):
+        need(row.attrs["data-server"] == seen["server"],
+             f"{what}: a 'seen in' row names {row.attrs['data-server']!r}, the API {seen['server']!r}")
+        for field in ("start_hour", "hours", "fpr"):
+            same_number(row.attrs.get("data-" + field.replace("_", "-")), seen[field], f"{what}: seen in {field}")
     coverage = reply["coverage"]
     complete = coverage["server_hours_missing"] == 0 and coverage.get("partitions_missing", 0) == 0
     certain = not a["maybe_present"] and complete

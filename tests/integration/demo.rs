@@ -37,6 +37,26 @@ fn the_demo_reports_every_answer_beside_the_truth_and_a_second_run_reuses_the_da
     for probe in ["nobody0        no ", "user0          maybe"] {
         assert!(report.contains(probe), "{probe}: {report}");
     }
+    // Membership over the whole range: each server-hour's filter looked up (3 servers × 48
+    // hours), thousands of absent users mostly definitely absent, every sampled present
+    // user found wherever it was seen (both rows end in "yes", counted above).
+    for line in [
+        "definitely absent from all 144 filters",
+        "absent users answered definitely absent",
+        "false-positive probability of a lookup",
+        "present users found wherever they were seen",
+    ] {
+        assert!(report.contains(line), "{line}: {report}");
+    }
+    let row = |start: &str| {
+        report
+            .lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(row("absent users").ends_with(" yes"), "{report}");
+    assert!(row("present users").ends_with(" yes"), "{report}");
     assert!(
         report.contains("hourglass query distinct --metric visitors"),
         "{report}"

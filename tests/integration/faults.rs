@@ -121,12 +121,12 @@ pub(crate) fn agg_metric(agg: &(impl AggregatorAddrs + ?Sized), name: &str) -> f
         .unwrap_or(0.0)
 }
 
-/// What the aggregator holds for the traffic: every kind of both metrics exported, and
-/// the distinct answers per part and for the whole range.
+/// What the aggregator holds for the traffic: every kind of both metrics exported, a few
+/// membership lookups, and the distinct answers per part and for the whole range.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Stored {
     /// Per metric and kind: the exported bytes and the partitions the export lacked
-    /// (cluster mode).
+    /// (cluster mode); then per membership lookup, its answers' text.
     exports: Vec<(String, Vec<u8>, u32)>,
     distinct: Vec<String>,
 }
@@ -195,6 +195,30 @@ pub(crate) fn try_stored(agg: &(impl AggregatorAddrs + ?Sized)) -> Result<Stored
                     return Err(format!("{metric} {kind:?}: nothing stored"));
                 }
                 exports.push((format!("{metric} {kind:?}"), bytes, missing));
+            }
+        }
+        // Membership lookups: each filter looked up, not merged (a cluster's owners send
+        // each filter's answer), so the answer with where it was seen is compared whole.
+        for item in ["user1", "user42", "nobody"] {
+            for group_by in [v1::GroupBy::None, v1::GroupBy::Hour] {
+                let mut s = selector("visitors", all.clone());
+                if let Some(s) = s.as_mut() {
+                    s.group_by = group_by as i32;
+                }
+                let r = q
+                    .membership(v1::MembershipRequest {
+                        selector: s,
+                        item: item.as_bytes().to_vec(),
+                    })
+                    .await
+                    .map_err(|e| format!("membership {item}: {e}"))?
+                    .into_inner();
+                let missing = r.coverage.map_or(0, |c| c.partitions_missing);
+                let groups: Vec<_> = r.groups.iter().map(|g| (&g.key, &g.answer)).collect();
+                // Debug prints each f64 in its shortest round-trip form: equal text is
+                // equal bits.
+                let answer = format!("{:?} {groups:?}", r.answer).into_bytes();
+                exports.push((format!("membership {item} {group_by:?}"), answer, missing));
             }
         }
         let mut distinct = Vec::new();

@@ -254,6 +254,19 @@ fn membership_answer(a: Option<&v1::MembershipAnswer>) -> Value {
     let a = a.cloned().unwrap_or_default();
     json!({
         "maybe_present": a.maybe_present,
+        "definitely_absent": a.definitely_absent,
+        "filters_consulted": a.filters_consulted,
+        "range_fpr": a.range_fpr,
+        "all_false_probability": a.all_false_probability,
+        "saturated_filters": a.saturated_filters,
+        "seen_in": a.seen_in.iter().map(|s| json!({
+            "server": s.server,
+            "from": hourglass_rpc::time::rfc3339_hour(s.start_hour),
+            "start_hour": s.start_hour,
+            "hours": s.hours,
+            "fpr": s.fpr,
+        })).collect::<Vec<_>>(),
+        "seen_in_count": a.seen_in_count,
         "fill_ratio": a.fill_ratio,
         "estimated_fpr": a.estimated_fpr,
         "past_design_point": a.past_design_point,

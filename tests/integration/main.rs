@@ -10,6 +10,7 @@ mod http;
 mod http_review;
 mod install_deps;
 mod lag;
+mod membership_range;
 mod multicall;
 mod nats;
 mod natsfaults;

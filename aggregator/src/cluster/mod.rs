@@ -59,7 +59,8 @@ mod engine;
 mod members;
 mod peer;
 mod query;
-#[cfg(test)] mod review4_tests;
+#[cfg(test)]
+mod review4_tests;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -68,8 +69,8 @@ use hourglass_rpc::time::deserialize_duration;
 use serde::Deserialize;
 
 pub(crate) use apply::{consumer_name, run};
-pub(crate) use peer::{PeerService, held};
 pub(crate) use barrier::index_caught_up;
+pub(crate) use peer::{PeerService, held};
 pub(crate) use query::{Asked, fan_out};
 
 /// The key of the live subject where partitions are keyed by number.

@@ -13,10 +13,12 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{Cluster, ClusterConfig, ClusterError};
-use crate::planner::{Answer, Planner, QueryError};
+use crate::planner::{Answer, FilterRow, Planner, QueryError};
 use crate::service::convert;
 use crate::service::{HeldKey, held_versions};
 use crate::store::Store;
+use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::hash::item_hash;
 
 /// Clients of the other nodes: one channel per address, the bearer token and TLS of
 /// `[cluster]`.
@@ -286,15 +288,60 @@ impl PeerService {
 }
 
 /// A partial answer as the Peer service sends it.
-fn partial_group(key: &str, sketch: Option<&Sketch>, merged: u64) -> v1::PartialGroup {
+fn partial_group(key: &str, merged: &crate::planner::Merged) -> v1::PartialGroup {
     v1::PartialGroup {
         key: key.to_string(),
-        sketch: sketch.map(|s| v1::EncodedSketch {
+        sketch: merged.sketch.as_ref().map(|s| v1::EncodedSketch {
             kind: v1::SketchKind::from(s.kind()) as i32,
             data: s.encode().into(),
         }),
-        sketches_merged: merged,
+        sketches_merged: merged.coverage.sketches_merged,
+        filters: merged.filters.iter().map(partial_filter).collect(),
     }
+}
+
+/// One filter's answer to a lookup as the Peer service sends it: with its bits when it
+/// says "maybe".
+fn partial_filter(row: &FilterRow) -> v1::PartialFilter {
+    v1::PartialFilter {
+        server: row.server.clone(),
+        start_hour: row.start_hour,
+        hours: row.hours,
+        series: row.series.clone(),
+        epoch: row.epoch,
+        maybe_present: row.maybe_present,
+        fpr: row.fpr,
+        fill_ratio: row.fill_ratio,
+        past_design_point: row.past_design_point,
+        filter: row.filter.as_ref().map(Bloom::encode).unwrap_or_default(),
+    }
+}
+
+/// A filter's answer as a peer sent it; an error when its filter does not decode.
+pub(crate) fn filter_row(
+    filter: &v1::PartialFilter,
+) -> Result<FilterRow, hourglass_sketch::DecodeError> {
+    let bloom = if filter.maybe_present {
+        match Sketch::decode(&filter.filter)? {
+            Sketch::Membership(bloom) => Some(bloom),
+            // Not a filter: combining reports the positive as sent without one.
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Ok(FilterRow {
+        server: filter.server.clone(),
+        start_hour: filter.start_hour,
+        hours: filter.hours,
+        series: filter.series.clone(),
+        epoch: filter.epoch,
+        maybe_present: filter.maybe_present,
+        fpr: filter.fpr,
+        fill_ratio: filter.fill_ratio,
+        past_design_point: filter.past_design_point,
+        filter: bloom,
+    })
 }
 
 #[tonic::async_trait]
@@ -321,10 +368,13 @@ impl Peer for PeerService {
             });
         let not_ready: Vec<u32> = wanted.difference(&ready).copied().collect();
         let store = Arc::clone(&self.store);
+        let lookup = request.lookup.then(|| item_hash(&request.item));
         let answer = tokio::task::spawn_blocking(move || {
-            Planner::new(store.as_ref())
-                .only_partitions(count, ready)
-                .answer(&selector)
+            let planner = Planner::new(store.as_ref()).only_partitions(count, ready);
+            match lookup {
+                Some(hash) => planner.look_up(hash).answer(&selector),
+                None => planner.answer(&selector),
+            }
         })
         .await
         .map_err(|e| Status::internal(format!("partial task failed: {e}")))?;
@@ -340,15 +390,11 @@ impl Peer for PeerService {
             Err(e) => return Err(convert::query_status(&e)),
         };
         Ok(Response::new(v1::PartialResponse {
-            total: Some(partial_group(
-                "",
-                answer.total.sketch.as_ref(),
-                answer.total.coverage.sketches_merged,
-            )),
+            total: Some(partial_group("", &answer.total)),
             groups: answer
                 .groups
                 .iter()
-                .map(|(key, m)| partial_group(key, m.sketch.as_ref(), m.coverage.sketches_merged))
+                .map(|(key, m)| partial_group(key, m))
                 .collect(),
             not_ready,
         }))

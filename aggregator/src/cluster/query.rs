@@ -6,13 +6,18 @@
 //!
 //! Distinct (HyperLogLog), frequency (Count-Min) and membership (Bloom) merges are
 //! commutative and associative byte for byte, so the answer is the same bytes as one
-//! node's holding every row. Frequent-items summaries are not: top-K lists depend on the
-//! merge tree and agree within their stated bounds.
+//! node's holding every row. A membership lookup merges nothing: each owner sends each
+//! filter's answer (and the bits of those that say "maybe"), and the rows are combined
+//! here as one node combines its own (`planner::combine_rows`); a node that answers a
+//! lookup with a merged filter (a version before lookups) is taken as not answering.
+//! Frequent-items summaries are not: top-K lists depend on the merge tree and agree
+//! within their stated bounds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hourglass_rpc::proto::v1;
+use hourglass_sketch::hash::item_hash;
 use hourglass_sketch::{Kind, Sketch};
 use tonic::Status;
 
@@ -33,6 +38,8 @@ pub(crate) struct Asked {
     pub(crate) max_fanout: u64,
     /// `coverage.retire_after`, in hours.
     pub(crate) retire_hours: u32,
+    /// A membership lookup: the item, looked up in each filter instead of merging.
+    pub(crate) item: Option<Vec<u8>>,
 }
 
 /// Answers `asked` over the whole cluster (module docs).
@@ -49,12 +56,16 @@ pub(crate) async fn fan_out(
     let local = {
         let (store, here, selector) = (Arc::clone(store), here.clone(), asked.selector.clone());
         let (max_fanout, retire_hours) = (asked.max_fanout, asked.retire_hours);
+        let lookup = asked.item.as_deref().map(item_hash);
         tokio::task::spawn_blocking(move || {
-            Planner::new(store.as_ref())
+            let planner = Planner::new(store.as_ref())
                 .limit_fanout(max_fanout)
                 .retire_after(retire_hours)
-                .only_partitions(count, here)
-                .answer(&selector)
+                .only_partitions(count, here);
+            match lookup {
+                Some(hash) => planner.look_up(hash).answer(&selector),
+                None => planner.answer(&selector),
+            }
         })
         .await
         .map_err(|e| Status::internal(format!("query task failed: {e}")))?
@@ -131,6 +142,8 @@ async fn gather(
                 kind: v1::SketchKind::from(asked.kind) as i32,
                 partitions: partitions.clone(),
                 partition_count: cluster.config().partitions,
+                lookup: asked.item.is_some(),
+                item: asked.item.clone().unwrap_or_default(),
             };
             calls.spawn(async move {
                 let reply = cluster.peers().partial(&advertise, request).await;
@@ -141,6 +154,17 @@ async fn gather(
             let (node, partitions, reply) =
                 done.map_err(|e| Status::internal(format!("query task failed: {e}")))?;
             let failed: BTreeSet<u32> = match reply {
+                // A membership lookup answered with a merged filter: a node of a version
+                // before lookups, which ignored the item. Its filters' answers are not
+                // there, so its partitions go to their other owners, or are named
+                // missing, never answered from what it did not send.
+                Ok(reply) if asked.item.is_some() && merged_filter_in(&reply) => {
+                    tracing::warn!(
+                        node,
+                        "a node answered a membership lookup with a merged filter (an older version?); trying the partitions' other owners"
+                    );
+                    partitions.iter().copied().collect()
+                }
                 Ok(reply) => {
                     merge_partial(answer, &reply, &asked.selector.metric)
                         .map_err(|e| convert::query_status(&e))?;
@@ -161,6 +185,15 @@ async fn gather(
         }
     }
     Ok(missing)
+}
+
+/// Whether a partial answer carries a merged sketch in any group.
+fn merged_filter_in(reply: &v1::PartialResponse) -> bool {
+    reply
+        .total
+        .iter()
+        .chain(&reply.groups)
+        .any(|group| group.sketch.is_some())
 }
 
 /// Merges one node's partials into `answer`, group by group.
@@ -194,10 +227,21 @@ fn merge_group(
     metric: &str,
 ) -> Result<(), QueryError> {
     merged.coverage.sketches_merged += partial.sketches_merged;
+    let where_ = || format!("a partial merge of group {:?}", partial.key);
+    for filter in &partial.filters {
+        merged
+            .filters
+            .push(
+                super::peer::filter_row(filter).map_err(|source| QueryError::Corrupt {
+                    series: filter.series.clone(),
+                    key: where_(),
+                    source,
+                })?,
+            );
+    }
     let Some(encoded) = &partial.sketch else {
         return Ok(());
     };
-    let where_ = || format!("a partial merge of group {:?}", partial.key);
     let sketch = Sketch::decode(&encoded.data).map_err(|source| QueryError::Corrupt {
         series: metric.to_string(),
         key: where_(),

@@ -879,15 +879,50 @@ impl From<v1::FrequencyAnswer> for FrequencyJson {
 #[derive(Debug, Default, Serialize)]
 struct MembershipJson {
     maybe_present: bool,
+    definitely_absent: bool,
+    filters_consulted: u64,
+    range_fpr: f64,
+    all_false_probability: f64,
+    saturated_filters: u64,
+    seen_in: Vec<SightingJson>,
+    seen_in_count: u64,
     fill_ratio: f64,
     estimated_fpr: f64,
     past_design_point: bool,
+}
+
+/// A filter that said "maybe": where the item was seen.
+#[derive(Debug, Serialize)]
+struct SightingJson {
+    server: String,
+    /// The filter's first hour, RFC 3339.
+    from: String,
+    start_hour: u32,
+    hours: u32,
+    fpr: f64,
 }
 
 impl From<v1::MembershipAnswer> for MembershipJson {
     fn from(a: v1::MembershipAnswer) -> MembershipJson {
         MembershipJson {
             maybe_present: a.maybe_present,
+            definitely_absent: a.definitely_absent,
+            filters_consulted: a.filters_consulted,
+            range_fpr: a.range_fpr,
+            all_false_probability: a.all_false_probability,
+            saturated_filters: a.saturated_filters,
+            seen_in: a
+                .seen_in
+                .into_iter()
+                .map(|s| SightingJson {
+                    server: s.server,
+                    from: hourglass_rpc::time::rfc3339_hour(s.start_hour),
+                    start_hour: s.start_hour,
+                    hours: s.hours,
+                    fpr: s.fpr,
+                })
+                .collect(),
+            seen_in_count: a.seen_in_count,
             fill_ratio: a.fill_ratio,
             estimated_fpr: a.estimated_fpr,
             past_design_point: a.past_design_point,

@@ -14,6 +14,9 @@
 //! server, epoch) into the all-servers day sketch, and each server's rows in key order into
 //! its own day sketch; a subset of servers merges its servers' day sketches in server-id
 //! order; days merge in day order, series in id order.
+//!
+//! **Membership lookups merge nothing** ([`Planner::look_up`], `lookup.rs`): each stored
+//! filter of the selection answers for the item on its own.
 
 use crate::glob;
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
@@ -23,6 +26,9 @@ use hourglass_sketch::Sketch;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use thiserror::Error;
+
+mod lookup;
+pub(crate) use lookup::{FilterRow, combine_rows};
 
 /// How to split an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,10 +83,14 @@ pub(crate) const MAX_MISSING_LISTED: usize = 100;
 /// A merged sketch and what went into it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Merged {
-    /// The merge of every selected sketch; `None` if there was none.
+    /// The merge of every selected sketch; `None` if there was none (and always with a
+    /// membership lookup, which merges nothing).
     pub(crate) sketch: Option<Sketch>,
     /// What it saw.
     pub(crate) coverage: Coverage,
+    /// A membership lookup ([`Planner::look_up`]): each stored filter's answer, in no
+    /// particular order ([`lookup::combine_rows`] orders them).
+    pub(crate) filters: Vec<FilterRow>,
 }
 
 /// The answer to a selection.
@@ -196,6 +206,16 @@ pub enum QueryError {
         start: u32,
         /// End hour asked for.
         end: u32,
+    },
+    /// A stored sketch of a membership series is not a Bloom filter.
+    #[error("stored sketch of {series} at {key} is a {kind} sketch, not a membership filter")]
+    NotAFilter {
+        /// The series.
+        series: String,
+        /// Where.
+        key: String,
+        /// The kind it holds.
+        kind: Kind,
     },
     /// The store failed.
     #[error(transparent)]
@@ -318,6 +338,8 @@ pub(crate) struct Planner<'a> {
     retire_hours: u32,
     /// Cluster mode: the partition count and the partitions whose series are merged.
     only: Option<(u32, std::collections::BTreeSet<u32>)>,
+    /// A membership lookup: the item's hash, looked up in each filter instead of merging.
+    lookup: Option<u64>,
 }
 
 /// A resolved piece of work: which series, servers and hours merge into one answer.
@@ -335,7 +357,15 @@ impl<'a> Planner<'a> {
             max_fanout: u64::MAX,
             retire_hours: 7 * 24,
             only: None,
+            lookup: None,
         }
+    }
+
+    /// A membership lookup of the item of `hash` ([`hourglass_sketch::hash::item_hash`]):
+    /// answers carry each stored filter's answer ([`Merged::filters`]) and no merge.
+    pub(crate) fn look_up(mut self, hash: u64) -> Planner<'a> {
+        self.lookup = Some(hash);
+        self
     }
 
     /// Cluster mode: merges only the series of `partitions` (of `count`); everything else
@@ -416,11 +446,13 @@ impl<'a> Planner<'a> {
         } else {
             let mut merged_groups = Vec::with_capacity(groups.len());
             let mut total = None;
+            let mut filters = Vec::new();
             let mut sketches_merged = 0;
             for (key, unit) in &groups {
                 let every = every_server && !matches!(sel.group_by, GroupBy::Server);
                 let merged = self.merge_unit(unit, every, &mut plan)?;
                 sketches_merged += merged.coverage.sketches_merged;
+                filters.extend(merged.filters.iter().cloned());
                 if let Some(s) = &merged.sketch {
                     fold(&mut total, s.clone()).map_err(|source| QueryError::Incompatible {
                         series: sel.metric.clone(),
@@ -436,6 +468,7 @@ impl<'a> Planner<'a> {
                 Merged {
                     sketch: total,
                     coverage,
+                    filters,
                 },
                 merged_groups,
             )
@@ -454,6 +487,9 @@ impl<'a> Planner<'a> {
         every_server: bool,
         plan: &mut PlanStats,
     ) -> Result<Merged, QueryError> {
+        if let Some(hash) = self.lookup {
+            return self.lookup_unit(unit, hash, plan);
+        }
         let selected: std::collections::BTreeSet<ServerId> =
             unit.servers.iter().map(|s| s.id).collect();
         let keep = |id: ServerId| selected.contains(&id);
@@ -529,6 +565,7 @@ impl<'a> Planner<'a> {
         Ok(Merged {
             sketch: acc,
             coverage,
+            filters: Vec::new(),
         })
     }
 

@@ -430,3 +430,145 @@ fn days_split_ranges_at_midnight() {
     assert_eq!(days_of(&(Hour(24)..Hour(48))).count(), 1);
     assert_eq!(days_of(&(Hour(5)..Hour(5))).count(), 0);
 }
+
+/// A lookup of `item` over `sel`.
+fn look_up(fleet: &Fleet, sel: &Selector, item: &[u8]) -> Answer {
+    Planner::new(&fleet.store)
+        .look_up(hourglass_sketch::hash::item_hash(item))
+        .answer(sel)
+        .unwrap()
+}
+
+/// Where the fleet put `user` of `device`: (server, hour) pairs, by server then hour.
+fn truth_of(user: u32, device: &str, hours: std::ops::Range<u32>) -> Vec<(String, u32)> {
+    let mut truth = Vec::new();
+    for (i, (name, _)) in SERVERS.iter().enumerate() {
+        for h in hours.clone() {
+            let live = !(*name == "us-2" && h >= 24);
+            let item = format!("{device}-user{user}").into_bytes();
+            if live && items(h, i as u32, device).contains(&item) {
+                truth.push((name.to_string(), h));
+            }
+        }
+    }
+    truth
+}
+
+/// Where a lookup says the item was seen: (server, hour, hours) of the positives.
+fn seen_where(filters: &[FilterRow]) -> Vec<(String, u32, u32)> {
+    let looked = combine_rows(filters).unwrap();
+    match &looked.answer {
+        hourglass_sketch::membership::RangeAnswer::Seen { where_, .. } => where_
+            .iter()
+            .map(|&i| {
+                let r = looked.rows[i];
+                (r.server.clone(), r.start_hour, r.hours)
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn a_lookup_reads_each_filter_and_finds_exactly_where_an_item_was() {
+    let fleet = Fleet::new();
+    let sel = select(Kind::Membership);
+    let a = look_up(&fleet, &sel, b"mobile-user7");
+    // 2 devices × (3 servers × 48 hours + us-2's 24): one filter each, none merged.
+    assert_eq!(a.total.filters.len(), 2 * (3 * 48 + 24));
+    assert_eq!(a.total.coverage.sketches_merged, 336);
+    assert_eq!((a.plan.hourly_rows, a.plan.rollups), (336, 0));
+    assert!(a.total.sketch.is_none());
+    // Filters of ~33 items sized for 10,000 at 1%: no false positive to speak of, so
+    // the positives are exactly the truth, ordered by server and hour.
+    let expected: Vec<(String, u32, u32)> = truth_of(7, "mobile", 0..48)
+        .into_iter()
+        .map(|(s, h)| (s, h, 1))
+        .collect();
+    assert!(!expected.is_empty());
+    assert_eq!(seen_where(&a.total.filters), expected);
+    let looked = combine_rows(&a.total.filters).unwrap();
+    assert!(looked.answer.range_fpr() < 1e-6, "{:?}", looked.answer);
+    assert!(!looked.past_design_point && looked.saturated == 0);
+
+    let absent = look_up(&fleet, &sel, b"nobody");
+    let looked = combine_rows(&absent.total.filters).unwrap();
+    assert!(looked.answer.is_definitely_absent(), "{:?}", looked.answer);
+    assert_eq!(looked.answer.consulted(), 336);
+    // Only the filters that say "maybe" are kept whole.
+    assert!(absent.total.filters.iter().all(|r| r.filter.is_none()));
+}
+
+#[test]
+fn a_lookup_grouped_answers_each_group_from_its_own_filters() {
+    let fleet = Fleet::new();
+    let whole = look_up(&fleet, &select(Kind::Membership), b"desktop-user11");
+    for group_by in [
+        GroupBy::Server,
+        GroupBy::Day,
+        GroupBy::Hour,
+        GroupBy::Tag("device".into()),
+    ] {
+        let sel = Selector {
+            group_by: group_by.clone(),
+            ..select(Kind::Membership)
+        };
+        let a = look_up(&fleet, &sel, b"desktop-user11");
+        // The total is every group's filters: the same answer as ungrouped.
+        assert_eq!(
+            format!("{:?}", combine_rows(&a.total.filters).unwrap().answer),
+            format!("{:?}", combine_rows(&whole.total.filters).unwrap().answer),
+            "{group_by:?}"
+        );
+        let in_groups: usize = a.groups.iter().map(|(_, g)| g.filters.len()).sum();
+        assert_eq!(in_groups, whole.total.filters.len(), "{group_by:?}");
+        if group_by == GroupBy::Server {
+            for (server, g) in &a.groups {
+                assert!(g.filters.iter().all(|r| &r.server == server), "{server}");
+                let truth: Vec<(String, u32, u32)> = truth_of(11, "desktop", 0..48)
+                    .into_iter()
+                    .filter(|(s, _)| s == server)
+                    .map(|(s, h)| (s, h, 1))
+                    .collect();
+                assert_eq!(seen_where(&g.filters), truth, "{server}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_lookup_past_hourly_retention_reads_each_servers_day_rollup() {
+    let fleet = Fleet::new();
+    build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+    let keep = std::collections::BTreeSet::new();
+    assert!(fleet.store.delete_hourly_before(Day(1), &keep).unwrap() > 0);
+    let sel = select(Kind::Membership);
+    let a = look_up(&fleet, &sel, b"mobile-user7");
+    // Day 0: one rollup per server and device; day 1: hourly rows (us-2 was down).
+    assert_eq!(a.plan.rollups, 2 * 4);
+    assert_eq!(a.plan.hourly_rows, 2 * 3 * 24);
+    let mut expected: Vec<(String, u32, u32)> = Vec::new();
+    for (server, _) in SERVERS {
+        let day0 = truth_of(7, "mobile", 0..24);
+        if day0.iter().any(|(s, _)| s == server) {
+            expected.push((server.to_string(), 0, 24));
+        }
+        expected.extend(
+            truth_of(7, "mobile", 24..48)
+                .into_iter()
+                .filter(|(s, _)| s == server)
+                .map(|(s, h)| (s, h, 1)),
+        );
+    }
+    assert_eq!(seen_where(&a.total.filters), expected);
+    // Part of the expired day: refused, as a merge is.
+    let partial = Selector {
+        hours: Hour(5)..Hour(30),
+        ..select(Kind::Membership)
+    };
+    let e = Planner::new(&fleet.store)
+        .look_up(1)
+        .answer(&partial)
+        .unwrap_err();
+    assert!(e.to_string().contains("past hourly retention"), "{e}");
+}

@@ -8,12 +8,12 @@ use hourglass_rpc::proto::v1;
 use hourglass_rpc::series::{validate_metric, validate_tag};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
-use hourglass_sketch::bloom::Health;
 use hourglass_sketch::hll::Hll;
+use hourglass_sketch::membership::RangeAnswer;
 use tonic::Status;
 
 use crate::keys::Hour;
-use crate::planner::{Coverage, GroupBy, QueryError, Selector};
+use crate::planner::{Coverage, FilterRow, GroupBy, QueryError, Selector, combine_rows};
 use crate::store::StoreError;
 
 /// The setting that bounds a query's range; its refusal names it.
@@ -132,7 +132,7 @@ pub(crate) fn query_status(e: &QueryError) -> Status {
         }
         QueryError::FanOut { .. } => Status::resource_exhausted(message),
         QueryError::Incompatible { .. } => Status::failed_precondition(message),
-        QueryError::Corrupt { .. } => Status::internal(message),
+        QueryError::Corrupt { .. } | QueryError::NotAFilter { .. } => Status::internal(message),
         QueryError::Store(store) => store_status(store),
     }
 }
@@ -287,17 +287,50 @@ pub fn top_k(sketch: Option<&Sketch>, k: usize) -> Vec<v1::TopItem> {
     }
 }
 
-/// A membership answer for `item`; "certainly not seen" when nothing was merged.
-pub fn membership(sketch: Option<&Sketch>, item: &[u8]) -> v1::MembershipAnswer {
-    match sketch {
-        Some(Sketch::Membership(b)) => v1::MembershipAnswer {
-            maybe_present: b.contains(item),
-            fill_ratio: b.fill_ratio(),
-            estimated_fpr: b.estimated_fpr(),
-            past_design_point: b.health() != Health::Healthy,
-        },
-        _ => v1::MembershipAnswer::default(),
+/// The most filters a membership answer lists where the item was seen.
+pub(crate) const MAX_SIGHTINGS_LISTED: usize = 100;
+
+/// A membership answer from the answers of the filters a lookup consulted
+/// ([`crate::planner::combine_rows`]); no filters answer "no data" (nothing set).
+pub fn membership(filters: &[FilterRow]) -> Result<v1::MembershipAnswer, Status> {
+    let looked = combine_rows(filters)
+        .map_err(|e| Status::internal(format!("cannot combine the filters' answers: {e}")))?;
+    let consulted = looked.rows.len() as u64;
+    let mut answer = v1::MembershipAnswer {
+        fill_ratio: looked.max_fill,
+        past_design_point: looked.past_design_point,
+        filters_consulted: consulted,
+        range_fpr: looked.answer.range_fpr(),
+        saturated_filters: looked.saturated,
+        ..v1::MembershipAnswer::default()
+    };
+    match &looked.answer {
+        RangeAnswer::DefinitelyAbsent { .. } => answer.definitely_absent = consulted > 0,
+        RangeAnswer::Seen {
+            where_,
+            all_false_probability,
+            ..
+        } => {
+            answer.maybe_present = true;
+            answer.all_false_probability = *all_false_probability;
+            answer.estimated_fpr = *all_false_probability;
+            answer.seen_in_count = where_.len() as u64;
+            answer.seen_in = where_
+                .iter()
+                .take(MAX_SIGHTINGS_LISTED)
+                .map(|&i| {
+                    let row = looked.rows[i];
+                    v1::MembershipSighting {
+                        server: row.server.clone(),
+                        start_hour: row.start_hour,
+                        hours: row.hours,
+                        fpr: row.fpr,
+                    }
+                })
+                .collect();
+        }
     }
+    Ok(answer)
 }
 
 #[cfg(test)]
@@ -403,6 +436,82 @@ mod tests {
         assert_eq!(distinct(None), v1::DistinctAnswer::default());
         assert_eq!(frequency(None, b"x").estimate, 0);
         assert!(top_k(None, 10).is_empty());
-        assert!(!membership(None, b"x").maybe_present);
+        let none = membership(&[]).unwrap();
+        assert!(!none.maybe_present && !none.definitely_absent);
+        assert_eq!(none.filters_consulted, 0);
+    }
+
+    /// A row of a hand-made filter holding `items`.
+    fn row(server: &str, hour: u32, items: &[&[u8]], looked_up: &[u8]) -> FilterRow {
+        let mut filter = hourglass_sketch::bloom::Bloom::new(100, 0.01).unwrap();
+        for item in items {
+            filter.insert(item);
+        }
+        FilterRow::of(
+            filter,
+            hourglass_sketch::hash::item_hash(looked_up),
+            server,
+            hour,
+            1,
+            "m{} (membership)",
+            1,
+        )
+    }
+
+    #[test]
+    fn a_membership_answer_says_where_in_order_capped_with_the_count() {
+        // 150 server-hours hold the item, given out of order.
+        let mut rows: Vec<FilterRow> = (0..150u32)
+            .rev()
+            .map(|i| row(&format!("s{}", i % 3), 1000 + i, &[b"x", b"y"], b"x"))
+            .collect();
+        rows.push(row("s0", 5, &[b"y"], b"x"));
+        let a = membership(&rows).unwrap();
+        assert!(a.maybe_present && !a.definitely_absent);
+        assert_eq!(a.filters_consulted, 151);
+        assert_eq!(a.seen_in_count, 150);
+        assert_eq!(a.seen_in.len(), MAX_SIGHTINGS_LISTED);
+        let order: Vec<(String, u32)> = a
+            .seen_in
+            .iter()
+            .map(|s| (s.server.clone(), s.start_hour))
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted);
+        assert_eq!(order[0], ("s0".to_string(), 1000));
+        assert_eq!(a.estimated_fpr, a.all_false_probability);
+        // The 150 filters hold the same items, so their false positives come together:
+        // all of them say "maybe" exactly when one does (not the product of 150 rates).
+        assert_eq!(a.all_false_probability, a.seen_in[0].fpr);
+        assert!(a.fill_ratio > 0.0 && !a.past_design_point);
+        // The same rows in another order: the same answer, to the bit.
+        rows.reverse();
+        assert_eq!(membership(&rows).unwrap(), a);
+    }
+
+    #[test]
+    fn a_membership_answer_of_no_positive_is_definitely_absent_with_its_rate() {
+        let rows: Vec<FilterRow> = (0..10u32)
+            .map(|i| row("s", i, &[b"a", b"b", b"c"], b"zzz-not-there"))
+            .collect();
+        assert!(rows.iter().all(|r| !r.maybe_present), "test setup");
+        let a = membership(&rows).unwrap();
+        assert!(a.definitely_absent && !a.maybe_present);
+        assert!(a.seen_in.is_empty() && a.seen_in_count == 0);
+        assert_eq!((a.estimated_fpr, a.all_false_probability), (0.0, 0.0));
+        let expected = 1.0 - rows.iter().map(|r| 1.0 - r.fpr).product::<f64>();
+        assert!(
+            (a.range_fpr - expected).abs() < 1e-15,
+            "{} vs {expected}",
+            a.range_fpr
+        );
+        // A positive sent without its filter (only a peer can do that) is refused.
+        let mut bad = row("s", 0, &[b"q"], b"q");
+        bad.filter = None;
+        assert_eq!(
+            membership(&[bad]).unwrap_err().code(),
+            tonic::Code::Internal
+        );
     }
 }

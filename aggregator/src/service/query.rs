@@ -1,6 +1,7 @@
 //! The `Query` service: each RPC converts its selector, asks the [`Planner`] for the
 //! merged sketch (on a blocking thread: it reads RocksDB and merges), and turns the
-//! merged sketch into the answer of its question.
+//! merged sketch into the answer of its question. `Membership` merges nothing: it asks
+//! for each stored filter's answer for the item and combines them (`planner::lookup`).
 //!
 //! A selection that matches series and servers but holds no sketches in its range
 //! answers zeros with its coverage, since "no events" is an answer; only a metric,
@@ -13,6 +14,7 @@ use hourglass_rpc::proto::v1::{self, query_server::Query};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::frequent::MAX_CAPACITY;
+use hourglass_sketch::hash::item_hash;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
@@ -109,6 +111,17 @@ impl QueryService {
 
     /// Converts the selector and asks the planner, off the async threads.
     async fn plan(&self, selector: Option<&v1::Selector>, kind: Kind) -> Result<Answer, Status> {
+        self.plan_with(selector, kind, None).await
+    }
+
+    /// [`QueryService::plan`], or with `item` a membership lookup: each stored filter's
+    /// answer for the item instead of a merge ([`Planner::look_up`]).
+    async fn plan_with(
+        &self,
+        selector: Option<&v1::Selector>,
+        kind: Kind,
+        item: Option<Vec<u8>>,
+    ) -> Result<Answer, Status> {
         let proto = selector;
         let selector: Selector = convert::selector(selector, kind, self.limits.max_query_hours())
             .inspect_err(|status| {
@@ -132,6 +145,7 @@ impl QueryService {
                 kind,
                 max_fanout: fanout,
                 retire_hours,
+                item,
             };
             let answer = crate::cluster::fan_out(cluster, &store, asked)
                 .await
@@ -147,10 +161,13 @@ impl QueryService {
             return Ok(answer);
         }
         let answer = tokio::task::spawn_blocking(move || {
-            Planner::new(store.as_ref())
+            let planner = Planner::new(store.as_ref())
                 .limit_fanout(fanout)
-                .retire_after(retire_hours)
-                .answer(&selector)
+                .retire_after(retire_hours);
+            match item {
+                Some(item) => planner.look_up(item_hash(&item)).answer(&selector),
+                None => planner.answer(&selector),
+            }
         })
         .await
         .map_err(|e| Status::internal(format!("query task failed: {e}")))?
@@ -282,18 +299,32 @@ impl Query for QueryService {
         let request = request.into_inner();
         self.measured("membership", &metadata, async {
             let a = self
-                .plan(request.selector.as_ref(), Kind::Membership)
+                .plan_with(
+                    request.selector.as_ref(),
+                    Kind::Membership,
+                    Some(request.item),
+                )
                 .await?;
-            let item = request.item.as_slice();
-            Ok(v1::MembershipResponse {
-                answer: Some(convert::membership(a.total.sketch.as_ref(), item)),
-                coverage: Some(convert::coverage(&a.total.coverage)),
-                groups: groups(&a, |key, m| v1::MembershipGroup {
-                    key: key.to_string(),
-                    answer: Some(convert::membership(m.sketch.as_ref(), item)),
-                    coverage: Some(convert::coverage(&m.coverage)),
-                }),
+            // Combining reads the bits of the filters that say "maybe": off the async
+            // threads, like the lookups.
+            off_the_async_threads(move || {
+                Ok::<_, Status>(v1::MembershipResponse {
+                    answer: Some(convert::membership(&a.total.filters)?),
+                    coverage: Some(convert::coverage(&a.total.coverage)),
+                    groups: a
+                        .groups
+                        .iter()
+                        .map(|(key, m)| {
+                            Ok(v1::MembershipGroup {
+                                key: key.to_string(),
+                                answer: Some(convert::membership(&m.filters)?),
+                                coverage: Some(convert::coverage(&m.coverage)),
+                            })
+                        })
+                        .collect::<Result<_, Status>>()?,
+                })
             })
+            .await?
         })
         .await
     }

@@ -643,10 +643,40 @@
     // answered; otherwise the item may be in what is missing.
     const note = coverageNote(reply.coverage, { consequence: '“absent” covers only what was reported' });
     const verdict = a.maybe_present
-      ? h('p', { class: 'verdict maybe', text: `“${item}” may be present` })
+      ? h('p', { class: 'verdict maybe', text: `“${item}” may be present: seen in ${count(a.seen_in_count)} of ${count(a.filters_consulted)} filters` })
       : note
         ? h('p', { class: 'verdict absent uncertain', text: `“${item}” is absent from what was reported` })
         : h('p', { class: 'verdict absent', text: `“${item}” is absent (certain)` });
+    // The item is looked up in each stored filter (server × hour), never in a merge of
+    // them: the rates say how likely an absent item would have been answered this way.
+    const rates = a.maybe_present
+      ? `an absent item would be seen somewhere here with probability ${percent(a.range_fpr)}, and in all of these with probability ${percent(a.all_false_probability)}`
+      : `${count(a.filters_consulted)} filters consulted; an absent item would have been seen somewhere with probability ${percent(a.range_fpr)}`;
+    let seen = null;
+    if (a.seen_in.length) {
+      const head = h('thead', {}, h('tr', {}, h('th', { text: 'server' }), h('th', { text: 'from (UTC)' }), h('th', { class: 'num', text: 'hours' }), h('th', { class: 'num', text: 'filter false-positive rate' })));
+      const body = h('tbody');
+      for (const s of a.seen_in) {
+        body.append(
+          h(
+            'tr',
+            { dataset: { server: s.server, startHour: s.start_hour, hours: s.hours, fpr: s.fpr } },
+            h('td', { text: s.server }),
+            h('td', { text: isoMinute(s.start_hour * 3600 * 1000) }),
+            h('td', { class: 'num', text: String(s.hours) }),
+            h('td', { class: 'num', text: percent(s.fpr) }),
+          ),
+        );
+      }
+      seen = h(
+        'div',
+        { class: 'scroll' },
+        h('table', { id: 'member-seen' }, head, body),
+        a.seen_in_count > a.seen_in.length
+          ? h('p', { class: 'muted', text: `the first ${a.seen_in.length} of ${count(a.seen_in_count)} filters that say “maybe”` })
+          : null,
+      );
+    }
     box.replaceChildren(
       h(
         'div',
@@ -655,6 +685,12 @@
           dataset: {
             item,
             maybePresent: a.maybe_present,
+            definitelyAbsent: a.definitely_absent,
+            filtersConsulted: a.filters_consulted,
+            rangeFpr: a.range_fpr,
+            allFalseProbability: a.all_false_probability,
+            seenInCount: a.seen_in_count,
+            saturatedFilters: a.saturated_filters,
             fillRatio: a.fill_ratio,
             estimatedFpr: a.estimated_fpr,
             pastDesignPoint: a.past_design_point,
@@ -662,17 +698,21 @@
           },
         },
         verdict,
-        h('p', {
-          class: 'muted',
-          text: `false-positive probability ${percent(a.estimated_fpr)} (filter ${percent(a.fill_ratio)} full)`,
-        }),
+        h('p', { class: 'muted', text: `${rates} (fullest filter ${percent(a.fill_ratio)} full)` }),
+        a.saturated_filters > 0
+          ? h('p', {
+              class: 'warn',
+              text: `${count(a.saturated_filters)} of the filters are so full that they say “maybe” to at least half of all items.`,
+            })
+          : null,
         a.past_design_point
           ? h('p', {
               id: 'member-warning',
               class: 'warn',
-              text: 'The merged filter holds more items than it was designed for: false positives are above its target rate. Ask for a shorter range or fewer servers.',
+              text: 'Some filters hold more items than they were designed for: their false positives are above the target rate. Size the metric for more items (the agent\'s capacity).',
             })
           : null,
+        seen,
         note,
       ),
     );
