@@ -83,6 +83,8 @@ pub mod frequency;
 pub mod frequent;
 pub mod hll;
 pub mod membership;
+#[cfg(test)]
+mod membership_review_tests;
 pub mod overlap;
 pub mod ull;
 

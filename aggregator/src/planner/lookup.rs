@@ -214,6 +214,18 @@ impl Planner<'_> {
                             ));
                             plan.rollups += 1;
                         }
+                        // Rows that came after retention expired the day (late, never
+                        // rolled in: `rollup::keep_expired_day`) are filters too: a lookup
+                        // merges nothing, so reading them can only find more (review).
+                        self.lookup_hours(
+                            name,
+                            series_id,
+                            hours,
+                            &names,
+                            hash,
+                            &mut filters,
+                            plan,
+                        )?;
                         continue;
                     }
                 }

@@ -876,4 +876,6 @@ fn pairs(tags: &[(String, String)]) -> String {
 }
 
 #[cfg(test)]
+mod review_lookup_tests;
+#[cfg(test)]
 mod tests;

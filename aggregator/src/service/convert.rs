@@ -313,7 +313,12 @@ pub fn membership(filters: &[FilterRow]) -> Result<v1::MembershipAnswer, Status>
         } => {
             answer.maybe_present = true;
             answer.all_false_probability = *all_false_probability;
-            answer.estimated_fpr = *all_false_probability;
+            // What a client reading only `estimated_fpr` needs: how often an item seen
+            // nowhere gets "maybe" over this range. The all-false figure is about these
+            // particular positions, after seeing which said "maybe": quoting it as the
+            // chance of being wrong understated that about as many times as there are
+            // filters (review).
+            answer.estimated_fpr = answer.range_fpr;
             answer.seen_in_count = where_.len() as u64;
             answer.seen_in = where_
                 .iter()
@@ -480,7 +485,7 @@ mod tests {
         sorted.sort();
         assert_eq!(order, sorted);
         assert_eq!(order[0], ("s0".to_string(), 1000));
-        assert_eq!(a.estimated_fpr, a.all_false_probability);
+        assert_eq!(a.estimated_fpr, a.range_fpr);
         // The 150 filters hold the same items, so their false positives come together:
         // all of them say "maybe" exactly when one does (not the product of 150 rates).
         assert_eq!(a.all_false_probability, a.seen_in[0].fpr);
