@@ -15,7 +15,7 @@
 //! its own day sketch; a subset of servers merges its servers' day sketches in server-id
 //! order; days merge in day order, series in id order.
 //!
-//! **Membership lookups merge nothing** ([`Planner::look_up`], `lookup.rs`): each stored
+//! **Membership lookups merge nothing** (`Planner::look_up`, `lookup.rs`): each stored
 //! filter of the selection answers for the item on its own.
 
 use crate::glob;
