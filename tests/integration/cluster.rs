@@ -887,20 +887,34 @@ fn held_metrics(agg: &InProcessAggregator, server: &str, metrics: &[&str]) -> Ve
         let hour = crate::util::this_hour();
         let mut out = Vec::new();
         for metric in metrics {
-            let r = q
-                .export(v1::ExportRequest {
-                    selector: Some(v1::Selector {
-                        metric: (*metric).into(),
-                        range: Some(v1::TimeRange {
-                            start_hour: hour,
-                            end_hour: hour + 1,
+            // A node that cannot confirm its index yet (JetStream just back from a lost
+            // quorum answers 503 for a while) refuses honestly: asked again.
+            let started = std::time::Instant::now();
+            let r = loop {
+                let r = q
+                    .export(v1::ExportRequest {
+                        selector: Some(v1::Selector {
+                            metric: (*metric).into(),
+                            range: Some(v1::TimeRange {
+                                start_hour: hour,
+                                end_hour: hour + 1,
+                            }),
+                            servers: vec![server.into()],
+                            ..Default::default()
                         }),
-                        servers: vec![server.into()],
-                        ..Default::default()
-                    }),
-                    kind: v1::SketchKind::Distinct as i32,
-                })
-                .await;
+                        kind: v1::SketchKind::Distinct as i32,
+                    })
+                    .await;
+                match r {
+                    Err(s)
+                        if s.code() == tonic::Code::Unavailable
+                            && started.elapsed() < Duration::from_secs(60) =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    r => break r,
+                }
+            };
             let r = match r {
                 Ok(r) => r.into_inner(),
                 // No series of that metric at all: nothing held.

@@ -151,7 +151,7 @@ async fn a_range_lookup_says_definitely_absent_or_where_against_the_truth() {
         let mut sorted = sightings(&a);
         sorted.sort();
         assert_eq!(sightings(&a), sorted);
-        assert_eq!(a.estimated_fpr, a.all_false_probability);
+        assert_eq!(a.estimated_fpr, a.range_fpr);
         assert!(a.all_false_probability < 1e-6, "{item}: {a:?}");
         assert!(a.seen_in.iter().all(|s| s.hours == 1 && s.fpr < 1e-3));
         assert_eq!(r.coverage.expect("coverage").sketches_merged, consulted);
