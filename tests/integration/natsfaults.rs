@@ -471,3 +471,16 @@ async fn export_visits(
         r.coverage.map_or(0, |c| c.partitions_missing),
     ))
 }
+
+/// An answer of `export` in words, beside the full answer `want`: its size and the
+/// partitions it names missing, or the refusal.
+pub(crate) fn describe(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> String {
+    match answer {
+        Ok((got, missing)) => format!(
+            "{} bytes (the full answer: {}), partitions_missing = {missing}",
+            got.len(),
+            want.len()
+        ),
+        Err(s) => format!("refused: {:?} {}", s.code(), s.message()),
+    }
+}

@@ -33,17 +33,6 @@ fn honest(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> bool {
     }
 }
 
-fn describe(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> String {
-    match answer {
-        Ok((got, missing)) => format!(
-            "{} bytes (the full answer: {}), partitions_missing = {missing}",
-            got.len(),
-            want.len()
-        ),
-        Err(s) => format!("refused: {:?} {}", s.code(), s.message()),
-    }
-}
-
 /// `open` (apply.rs) makes a consumer again from the store's position (`Behind`/`Other`)
 /// with `consumer_config(from, marked)` — the *old* completeness mark, "true" — records
 /// the new instance as followed (`cluster.follow`), and only then finds the stream

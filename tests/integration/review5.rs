@@ -10,17 +10,6 @@ use crate::nats::NatsCluster;
 use crate::natsfaults::*;
 use crate::util::{TempDir, runtime};
 
-fn describe(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> String {
-    match answer {
-        Ok((got, missing)) => format!(
-            "{} bytes (the full answer: {}), partitions_missing = {missing}",
-            got.len(),
-            want.len()
-        ),
-        Err(s) => format!("refused: {:?} {}", s.code(), s.message()),
-    }
-}
-
 /// Read-barrier requirements are now kept per stream instance (`barrier::Required`), and
 /// a partition named by live messages of another instance than the one its position
 /// counts in is "not answered for" (`required` → `None` → `pass` puts it in `behind`).
