@@ -550,6 +550,17 @@ async fn idle(
         return Err("JetStream holds another instance of it than the one opened".into());
     }
     let mine = cluster.position(p);
+    // What is left, as the consumer counts it now: the last delivery's count is stale
+    // once messages it counted are gone (aged out, or a publish a lost quorum never
+    // committed), and would say "pending" for good (seen: 16 left for 120 s).
+    let refresh = |complete: bool| {
+        let left = outstanding(cluster, p, &info);
+        if p == LIVE {
+            cluster.members().set_pending(LIVE, left);
+        } else {
+            cluster.members().caught_up(p, left, complete);
+        }
+    };
     match vouched(&theirs, &mine) {
         Vouched::All { at } => {
             if info.num_pending == 0 {
@@ -561,6 +572,7 @@ async fn idle(
                 cluster.barrier().fresh_since(p, identity, asked);
                 cluster.record_applied(p, at);
             }
+            refresh(complete);
             *unreceived = None;
             Ok(())
         }
@@ -570,6 +582,7 @@ async fn idle(
             theirs.consumer_sequence
         )),
         Vouched::Behind { .. } => {
+            refresh(complete);
             *unreceived = Some(theirs.consumer_sequence);
             Ok(())
         }
