@@ -22,6 +22,11 @@
 //! without `--bench` (as `cargo test --all-targets` runs it) it is a short smoke run of
 //! the same code. `redis-server` must be on PATH (`apt-get install redis-server`;
 //! `scripts/test` installs it).
+//!
+//! Options (after `--`): `--full` runs the full sizes in whatever build runs it (a debug
+//! build's stored bytes are the release build's; its CPU and latency figures are not);
+//! `--form hll|ull` and `--precision P` set the agents' `[defaults] distinct_form` and
+//! `precision` (unset: the agent's defaults, UltraLogLog at 13).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -347,10 +352,13 @@ fn hourglass_side(
     questions: &[Question],
     start_hour: u32,
     events: u64,
+    distinct: &str,
 ) -> Side {
     let agg = support::aggregator(dir);
     let url = format!("http://{}", agg.addrs[0]);
     let lateness = format!("{}h", sizes.hours + 2);
+    let config = dir.join("agent.toml");
+    std::fs::write(&config, format!("[defaults]\n{distinct}")).expect("the agents' config");
     let agents: Vec<Service> = (0..sizes.servers)
         .map(|s| {
             let data = dir.join(server_name(s));
@@ -373,6 +381,8 @@ fn hourglass_side(
                     &lateness,
                     "--default-kinds",
                     "distinct",
+                    "--config",
+                    config.to_str().expect("utf-8"),
                 ],
                 &["ingest", "admin"],
                 &dir.join(format!("{}.log", server_name(s))),
@@ -474,9 +484,28 @@ fn hourglass_side(
     }
 }
 
+/// The value after `flag` among the arguments, if given.
+fn option(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == flag)?;
+    Some(
+        args.get(at + 1)
+            .unwrap_or_else(|| panic!("{flag} needs a value"))
+            .clone(),
+    )
+}
+
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = std::env::args().any(|a| a == "--bench" || a == "--full");
     let sizes = if full { &FULL } else { &SMOKE };
+    // The agents' [defaults]: what the table's hourglass column keeps.
+    let mut distinct = String::new();
+    if let Some(form) = option("--form") {
+        distinct += &format!("distinct_form = \"{form}\"\n");
+    }
+    if let Some(p) = option("--precision") {
+        distinct += &format!("precision = {p}\n");
+    }
     let dir = std::env::temp_dir().join(format!("hourglass-vs-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let now_hour = (std::time::SystemTime::now()
@@ -511,8 +540,17 @@ fn main() {
         ),
     ];
     eprintln!(
-        "vs_redis: {} servers × {} h, {}–{} users per server-hour from {}: {events} events",
-        sizes.servers, sizes.hours, sizes.min_users, sizes.max_users, sizes.pool
+        "vs_redis: {} servers × {} h, {}–{} users per server-hour from {}: {events} events; agents' [defaults]: {}",
+        sizes.servers,
+        sizes.hours,
+        sizes.min_users,
+        sizes.max_users,
+        sizes.pool,
+        if distinct.is_empty() {
+            "none (the agent's defaults)"
+        } else {
+            distinct.trim()
+        }
     );
     let redis_dir = dir.join("redis");
     std::fs::create_dir_all(&redis_dir).expect("redis dir");
@@ -523,6 +561,7 @@ fn main() {
         &questions,
         start_hour,
         events,
+        &distinct,
     );
 
     println!("| | Redis | hourglass | hourglass ÷ Redis |");

@@ -1049,7 +1049,7 @@ mod tests {
         let kinds: Vec<Kind> = e.sketches.iter().map(Sketch::kind).collect();
         assert_eq!(kinds, vec![Kind::Distinct, Kind::Frequency]);
         match &e.sketches[0] {
-            Sketch::Distinct(h) => assert_eq!(h.estimate().estimate.round(), 2.0),
+            Sketch::Distinct(d) => assert_eq!(d.estimate().estimate.round(), 2.0),
             _ => unreachable!(),
         }
     }

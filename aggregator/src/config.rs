@@ -27,7 +27,7 @@
 //! max_query_fanout = 1000000 # series × servers × groups one query may merge
 //!
 //! [limits.max_sketch_kib]  # largest encoded sketch of each kind
-//! distinct = 1024          # a dense p=18 HyperLogLog is 192 KiB
+//! distinct = 1024          # a dense p=18 UltraLogLog is 256 KiB (HyperLogLog 192 KiB)
 //! frequency = 16384
 //! membership = 16384
 //! ```
@@ -249,7 +249,8 @@ impl LimitsConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SketchSizeLimits {
-    /// HyperLogLog. The largest precision, p = 18, is 192 KiB dense.
+    /// UltraLogLog or HyperLogLog. The largest precision, p = 18, is 256 KiB dense
+    /// (UltraLogLog; 192 KiB HyperLogLog).
     pub(crate) distinct: usize,
     /// Count-Min plus frequent items. Width × depth × 8 bytes, plus the items.
     pub(crate) frequency: usize,

@@ -17,6 +17,7 @@ use hourglass_sketch::Sketch;
 use hourglass_sketch::bloom::Bloom;
 use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 use hourglass_sketch::hll::Hll;
+use hourglass_sketch::ull::Ull;
 use hourglass_agent::ingest::StatsdHandler;
 use hourglass_agent::metrics::Metrics;
 use hourglass_agent::table::Table;
@@ -152,7 +153,19 @@ fn sketches() -> Vec<(String, Sketch)> {
         let mut s = Hll::new(precision).unwrap();
         items(n).for_each(|i| s.insert(&i));
         let repr = if s.is_sparse() { "sparse" } else { "dense" };
-        out.push((format!("hll-p{precision}-{repr}-{n}"), Sketch::Distinct(s)));
+        out.push((
+            format!("hll-p{precision}-{repr}-{n}"),
+            Sketch::Distinct(s.into()),
+        ));
+    }
+    for (precision, n) in [(4, 0), (4, 3), (4, 200), (6, 1), (10, 40), (10, 3000)] {
+        let mut s = Ull::new(precision).unwrap();
+        items(n).for_each(|i| s.insert(&i));
+        let repr = if s.is_sparse() { "sparse" } else { "dense" };
+        out.push((
+            format!("ull-p{precision}-{repr}-{n}"),
+            Sketch::Distinct(s.into()),
+        ));
     }
     for (conservative, n) in [(false, 0), (false, 25), (true, 25)] {
         let params = FrequencyParams {

@@ -1,5 +1,6 @@
-//! Bodies of `distinct` sketches into `Hll::decode` (and, through the shared checks,
-//! `Sketch::decode` and `Sketch::validate`).
+//! Bodies of `distinct` sketches, HyperLogLog and UltraLogLog, into `Distinct::decode` and
+//! the strict `Hll::decode` (and, through the shared checks, `Sketch::decode` and
+//! `Sketch::validate`).
 //!
 //! Input: the body. It is framed as a distinct sketch with a correct checksum, so every
 //! mutation reaches the body's own validation.

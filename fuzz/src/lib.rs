@@ -8,6 +8,7 @@ use hourglass_sketch::format::{self, Kind};
 use hourglass_rpc::series::Series;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::bloom::Bloom;
+use hourglass_sketch::distinct::Distinct;
 use hourglass_sketch::frequency::Frequency;
 use hourglass_sketch::hll::{self, Hll};
 
@@ -44,8 +45,10 @@ pub fn frame_input(data: &[u8]) -> Option<Vec<u8>> {
 /// Decodes `bytes` every way the library can and checks that the ways agree:
 ///
 /// - `Sketch::validate` accepts exactly what `Sketch::decode` accepts, with the same kind;
-/// - each kind's own decoder (`Hll::decode`, `Frequency::decode`, `Bloom::decode`) gives
-///   the same sketch for its kind and an error for any other;
+/// - each kind's own decoder (`Distinct::decode`, `Frequency::decode`, `Bloom::decode`)
+///   gives the same sketch for its kind and an error for any other, and the strict
+///   `Hll::decode` gives the same HyperLogLog and an error for anything else, an
+///   UltraLogLog included;
 /// - a sketch that decoded passes [`check_sketch`].
 ///
 /// Returns the decoded sketch.
@@ -57,14 +60,24 @@ pub fn check_frame(bytes: &[u8]) -> Option<Sketch> {
         validated.as_ref().ok().copied(),
         "Sketch::validate disagrees with Sketch::decode: decode {decoded:?}, validate {validated:?}"
     );
+    let distinct = Distinct::decode(bytes);
     let hll = Hll::decode(bytes);
     let frequency = Frequency::decode(bytes);
     let bloom = Bloom::decode(bytes);
     match &decoded {
-        Ok(Sketch::Distinct(s)) => assert_eq!(hll.as_ref().ok(), Some(s), "Hll::decode"),
+        Ok(Sketch::Distinct(s)) => assert_eq!(distinct.as_ref().ok(), Some(s), "Distinct::decode"),
+        _ => assert!(
+            distinct.is_err(),
+            "Distinct::decode accepted what Sketch::decode did not"
+        ),
+    }
+    match &decoded {
+        Ok(Sketch::Distinct(Distinct::Hll(s))) => {
+            assert_eq!(hll.as_ref().ok(), Some(s), "Hll::decode")
+        }
         _ => assert!(
             hll.is_err(),
-            "Hll::decode accepted what Sketch::decode did not"
+            "Hll::decode accepted what Sketch::decode did not take for a HyperLogLog"
         ),
     }
     match &decoded {
@@ -107,6 +120,10 @@ pub fn check_sketch(sketch: &Sketch) {
                 .expect("folding to the minimum");
             check_estimate(&folded);
             check_round_trip(&Sketch::Distinct(folded));
+            // Overlap and retention questions read the HyperLogLog of either form.
+            let hll = Distinct::Hll(s.to_hll());
+            check_estimate(&hll);
+            check_round_trip(&Sketch::Distinct(hll));
         }
         Sketch::Frequency(s) => {
             let estimate = s.estimate(b"fuzz");
@@ -160,7 +177,7 @@ pub fn check_round_trip(sketch: &Sketch) {
     assert_eq!(Sketch::validate(&encoded).ok(), Some(sketch.kind()));
 }
 
-fn check_estimate(s: &Hll) {
+fn check_estimate(s: &Distinct) {
     let e = s.estimate();
     assert!(
         e.estimate.is_finite() && e.estimate >= 0.0,

@@ -35,7 +35,7 @@ pub const MAX_BODY_LEN: usize = 256 << 20;
 /// Which question a sketch answers; the byte at offset 5 of every frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
-    /// HyperLogLog: how many distinct items?
+    /// HyperLogLog or UltraLogLog: how many distinct items?
     Distinct = 1,
     /// Count-Min and frequent items: how often? what are the top K?
     Frequency = 2,

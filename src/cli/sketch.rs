@@ -10,8 +10,8 @@ use clap::{Args, Subcommand};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::bloom::{self, Bloom, Health};
+use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use hourglass_sketch::frequency::{self, Frequency, FrequencyParams};
-use hourglass_sketch::hll::{self, Hll};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -26,7 +26,8 @@ pub(crate) enum SketchCommand {
     Build(BuildArgs),
     /// Merge sketches of the same kind and parameters into one.
     ///
-    /// HyperLogLogs of different precisions merge at the smallest precision.
+    /// Distinct sketches of different precisions merge at the smallest precision, and a
+    /// HyperLogLog with an UltraLogLog merges to a HyperLogLog.
     Merge(MergeArgs),
     /// Show what a sketch says: estimates with their error bars.
     Inspect(InspectArgs),
@@ -38,8 +39,13 @@ pub(crate) struct BuildArgs {
     /// items) or membership (Bloom filter).
     #[arg(long, env = "HOURGLASS_KIND")]
     kind: Kind,
-    /// distinct: HyperLogLog precision, 4 to 18; the standard error is 1.04/√(2^P)
-    /// (0.81% at 14). [default: 14]
+    /// distinct: which sketch, hll (HyperLogLog: standard error 1.04/√(2^P) in 0.75·2^P
+    /// bytes) or ull (UltraLogLog: 0.761/√(2^P) in 2^P bytes, about 28% fewer bytes than
+    /// hll at the same error). [default: hll]
+    #[arg(long, env = "HOURGLASS_FORM")]
+    form: Option<DistinctForm>,
+    /// distinct: precision P, 4 to 18 (2^P registers); the standard error at 14 is 0.81%
+    /// for hll, 0.59% for ull. [default: 14 for hll, 13 for ull (0.84%)]
     #[arg(long, env = "HOURGLASS_PRECISION")]
     precision: Option<u8>,
     /// frequency: error bound ε; estimates are over by at most ε·N (N = total count) with
@@ -100,6 +106,9 @@ fn new_sketch(args: &BuildArgs) -> anyhow::Result<Sketch> {
     if args.kind != Kind::Distinct && args.precision.is_some() {
         return Err(misplaced("--precision", "distinct"));
     }
+    if args.kind != Kind::Distinct && args.form.is_some() {
+        return Err(misplaced("--form", "distinct"));
+    }
     if args.kind != Kind::Frequency && (args.epsilon.is_some() || args.delta.is_some()) {
         return Err(misplaced("--epsilon/--delta", "frequency"));
     }
@@ -108,7 +117,11 @@ fn new_sketch(args: &BuildArgs) -> anyhow::Result<Sketch> {
     }
     Ok(match args.kind {
         Kind::Distinct => {
-            Sketch::Distinct(Hll::new(args.precision.unwrap_or(hll::DEFAULT_PRECISION))?)
+            let form = args.form.unwrap_or(DistinctForm::Hll);
+            Sketch::Distinct(Distinct::new(
+                form,
+                args.precision.unwrap_or(form.default_precision()),
+            )?)
         }
         Kind::Frequency => {
             let params = FrequencyParams::from_error(
@@ -213,18 +226,20 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn describe_distinct(s: &Hll) -> (Value, String) {
+fn describe_distinct(s: &Distinct) -> (Value, String) {
     let e = s.estimate();
     let value = json!({
         "kind": "distinct",
+        "form": s.form().name(),
         "estimate": e.estimate,
         "std_error": e.std_error,
         "lower95": e.lower95,
         "upper95": e.upper95,
     });
     let text = format!(
-        "{:<13} distinct (HyperLogLog, precision {}, {})\n{:<13} {}\n{:<13} {}\n",
+        "{:<13} distinct ({}, precision {}, {})\n{:<13} {}\n{:<13} {}\n",
         "kind",
+        s.form().long_name(),
         s.precision(),
         if s.is_sparse() { "sparse" } else { "dense" },
         "estimate",

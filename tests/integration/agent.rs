@@ -22,7 +22,7 @@ use hourglass_sketch::Sketch;
 use tonic::transport::Channel;
 
 /// A config file with fast retries, so tests do not wait on the default backoff.
-fn fast_config(dir: &TempDir, extra: &str) -> String {
+pub(crate) fn fast_config(dir: &TempDir, extra: &str) -> String {
     let path = dir.file("agent.toml");
     std::fs::write(
         &path,
@@ -40,7 +40,7 @@ fn tag(key: &str, value: &str) -> v1::Tag {
 }
 
 /// Sends `items` of `metric{tags}` through Ingest at `time` (0 = now).
-async fn ingest(
+pub(crate) async fn ingest(
     agent: &AgentProcess,
     metric: &str,
     tags: &[(&str, &str)],
@@ -104,7 +104,7 @@ fn wait_metric(agent: &AgentProcess, name: &str, at_least: f64) {
 }
 
 /// Waits until the agent has nothing unacknowledged and has pushed since `since` events.
-fn wait_shipped(agent: &AgentProcess) {
+pub(crate) fn wait_shipped(agent: &AgentProcess) {
     let deadline = Instant::now() + Duration::from_secs(30);
     // One flush after the events assigns versions and pushes; require two successful
     // flushes to be sure the events were in one of them.
@@ -137,7 +137,7 @@ fn selector(metric: &str, hours: std::ops::Range<u32>, servers: &[&str]) -> Opti
 }
 
 /// The merged sketch of `kind` for `servers` over `hours`, as exported.
-async fn export(
+pub(crate) async fn export(
     agg: &impl AggregatorAddrs,
     metric: &str,
     kind: v1::SketchKind,

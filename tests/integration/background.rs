@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 /// The first hour of the UTC day `n` days before today.
-fn day(n: u32) -> u32 {
+pub(crate) fn day(n: u32) -> u32 {
     (this_hour() / 24 - n) * 24
 }
 
 /// Starts an aggregator on `dir` with a background pass every second and `retention`
 /// (a `retention.hourly` duration), plus `extra` TOML.
-fn start(dir: &TempDir, retention: &str, extra: &str) -> InProcessAggregator {
+pub(crate) fn start(dir: &TempDir, retention: &str, extra: &str) -> InProcessAggregator {
     let config = dir.file("aggregator.toml");
     std::fs::write(
         &config,
@@ -43,7 +43,7 @@ async fn stop(agg: InProcessAggregator) {
 }
 
 /// The value of the first sample of `metric` (full name, labels included) on /metrics.
-fn metric(agg: &InProcessAggregator, name: &str) -> f64 {
+pub(crate) fn metric(agg: &InProcessAggregator, name: &str) -> f64 {
     let (status, body) = http_get(agg.admin, "/metrics");
     assert_eq!(status, 200, "{body}");
     body.lines()
@@ -66,7 +66,7 @@ fn wait_for(agg: &InProcessAggregator, what: &str, mut done: impl FnMut() -> boo
 
 /// Waits for two complete background passes after now, so everything dirty before now
 /// was rolled up and retention ran on it.
-fn two_passes(agg: &InProcessAggregator) {
+pub(crate) fn two_passes(agg: &InProcessAggregator) {
     let name = "hourglass_aggregator_rollup_passes_total{outcome=\"ok\"}";
     let start = metric(agg, name);
     wait_for(agg, "two background passes", || {
@@ -133,7 +133,7 @@ fn one_item(params: FrequencyParams, item: &[u8]) -> Vec<u8> {
     f.encode()
 }
 
-async fn push_all(
+pub(crate) async fn push_all(
     collector: &mut CollectorClient<Channel>,
     from: &str,
     snapshots: Vec<v1::Snapshot>,

@@ -26,4 +26,5 @@ mod sets;
 mod sets_review;
 mod sketch_cli;
 mod tls;
+mod ull;
 mod util;

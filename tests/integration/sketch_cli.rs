@@ -31,9 +31,17 @@ fn distinct_counts_lines_within_its_interval() {
         .json();
     assert_eq!(
         keys(&v),
-        ["estimate", "kind", "lower95", "std_error", "upper95"]
+        [
+            "estimate",
+            "form",
+            "kind",
+            "lower95",
+            "std_error",
+            "upper95"
+        ]
     );
     assert_eq!(v["kind"], "distinct");
+    assert_eq!(v["form"], "hll", "the command's default form");
     let (est, se) = (
         v["estimate"].as_f64().unwrap(),
         v["std_error"].as_f64().unwrap(),
@@ -53,6 +61,111 @@ fn distinct_counts_lines_within_its_interval() {
         "{human}"
     );
     assert!(human.contains(" ± 0.81% (95%: "), "{human}");
+}
+
+/// `--form ull` builds an UltraLogLog: its smaller error bar, its name in `inspect`, and
+/// a merge with a HyperLogLog that is the HyperLogLog of the union.
+#[test]
+fn ull_form_builds_merges_and_describes_itself() {
+    let dir = TempDir::new("ull");
+    let (ull, hll, merged, whole) = (
+        dir.file("u.hgs"),
+        dir.file("h.hgs"),
+        dir.file("m.hgs"),
+        dir.file("w.hgs"),
+    );
+    hourglass(
+        &[
+            "sketch", "build", "--kind", "distinct", "--form", "ull", "-o", &ull,
+        ],
+        &lines("user", 0..20_000),
+    )
+    .ok();
+    let v = hourglass(&["sketch", "inspect", &ull, "--json"], b"")
+        .ok()
+        .json();
+    assert_eq!(v["form"], "ull");
+    let (est, se) = (
+        v["estimate"].as_f64().unwrap(),
+        v["std_error"].as_f64().unwrap(),
+    );
+    assert!((est - 20_000.0).abs() <= 4.0 * se, "estimate {est} ± {se}");
+    // At ull's default precision 13: 0.761/√8192 = 0.84%.
+    assert!(
+        (se / est - 0.00841).abs() < 0.0004,
+        "relative error {}",
+        se / est
+    );
+    let human = hourglass(&["sketch", "inspect", &ull], b"").ok().text();
+    assert!(
+        human.contains("distinct (UltraLogLog, precision 13, dense)"),
+        "{human}"
+    );
+    assert!(human.contains("8,216 bytes encoded"), "{human}");
+
+    // UltraLogLog ∪ HyperLogLog (p = 12) is the HyperLogLog of the union at p = 12.
+    let build_hll = |input: &[u8], out: &str| {
+        hourglass(
+            &[
+                "sketch",
+                "build",
+                "--kind",
+                "distinct",
+                "--form",
+                "hll",
+                "--precision",
+                "12",
+                "-o",
+                out,
+            ],
+            input,
+        )
+        .ok();
+    };
+    build_hll(&lines("user", 10_000..30_000), &hll);
+    hourglass(&["sketch", "merge", &ull, &hll, "-o", &merged], b"").ok();
+    let mut all = lines("user", 0..20_000);
+    all.extend(lines("user", 10_000..30_000));
+    build_hll(&all, &whole);
+    assert_eq!(
+        std::fs::read(&merged).unwrap(),
+        std::fs::read(&whole).unwrap()
+    );
+    let v = hourglass(&["sketch", "inspect", &merged, "--json"], b"")
+        .ok()
+        .json();
+    assert_eq!(v["form"], "hll");
+
+    // clap's own message (with its usage hint), naming the flag and the forms.
+    let run = hourglass(
+        &[
+            "sketch", "build", "--kind", "distinct", "--form", "ultra", "-o", &ull,
+        ],
+        b"",
+    );
+    assert!(!run.status.success());
+    assert!(
+        run.stderr.contains("--form")
+            && run
+                .stderr
+                .contains("expected \"hll\" (HyperLogLog) or \"ull\""),
+        "{}",
+        run.stderr
+    );
+    fails_with(
+        &[
+            "sketch",
+            "build",
+            "--kind",
+            "frequency",
+            "--form",
+            "ull",
+            "-o",
+            &ull,
+        ],
+        b"",
+        "--form applies to --kind distinct",
+    );
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn items(hour: u32, server: u32, device: &str) -> Vec<Vec<u8>> {
 
 fn sketch_of(kind: Kind, items: &[Vec<u8>]) -> Sketch {
     let mut s = match kind {
-        Kind::Distinct => Sketch::Distinct(Hll::new(12).unwrap()),
+        Kind::Distinct => Sketch::Distinct(Hll::new(12).unwrap().into()),
         Kind::Frequency => Sketch::Frequency(
             Frequency::new(FrequencyParams::from_error(0.05, 0.05).unwrap()).unwrap(),
         ),

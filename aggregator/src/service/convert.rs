@@ -8,6 +8,7 @@ use hourglass_rpc::proto::v1;
 use hourglass_rpc::series::{validate_metric, validate_tag};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
+use hourglass_sketch::distinct::Distinct;
 use hourglass_sketch::hll::Hll;
 use hourglass_sketch::membership::RangeAnswer;
 use tonic::Status;
@@ -171,7 +172,7 @@ pub fn coverage(c: &Coverage) -> v1::Coverage {
 /// A distinct answer; zeros when nothing was merged.
 pub fn distinct(sketch: Option<&Sketch>) -> v1::DistinctAnswer {
     match sketch {
-        Some(Sketch::Distinct(hll)) => distinct_of(&hll.estimate()),
+        Some(Sketch::Distinct(distinct)) => distinct_of(&distinct.estimate()),
         _ => v1::DistinctAnswer::default(),
     }
 }
@@ -188,9 +189,13 @@ pub fn distinct_of(e: &hourglass_sketch::Estimate) -> v1::DistinctAnswer {
 
 /// The overlap of the sets behind `a` and `b` (joint maximum likelihood), beside
 /// inclusion–exclusion's intersection.
-pub fn overlap(a: &Hll, b: &Hll) -> Result<v1::OverlapAnswer, Status> {
-    let joint = estimate_pair(a, b)?;
-    let naive = hourglass_sketch::overlap::inclusion_exclusion(a, b).map_err(estimate_failed)?;
+///
+/// The joint estimator is HyperLogLog's, so it reads each side's HyperLogLog, converted
+/// exactly from an UltraLogLog. `a`, `b` and inclusion–exclusion are the distinct answers
+/// of the sketches as merged, each in its own form, as Distinct answers them.
+pub fn overlap(a: &Distinct, b: &Distinct) -> Result<v1::OverlapAnswer, Status> {
+    let joint = estimate_pair(&a.to_hll(), &b.to_hll())?;
+    let naive = inclusion_exclusion(a, b)?;
     Ok(v1::OverlapAnswer {
         a: Some(distinct_of(&naive.a)),
         b: Some(distinct_of(&naive.b)),
@@ -207,6 +212,24 @@ pub fn overlap(a: &Hll, b: &Hll) -> Result<v1::OverlapAnswer, Status> {
         } else {
             naive.intersection
         },
+    })
+}
+
+/// `|A| + |B| − |A ∪ B|` from the distinct estimates of `a`, `b` and their merge: for two
+/// HyperLogLogs what [`hourglass_sketch::overlap::inclusion_exclusion`] computes, and for
+/// either form what the Distinct answers of A, B and A ∪ B would say.
+fn inclusion_exclusion(
+    a: &Distinct,
+    b: &Distinct,
+) -> Result<hourglass_sketch::overlap::InclusionExclusion, Status> {
+    let mut union = a.clone();
+    union.merge(b).map_err(estimate_failed)?;
+    let (a, b, union) = (a.estimate(), b.estimate(), union.estimate());
+    Ok(hourglass_sketch::overlap::InclusionExclusion {
+        a,
+        b,
+        union,
+        intersection: a.estimate + b.estimate - union.estimate,
     })
 }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use hourglass_rpc::proto::v1::{self, query_server::Query};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
+use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use hourglass_sketch::frequent::MAX_CAPACITY;
 use hourglass_sketch::hash::item_hash;
 use tonic::{Request, Response, Status};
@@ -462,7 +463,8 @@ impl Query for QueryService {
                     distinct: Some(convert::distinct_of(&set.estimate())),
                     coverage: Some(coverage),
                 });
-                sets.push(set);
+                // The joint estimator is HyperLogLog's: an UltraLogLog converts exactly.
+                sets.push(set.into_hll());
             }
             answer.rows = off_the_async_threads(move || convert::retention_rows(&sets)).await??;
             Ok(answer)
@@ -527,13 +529,14 @@ async fn off_the_async_threads<T: Send + 'static>(
 }
 
 impl QueryService {
-    /// The merged distinct sketch of one selection of a set question (an empty one when
-    /// nothing was merged) and its coverage; errors name the selection `name`.
+    /// The merged distinct sketch of one selection of a set question, in the form the
+    /// merge gave (an empty one when nothing was merged), and its coverage; errors name
+    /// the selection `name`.
     async fn one_set(
         &self,
         selector: Option<&v1::Selector>,
         name: &str,
-    ) -> Result<(hourglass_sketch::hll::Hll, v1::Coverage), Status> {
+    ) -> Result<(Distinct, v1::Coverage), Status> {
         if selector.is_some_and(|s| s.group_by != v1::GroupBy::None as i32) {
             return Err(Status::invalid_argument(format!(
                 "{name}.group_by must be GROUP_BY_NONE: a set question compares whole selections"
@@ -544,9 +547,11 @@ impl QueryService {
             .await
             .map_err(|status| named(status, name))?;
         let set = match a.total.sketch {
-            Some(Sketch::Distinct(hll)) => hll,
-            // Nothing merged: the empty set, at the precision that merges with any.
-            _ => hourglass_sketch::hll::Hll::new(hourglass_sketch::hll::MAX_PRECISION)
+            Some(Sketch::Distinct(distinct)) => distinct,
+            // Nothing merged: the empty set, as the sketch that leaves any other unchanged
+            // by a merge: the largest precision, and UltraLogLog (a HyperLogLog would
+            // turn an UltraLogLog into one).
+            _ => Distinct::new(DistinctForm::Ull, hourglass_sketch::hll::MAX_PRECISION)
                 .expect("the largest precision is valid"),
         };
         Ok((set, convert::coverage(&a.total.coverage)))

@@ -351,7 +351,8 @@ impl Hll {
     }
 
     /// Reads a sketch written by [`Hll::encode`]; any other input is an error, never a
-    /// panic.
+    /// panic. Strict: an UltraLogLog in a distinct frame (representation 2 or 3) is an
+    /// invalid `representation` here; [`crate::distinct::Distinct::decode`] reads both.
     pub fn decode(bytes: &[u8]) -> Result<Hll, DecodeError> {
         let (kind, body) = decode_frame(bytes)?;
         if kind != Kind::Distinct {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::hash::item_hash;
+use crate::test_support::{apply, mutation};
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -423,36 +424,6 @@ fn check_merge_laws(precisions: [u8; 3], sets: [&[u64]; 3]) -> Result<(), TestCa
     prop_assert_eq!(hex(&ab_c.encode()), hex(&union.encode()));
     prop_assert_eq!(&merged(&ab_c, &ab_c), &ab_c);
     Ok(())
-}
-
-#[derive(Debug, Clone)]
-enum Mutation {
-    Flip(usize, u8),
-    Insert(usize, u8),
-    Remove(usize),
-    Truncate(usize),
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        4 => (any::<usize>(), 1u8..=255).prop_map(|(at, x)| Mutation::Flip(at, x)),
-        1 => (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Mutation::Insert(at, b)),
-        1 => any::<usize>().prop_map(Mutation::Remove),
-        1 => any::<usize>().prop_map(Mutation::Truncate),
-    ]
-}
-
-fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
-    let len = bytes.len();
-    match *mutation {
-        Mutation::Flip(at, x) if len > 0 => bytes[at % len] ^= x,
-        Mutation::Insert(at, b) => bytes.insert(at % (len + 1), b),
-        Mutation::Remove(at) if len > 0 => {
-            bytes.remove(at % len);
-        }
-        Mutation::Truncate(at) => bytes.truncate(at % (len + 1)),
-        _ => {}
-    }
 }
 
 /// Rewrites the frame's length field and checksum so that decoding gets past the frame

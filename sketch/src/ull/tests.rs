@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::hash::item_hash;
+use crate::test_support::{apply, mutation};
 use proptest::prelude::*;
 
 /// A sketch of the items `i.to_le_bytes()` for each `i`.
@@ -499,36 +500,6 @@ fn check_merge_laws(precisions: [u8; 3], sets: [&[u64]; 3]) -> Result<(), TestCa
     prop_assert_eq!(&merged(&ab_c, &ab_c), &ab_c);
     prop_assert_eq!(&merged(&ab_c, a), &ab_c);
     Ok(())
-}
-
-#[derive(Debug, Clone)]
-enum Mutation {
-    Flip(usize, u8),
-    Insert(usize, u8),
-    Remove(usize),
-    Truncate(usize),
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        4 => (any::<usize>(), 1u8..=255).prop_map(|(at, x)| Mutation::Flip(at, x)),
-        1 => (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Mutation::Insert(at, b)),
-        1 => any::<usize>().prop_map(Mutation::Remove),
-        1 => any::<usize>().prop_map(Mutation::Truncate),
-    ]
-}
-
-fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
-    let len = bytes.len();
-    match *mutation {
-        Mutation::Flip(at, x) if len > 0 => bytes[at % len] ^= x,
-        Mutation::Insert(at, b) => bytes.insert(at % (len + 1), b),
-        Mutation::Remove(at) if len > 0 => {
-            bytes.remove(at % len);
-        }
-        Mutation::Truncate(at) => bytes.truncate(at % (len + 1)),
-        _ => {}
-    }
 }
 
 proptest! {
