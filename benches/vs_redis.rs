@@ -547,9 +547,9 @@ fn main() {
         sizes.max_users,
         sizes.pool,
         if distinct.is_empty() {
-            "none (the agent's defaults)"
+            "none (the agent's defaults)".to_string()
         } else {
-            distinct.trim()
+            distinct.trim().replace('\n', "; ")
         }
     );
     let redis_dir = dir.join("redis");
