@@ -21,6 +21,7 @@ mod review2;
 mod review3;
 mod review4;
 mod review5;
+mod review6;
 mod robustness;
 mod sets;
 mod sets_review;
