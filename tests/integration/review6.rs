@@ -4,6 +4,7 @@
 //! empty side (the aggregator's empty-selection sketch is an empty ULL at p = 18), and
 //! cluster mode's partial merges, each against the merge computed here.
 
+use crate::aggregator::selector;
 use crate::aggregator::{clients, outcomes, push, server, tag};
 use crate::background::{day, push_all, start as start_with_rollups, two_passes};
 use crate::util::{InProcessAggregator, TempDir, this_hour};
@@ -44,17 +45,6 @@ fn row(metric: &str, tags: &[(&str, &str)], hour: u32, sketch: &Distinct) -> v1:
             data: sketch.encode().into(),
         }),
     }
-}
-
-fn selector(metric: &str, hours: std::ops::Range<u32>) -> Option<v1::Selector> {
-    Some(v1::Selector {
-        metric: metric.into(),
-        range: Some(v1::TimeRange {
-            start_hour: hours.start,
-            end_hour: hours.end,
-        }),
-        ..Default::default()
-    })
 }
 
 fn figures(a: &v1::DistinctAnswer) -> (f64, f64, f64, f64) {
