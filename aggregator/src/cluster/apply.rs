@@ -480,10 +480,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // request, only while not ready yet).
         if p != LIVE && caught_up && !cluster.members().is_ready_here(p) {
             match consumer.get_info().await {
-                Ok(info) => {
-                    let outstanding = outstanding(cluster, p, &info);
-                    cluster.members().caught_up(p, outstanding, complete)
-                }
+                Ok(info) => record_outstanding(cluster, p, &info, complete),
                 Err(e) => return stream_error(format!("consumer {name}: {e}")),
             }
         }
@@ -550,17 +547,9 @@ async fn idle(
         return Err("JetStream holds another instance of it than the one opened".into());
     }
     let mine = cluster.position(p);
-    // What is left, as the consumer counts it now: the last delivery's count is stale
-    // once messages it counted are gone (aged out, or a publish a lost quorum never
-    // committed), and would say "pending" for good (seen: 16 left for 120 s).
-    let refresh = |complete: bool| {
-        let left = outstanding(cluster, p, &info);
-        if p == LIVE {
-            cluster.members().set_pending(LIVE, left);
-        } else {
-            cluster.members().caught_up(p, left, complete);
-        }
-    };
+    // Below, what is left is recorded as the consumer counts it now: the last delivery's
+    // count is stale once messages it counted are gone (aged out, or a publish a lost
+    // quorum never committed), and would say "pending" for good (seen: 16 left for 120 s).
     match vouched(&theirs, &mine) {
         Vouched::All { at } => {
             if info.num_pending == 0 {
@@ -572,7 +561,7 @@ async fn idle(
                 cluster.barrier().fresh_since(p, identity, asked);
                 cluster.record_applied(p, at);
             }
-            refresh(complete);
+            record_outstanding(cluster, p, &info, complete);
             *unreceived = None;
             Ok(())
         }
@@ -582,7 +571,7 @@ async fn idle(
             theirs.consumer_sequence
         )),
         Vouched::Behind { .. } => {
-            refresh(complete);
+            record_outstanding(cluster, p, &info, complete);
             *unreceived = Some(theirs.consumer_sequence);
             Ok(())
         }
@@ -753,15 +742,9 @@ async fn open(
     cluster
         .barrier()
         .set_consumer(p, consumer.clone(), &identity);
+    record_outstanding(cluster, p, &info, complete);
     if p == LIVE {
-        cluster
-            .members()
-            .set_pending(LIVE, outstanding(cluster, p, &info));
         cluster.barrier().set_live_complete(complete);
-    } else {
-        cluster
-            .members()
-            .caught_up(p, outstanding(cluster, p, &info), complete);
     }
     Ok(Opened {
         consumer,
@@ -899,6 +882,22 @@ fn outstanding(cluster: &Cluster, p: u32, info: &async_nats::jetstream::consumer
         Vouched::Other { .. } => theirs.consumer_sequence.max(1),
     };
     info.num_pending + unapplied
+}
+
+/// Records what `p`'s consumer has left by its `info` ([`outstanding`]): the live
+/// subject's pending count, or a partition's, and with it whether the partition is ready.
+fn record_outstanding(
+    cluster: &Cluster,
+    p: u32,
+    info: &async_nats::jetstream::consumer::Info,
+    complete: bool,
+) {
+    let left = outstanding(cluster, p, info);
+    if p == LIVE {
+        cluster.members().set_pending(LIVE, left);
+    } else {
+        cluster.members().caught_up(p, left, complete);
+    }
 }
 
 /// The file in the data dir that names this store's consumer.

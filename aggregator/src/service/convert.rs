@@ -195,7 +195,7 @@ pub fn distinct_of(e: &hourglass_sketch::Estimate) -> v1::DistinctAnswer {
 /// of the sketches as merged, each in its own form, as Distinct answers them.
 pub fn overlap(a: &Distinct, b: &Distinct) -> Result<v1::OverlapAnswer, Status> {
     let joint = estimate_pair(&a.to_hll(), &b.to_hll())?;
-    let naive = inclusion_exclusion(a, b)?;
+    let naive = hourglass_sketch::overlap::inclusion_exclusion(a, b).map_err(estimate_failed)?;
     Ok(v1::OverlapAnswer {
         a: Some(distinct_of(&naive.a)),
         b: Some(distinct_of(&naive.b)),
@@ -212,24 +212,6 @@ pub fn overlap(a: &Distinct, b: &Distinct) -> Result<v1::OverlapAnswer, Status> 
         } else {
             naive.intersection
         },
-    })
-}
-
-/// `|A| + |B| − |A ∪ B|` from the distinct estimates of `a`, `b` and their merge: for two
-/// HyperLogLogs what [`hourglass_sketch::overlap::inclusion_exclusion`] computes, and for
-/// either form what the Distinct answers of A, B and A ∪ B would say.
-fn inclusion_exclusion(
-    a: &Distinct,
-    b: &Distinct,
-) -> Result<hourglass_sketch::overlap::InclusionExclusion, Status> {
-    let mut union = a.clone();
-    union.merge(b).map_err(estimate_failed)?;
-    let (a, b, union) = (a.estimate(), b.estimate(), union.estimate());
-    Ok(hourglass_sketch::overlap::InclusionExclusion {
-        a,
-        b,
-        union,
-        intersection: a.estimate + b.estimate - union.estimate,
     })
 }
 

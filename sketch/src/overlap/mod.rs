@@ -405,10 +405,17 @@ pub struct InclusionExclusion {
     pub intersection: f64,
 }
 
-/// The inclusion–exclusion estimate of the overlap (see [`InclusionExclusion`]).
-pub fn inclusion_exclusion(a: &Hll, b: &Hll) -> Result<InclusionExclusion, MergeError> {
+/// The inclusion–exclusion estimate of the overlap (see [`InclusionExclusion`]), from
+/// two sketches of either distinct form: `a` and `b` are each one's own estimate (with its
+/// form's error), the union that of their merge ([`crate::distinct::Distinct::merge`]).
+pub fn inclusion_exclusion<S>(a: &S, b: &S) -> Result<InclusionExclusion, MergeError>
+where
+    S: Clone + Into<crate::distinct::Distinct>,
+{
+    let (a, b): (crate::distinct::Distinct, crate::distinct::Distinct) =
+        (a.clone().into(), b.clone().into());
     let mut union = a.clone();
-    union.merge(b)?;
+    union.merge(&b)?;
     let (a, b, union) = (a.estimate(), b.estimate(), union.estimate());
     Ok(InclusionExclusion {
         a,
