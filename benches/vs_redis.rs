@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use hourglass_rpc::proto::v1::{self, ingest_client::IngestClient, query_client::QueryClient};
 
 mod support;
-use support::Service;
+use support::{Rng, Service, cpu_of, cpu_of_ended_children};
 
 struct Sizes {
     servers: usize,
@@ -65,23 +65,6 @@ const SMOKE: Sizes = Sizes {
     pool: 10_000,
     repetitions: 2,
 };
-
-/// SplitMix64: the workload's only source of randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u32) -> u32 {
-        (((self.next() >> 32) * u64::from(n)) >> 32) as u32
-    }
-}
 
 /// The users of server `s` in hour `h` (index within the range): the same for every
 /// call, and independent of the order of calls.
@@ -239,43 +222,40 @@ fn key(s: usize, h: u32) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------
 // Measuring.
 
-/// CPU seconds a process has used, from `/proc/PID/stat` (utime + stime).
-fn cpu_of(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    ticks(&stat, 13) + ticks(&stat, 14)
-}
-
-/// CPU seconds of this process's children that have ended (cutime + cstime).
-fn cpu_of_ended_children() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    ticks(&stat, 15) + ticks(&stat, 16)
-}
-
-/// Field `i` (0-based, after the command name) of a stat line, in seconds.
-fn ticks(stat: &str, i: usize) -> f64 {
-    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let field: f64 = after
-        .split(' ')
-        .nth(i - 2)
-        .and_then(|f| f.parse().ok())
-        .expect("a stat field");
-    let per_second = rustix::param::clock_ticks_per_second() as f64;
-    field / per_second
-}
-
 fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
+    dir_parts(dir).iter().map(|(_, b)| b).sum()
+}
+
+/// Bytes of the files under `dir` by what RocksDB keeps in them: WAL (`*.log`), SST
+/// files, and the rest (MANIFEST, OPTIONS, info LOG, the agents' files).
+fn dir_parts(dir: &Path) -> [(&'static str, u64); 3] {
+    let mut parts = [("wal", 0), ("sst", 0), ("other", 0)];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return parts;
+    };
+    for e in entries.flatten() {
+        match e.metadata() {
+            Ok(m) if m.is_dir() => {
+                for (i, (_, b)) in dir_parts(&e.path()).into_iter().enumerate() {
+                    parts[i].1 += b;
+                }
+            }
+            Ok(m) => {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                let i = if name.ends_with(".log") {
+                    0
+                } else if name.ends_with(".sst") {
+                    1
+                } else {
+                    2
+                };
+                parts[i].1 += m.len();
+            }
+            Err(_) => {}
+        }
+    }
+    parts
 }
 
 /// p50 and p99 (nearest rank) of `samples`, in milliseconds.
@@ -394,8 +374,11 @@ fn hourglass_side(
         .enable_all()
         .build()
         .expect("a runtime");
+    // Server-side CPU from the first event on, as for Redis: the agents' start-up (a
+    // runtime, a checkpoint directory, a connection) is not ingest work.
     let agg_cpu_before = cpu_of(agg.child.id());
     let ended_before = cpu_of_ended_children();
+    let agents_started: f64 = agents.iter().map(|a| cpu_of(a.child.id())).sum();
     rt.block_on(async {
         for (s, agent) in agents.iter().enumerate() {
             let mut client = IngestClient::connect(format!("http://{}", agent.addrs[0]))
@@ -433,10 +416,14 @@ fn hourglass_side(
     for agent in agents {
         agent.terminate();
     }
-    let agents_cpu = cpu_of_ended_children() - ended_before;
+    let agents_cpu = cpu_of_ended_children() - ended_before - agents_started;
     let agg_cpu = cpu_of(agg.child.id()) - agg_cpu_before;
     let server_hours = sizes.servers as f64 * f64::from(sizes.hours);
     let running = dir_bytes(&dir.join("agg")) as f64 / server_hours;
+    eprintln!(
+        "vs_redis: the aggregator's data dir while running, bytes: {:?}",
+        dir_parts(&dir.join("agg"))
+    );
     let answers = rt.block_on(async {
         let mut client = QueryClient::connect(url.clone())
             .await
@@ -476,6 +463,10 @@ fn hourglass_side(
         answers
     });
     agg.terminate();
+    eprintln!(
+        "vs_redis: the aggregator's data dir after a clean stop, bytes: {:?}",
+        dir_parts(&dir.join("agg"))
+    );
     Side {
         events_per_cpu_second: events as f64 / (agents_cpu + agg_cpu),
         bytes_per_server_hour: dir_bytes(&dir.join("agg")) as f64 / server_hours,

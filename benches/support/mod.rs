@@ -108,3 +108,44 @@ pub fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut text).expect("response");
     text
 }
+
+/// SplitMix64: a bench workload's only source of randomness.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u32) -> u32 {
+        (((self.next() >> 32) * u64::from(n)) >> 32) as u32
+    }
+}
+
+/// CPU seconds a process has used, from `/proc/PID/stat` (utime + stime).
+pub fn cpu_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    ticks(&stat, 13) + ticks(&stat, 14)
+}
+
+/// CPU seconds of this process's children that have ended (cutime + cstime).
+pub fn cpu_of_ended_children() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    ticks(&stat, 15) + ticks(&stat, 16)
+}
+
+/// Field `i` (0-based, after the command name) of a stat line, in seconds.
+fn ticks(stat: &str, i: usize) -> f64 {
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let field: f64 = after
+        .split(' ')
+        .nth(i - 2)
+        .and_then(|f| f.parse().ok())
+        .expect("a stat field");
+    let per_second = rustix::param::clock_ticks_per_second() as f64;
+    field / per_second
+}
