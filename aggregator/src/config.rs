@@ -17,6 +17,7 @@
 //! [storage]
 //! sync_writes = true   # fsync the WAL before acknowledging a push
 //! block_cache_mib = 256
+//! query_cache_mib = 64 # merged hours kept for queries (distinct series); 0: none
 //!
 //! [limits]
 //! max_snapshots_per_push = 10000
@@ -154,6 +155,8 @@ pub struct StorageConfig {
     pub(crate) sync_writes: bool,
     /// The RocksDB block cache, in MiB.
     pub(crate) block_cache_mib: usize,
+    /// The hour cache of merged hourly rows, for queries, in MiB; 0 keeps none.
+    pub(crate) query_cache_mib: usize,
 }
 
 impl Default for StorageConfig {
@@ -162,6 +165,7 @@ impl Default for StorageConfig {
         StorageConfig {
             sync_writes: defaults.sync_writes,
             block_cache_mib: defaults.block_cache_bytes >> 20,
+            query_cache_mib: defaults.query_cache_bytes >> 20,
         }
     }
 }
@@ -442,6 +446,12 @@ impl Config {
             s.block_cache_mib,
             "must be between 1 and 1048576",
         )?;
+        check(
+            s.query_cache_mib <= 1 << 20,
+            "storage.query_cache_mib",
+            s.query_cache_mib,
+            "must be between 0 and 1048576",
+        )?;
         if let Some(cluster) = &self.cluster {
             cluster.validate()?;
         }
@@ -500,6 +510,7 @@ impl Config {
         StoreOptions {
             sync_writes: self.storage.sync_writes,
             block_cache_bytes: self.storage.block_cache_mib << 20,
+            query_cache_bytes: self.storage.query_cache_mib << 20,
             ..StoreOptions::default()
         }
     }

@@ -145,6 +145,11 @@ pub struct Metrics {
     pub(crate) store_keys: Family<CfLabel, Gauge>,
     /// Bytes in the RocksDB block cache.
     pub(crate) block_cache_bytes: Gauge,
+    /// The hour cache (`store::cache`): hours answered from it and merged from rows since
+    /// start, and the bytes it holds.
+    pub(crate) query_cache_hits: Gauge,
+    pub(crate) query_cache_misses: Gauge,
+    pub(crate) query_cache_bytes: Gauge,
     /// Compactions running.
     pub(crate) running_compactions: Gauge,
     /// 1 while RocksDB stops writes (too many L0 files or pending compaction).
@@ -223,6 +228,9 @@ impl Metrics {
             store_bytes: Family::default(),
             store_keys: Family::default(),
             block_cache_bytes: Gauge::default(),
+            query_cache_hits: Gauge::default(),
+            query_cache_misses: Gauge::default(),
+            query_cache_bytes: Gauge::default(),
             running_compactions: Gauge::default(),
             write_stopped: Gauge::default(),
             delayed_write_rate: Gauge::default(),
@@ -376,6 +384,21 @@ impl Metrics {
             "block_cache_usage_bytes",
             "Bytes held in the RocksDB block cache",
             self.block_cache_bytes.clone(),
+        );
+        r.register(
+            "query_cache_hits",
+            "Hours of distinct series a query took from the hour cache, since start",
+            self.query_cache_hits.clone(),
+        );
+        r.register(
+            "query_cache_misses",
+            "Hours of distinct series a query merged from their rows (not cached, or written since), since start",
+            self.query_cache_misses.clone(),
+        );
+        r.register(
+            "query_cache_bytes",
+            "Bytes of merged hours held in the hour cache",
+            self.query_cache_bytes.clone(),
         );
         r.register(
             "running_compactions",
@@ -560,6 +583,9 @@ impl Metrics {
         }
         self.block_cache_bytes
             .set(clamp(stats.block_cache_usage_bytes));
+        self.query_cache_hits.set(clamp(stats.hour_cache.hits));
+        self.query_cache_misses.set(clamp(stats.hour_cache.misses));
+        self.query_cache_bytes.set(clamp(stats.hour_cache.bytes));
         self.running_compactions
             .set(clamp(stats.running_compactions));
         self.write_stopped.set(i64::from(stats.write_stopped));

@@ -20,7 +20,9 @@
 
 use crate::glob;
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
-use crate::store::{SeriesName, ServerEntry, Store, StoreError};
+use crate::store::{
+    HourCache, HourMerge, HourSelection, SeriesName, ServerEntry, Store, StoreError,
+};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
 use std::collections::BTreeMap;
@@ -601,6 +603,21 @@ impl<'a> Planner<'a> {
                 end: hours.end.0,
             });
         }
+        if let Some(cache) = self.store.hour_cache()
+            && cache.enabled()
+            && name.kind == Kind::Distinct
+            && let Some(merged) = self.hours_from_cache(
+                cache,
+                name,
+                series_id,
+                hours.clone(),
+                every_server,
+                unit,
+                keep,
+            )
+        {
+            return Ok(merged);
+        }
         let parts = DayParts {
             all: every_server,
             per_server: !every_server,
@@ -615,6 +632,71 @@ impl<'a> Planner<'a> {
             sketch,
             rollups: 0,
             rows: day_rows.rows,
+        })
+    }
+
+    /// Part of a day of a distinct series from the hour cache (`store::cache`): each hour
+    /// merged once from its rows and kept while no write touches it. Distinct sketches
+    /// merge to the same bytes in any order, so this is the answer of [`merge_day`]'s
+    /// order, and it reports the same rows as merged. `None` when an hour does not merge
+    /// or decode: the caller then reads the rows in the canonical order, which reports
+    /// where and why.
+    #[allow(clippy::too_many_arguments)]
+    fn hours_from_cache(
+        &self,
+        cache: &HourCache,
+        name: &SeriesName,
+        series_id: SeriesId,
+        hours: Range<Hour>,
+        every_server: bool,
+        unit: &Unit,
+        keep: &(dyn Fn(ServerId) -> bool + Sync),
+    ) -> Option<DaySketch> {
+        let mut ids: Vec<ServerId> = unit.servers.iter().map(|s| s.id).collect();
+        ids.sort_unstable();
+        let servers: std::sync::Arc<[ServerId]> = ids.into();
+        let parts = DayParts {
+            all: every_server,
+            per_server: !every_server,
+        };
+        let mut acc = None;
+        let mut rows = 0;
+        for hour in (hours.start.0..hours.end.0).map(Hour) {
+            let selection = HourSelection {
+                series: series_id,
+                hour,
+                servers: servers.clone(),
+            };
+            // Taken before the rows are read (the cache's rule of validity).
+            let generation = cache.generation(series_id, hour);
+            let merge = match cache.get(&selection, generation) {
+                Some(merge) => merge,
+                None => {
+                    let day =
+                        merge_day(self.store, name, series_id, hour..hour.next(), keep, parts)
+                            .ok()?;
+                    let sketch = if every_server {
+                        day.all
+                    } else {
+                        merge_servers(day.per_server.into_values(), name, hour.day()).ok()?
+                    };
+                    let merge = HourMerge {
+                        sketch,
+                        rows: day.rows,
+                    };
+                    cache.put(selection, generation, merge.clone());
+                    merge
+                }
+            };
+            rows += merge.rows;
+            if let Some(sketch) = merge.sketch {
+                fold(&mut acc, sketch).ok()?;
+            }
+        }
+        Some(DaySketch {
+            sketch: acc,
+            rollups: 0,
+            rows,
         })
     }
 
@@ -875,6 +957,8 @@ fn pairs(tags: &[(String, String)]) -> String {
         .join(",")
 }
 
+#[cfg(test)]
+mod review_cache_tests;
 #[cfg(test)]
 mod review_lookup_tests;
 #[cfg(test)]

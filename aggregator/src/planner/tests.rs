@@ -45,7 +45,11 @@ fn sketch_of(kind: Kind, items: &[Vec<u8>]) -> Sketch {
 
 impl Fleet {
     fn new() -> Fleet {
-        let store = MemoryStore::new();
+        Fleet::in_store(MemoryStore::new())
+    }
+
+    /// The fleet in `store` (one without an hour cache, for answers to compare with).
+    fn in_store(store: MemoryStore) -> Fleet {
         let mut batch = Vec::new();
         for (i, (name, region)) in SERVERS.iter().enumerate() {
             let labels = vec![("region".to_string(), region.to_string())];
@@ -571,4 +575,219 @@ fn a_lookup_past_hourly_retention_reads_each_servers_day_rollup() {
         .answer(&partial)
         .unwrap_err();
     assert!(e.to_string().contains("past hourly retention"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The hour cache (`store::cache`): an answer from cached hours is the answer from rows.
+
+/// Distinct selections that read hourly rows: all servers, subsets by name and label,
+/// ranges that cut days, and every grouping.
+fn distinct_selections() -> Vec<Selector> {
+    let all = select(Kind::Distinct);
+    vec![
+        all.clone(),
+        Selector {
+            hours: Hour(5)..Hour(41),
+            ..all.clone()
+        },
+        Selector {
+            servers: vec!["*-2".into()],
+            ..all.clone()
+        },
+        Selector {
+            labels: vec![("region".into(), "us".into())],
+            hours: Hour(20)..Hour(30),
+            ..all.clone()
+        },
+        Selector {
+            tags: vec![("device".into(), "mobile".into())],
+            ..all.clone()
+        },
+        Selector {
+            group_by: GroupBy::Server,
+            ..all.clone()
+        },
+        Selector {
+            group_by: GroupBy::Hour,
+            hours: Hour(22)..Hour(27),
+            ..all.clone()
+        },
+        Selector {
+            group_by: GroupBy::Day,
+            ..all.clone()
+        },
+        Selector {
+            group_by: GroupBy::Tag("device".into()),
+            ..all
+        },
+    ]
+}
+
+/// Pushes to both fleets a newer snapshot of (`server`, `hour`) of the mobile distinct
+/// series with `extra` new users besides the hour's own.
+fn push_newer(fleets: [&Fleet; 2], server: &str, hour: u32, version: u64, extra: u32) {
+    for fleet in fleets {
+        let name = SeriesName::new(
+            "visitors",
+            vec![("device".into(), "mobile".into())],
+            Kind::Distinct,
+        );
+        let series = fleet.store.series_id(&name).unwrap().unwrap();
+        let id = fleet.store.server_id(server).unwrap().unwrap();
+        let index = SERVERS.iter().position(|(n, _)| *n == server).unwrap() as u32;
+        let mut items = items(hour, index, "mobile");
+        items.extend((0..extra).map(|i| format!("new-{server}-{hour}-{i}").into_bytes()));
+        let key = HourKey {
+            series,
+            hour: Hour(hour),
+            server: id,
+            epoch: Epoch(1),
+        };
+        let sketch = sketch_of(Kind::Distinct, &items).encode();
+        fleet
+            .store
+            .put_hourly(&[(key, version, sketch.into())])
+            .unwrap();
+    }
+}
+
+fn assert_same_answers(cached: &Fleet, rows: &Fleet, why: &str) {
+    for sel in distinct_selections() {
+        assert_eq!(cached.answer(&sel), rows.answer(&sel), "{why}: {sel:?}");
+    }
+}
+
+#[test]
+fn cached_hours_answer_like_rows_and_are_used() {
+    let cached = Fleet::new();
+    let rows = Fleet::in_store(MemoryStore::with_query_cache(0));
+    let cache = cached.store.hour_cache().unwrap();
+    // Cold (every hour merged from rows and filed), then warm (from the cache).
+    assert_same_answers(&cached, &rows, "cold");
+    let after_cold = cache.stats();
+    assert!(after_cold.misses > 0 && after_cold.bytes > 0);
+    assert_same_answers(&cached, &rows, "warm");
+    let after_warm = cache.stats();
+    assert_eq!(
+        after_warm.misses, after_cold.misses,
+        "a warm pass merged rows"
+    );
+    assert!(after_warm.hits > after_cold.hits);
+    // The cache without entries: the uncached store never filed one.
+    assert_eq!(rows.store.hour_cache().unwrap().stats().bytes, 0);
+}
+
+#[test]
+fn a_write_after_a_cached_answer_is_in_the_next_answer() {
+    let cached = Fleet::new();
+    let rows = Fleet::in_store(MemoryStore::with_query_cache(0));
+    assert_same_answers(&cached, &rows, "before");
+    let whole = select(Kind::Distinct);
+    let before = distinct(&cached.answer(&whole).total);
+    // A newer snapshot of one hour of one server: every selection that holds it changes.
+    push_newer([&cached, &rows], "us-1", 30, 2, 300);
+    assert_same_answers(&cached, &rows, "after a newer snapshot");
+    let after = distinct(&cached.answer(&whole).total);
+    assert!(after > before + 200.0, "{before} → {after}");
+    // An older version is stale: nothing changes, and the cache stays valid.
+    let misses = cached.store.hour_cache().unwrap().stats().misses;
+    push_newer([&cached, &rows], "us-1", 30, 1, 900);
+    assert_same_answers(&cached, &rows, "after a stale snapshot");
+    assert_eq!(cached.store.hour_cache().unwrap().stats().misses, misses);
+    // A new server's first row in an hour the cache holds for all servers.
+    push_newer([&cached, &rows], "us-2", 40, 5, 50);
+    assert_same_answers(&cached, &rows, "after a row where there was none");
+    // Rollups built over cached hours, then a late snapshot into a rolled-up day.
+    for fleet in [&cached, &rows] {
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+    }
+    assert_same_answers(&cached, &rows, "rolled up");
+    push_newer([&cached, &rows], "eu-2", 7, 9, 120);
+    assert_same_answers(&cached, &rows, "a late snapshot after the rollups");
+}
+
+#[test]
+fn retention_is_seen_by_the_cache() {
+    let cached = Fleet::new();
+    let rows = Fleet::in_store(MemoryStore::with_query_cache(0));
+    let day1 = Selector {
+        hours: Hour(24)..Hour(48),
+        ..select(Kind::Distinct)
+    };
+    let part = Selector {
+        hours: Hour(3)..Hour(9),
+        ..select(Kind::Distinct)
+    };
+    for fleet in [&cached, &rows] {
+        fleet.answer(&part);
+        fleet.answer(&day1);
+        build_dirty_days(&fleet.store, Day(2), 100).unwrap();
+        fleet
+            .store
+            .delete_hourly_before(Day(1), &std::collections::BTreeSet::new())
+            .unwrap();
+    }
+    // Day 0's hours are gone: a part of it is refused, not answered from the cache.
+    for fleet in [&cached, &rows] {
+        let refused = Planner::new(&fleet.store).answer(&part).unwrap_err();
+        assert!(
+            matches!(refused, QueryError::PastHourlyRetention { .. }),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(cached.answer(&day1), rows.answer(&day1));
+}
+
+/// The cache over a real RocksDB store while a writer replaces an hour again and again:
+/// once the writer stops, the answer is exactly the one of a store without the cache.
+#[test]
+fn concurrent_writes_never_leave_a_stale_hour_in_a_rocksdb_store() {
+    use crate::store::{RocksStore, StoreOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        sync_writes: false,
+        ..StoreOptions::default()
+    };
+    let store = RocksStore::open(dir.path(), &options).unwrap();
+    let server = store.register_server("web-1", &[]).unwrap();
+    let name = SeriesName::new("visitors", vec![], Kind::Distinct);
+    let series = store.series_id_or_create(&name).unwrap();
+    let key = |hour: u32| HourKey {
+        series,
+        hour: Hour(hour),
+        server,
+        epoch: Epoch(1),
+    };
+    let users = |n: u32| -> Vec<Vec<u8>> { (0..n).map(|u| format!("u{u}").into_bytes()).collect() };
+    for hour in 0..6 {
+        let sketch = sketch_of(Kind::Distinct, &users(10)).encode();
+        store.put_hourly(&[(key(hour), 1, sketch.into())]).unwrap();
+    }
+    let sel = Selector {
+        hours: Hour(0)..Hour(6),
+        ..select(Kind::Distinct)
+    };
+    let final_version = 400;
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            for version in 2..=final_version {
+                let sketch = sketch_of(Kind::Distinct, &users(10 + version as u32)).encode();
+                store
+                    .put_hourly(&[(key(3), version, sketch.into())])
+                    .unwrap();
+            }
+        });
+        while !writer.is_finished() {
+            let answer = Planner::new(&store).answer(&sel).unwrap();
+            // Never fewer users than some version of hour 3 had: a monotone series.
+            assert!(distinct(&answer.total) >= 10.0 * 0.9);
+        }
+    });
+    let answer = Planner::new(&store).answer(&sel).unwrap();
+    let expected = sketch_of(Kind::Distinct, &users(10 + final_version as u32));
+    assert_eq!(
+        answer.total.sketch.map(|s| s.encode()),
+        Some(expected.encode()),
+        "the answer after the last write must be that write's hour"
+    );
 }

@@ -7,16 +7,27 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
-    Bytes, DayConflict, DirtyDay, PutOutcome, SeriesName, ServerEntry, Store, StoreError,
-    StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups, is_empty_range,
-    mask_span, mask_within, sorted_labels, span_union,
+    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SeriesName, ServerEntry, Store,
+    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
+    is_empty_range, mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
 /// A store that keeps everything in `BTreeMap`s behind one mutex. Nothing is persisted.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    hour_cache: HourCache,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            inner: Mutex::default(),
+            // The planner's tests run on this store: they exercise the cached path too.
+            hour_cache: HourCache::new(16 << 20),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +70,15 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
+    /// An empty store whose hour cache keeps at most `bytes` (0: none), for tests that
+    /// compare answers with and without it.
+    pub fn with_query_cache(bytes: usize) -> Self {
+        MemoryStore {
+            inner: Mutex::default(),
+            hour_cache: HourCache::new(bytes),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied write: every method
         // validates before it mutates. So a poisoned lock still guards consistent maps.
@@ -83,6 +103,10 @@ impl Store for MemoryStore {
             inner.server_series.insert((server, *day, *series));
         }
         Ok(())
+    }
+
+    fn hour_cache(&self) -> Option<&HourCache> {
+        Some(&self.hour_cache)
     }
 
     fn put_push(
@@ -114,6 +138,12 @@ impl Store for MemoryStore {
                     inner.mark(key.series, key.hour.day());
                     outcomes.push(PutOutcome::Stored);
                 }
+            }
+        }
+        drop(inner);
+        for ((key, _, _), outcome) in batch.iter().zip(&outcomes) {
+            if *outcome == PutOutcome::Stored {
+                self.hour_cache.written(key.series, key.hour);
             }
         }
         Ok(outcomes)
@@ -217,6 +247,8 @@ impl Store for MemoryStore {
             *inner.live_days.entry((server, hour.day())).or_default() |= bit;
         }
         inner.server_series.retain(|(_, d, _)| *d >= day);
+        drop(inner);
+        self.hour_cache.written_everywhere();
         Ok(deleted)
     }
 
@@ -233,7 +265,10 @@ impl Store for MemoryStore {
         inner.live_days.retain(|(_, d), _| *d >= day);
         inner.conflicts.retain(|(d, _), _| *d >= day);
         inner.expired.retain(|(d, _)| *d >= day);
-        Ok((before - inner.rollups.len()) as u64)
+        let deleted = (before - inner.rollups.len()) as u64;
+        drop(inner);
+        self.hour_cache.written_everywhere();
+        Ok(deleted)
     }
 
     fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {

@@ -34,8 +34,12 @@ use thiserror::Error;
 
 use crate::keys::{Day, DayKey, Hour, HourKey, KeyLengthError, SeriesId, ServerId};
 
+mod cache;
 mod memory;
 mod rocks;
+
+pub use cache::{HourCache, HourCacheStats};
+pub(crate) use cache::{HourMerge, HourSelection};
 
 pub use memory::MemoryStore;
 pub use rocks::{CfStats, RocksStore, StoreOptions, StoreStats};
@@ -319,6 +323,12 @@ pub trait Store: Send + Sync + 'static {
     /// merged in place, so there is no version. Durable before it returns, like
     /// [`Store::put_hourly`].
     fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError>;
+
+    /// The store's hour cache (`cache` module), whose generations it raises after every
+    /// write that changes hourly rows; `None` for a store that keeps none.
+    fn hour_cache(&self) -> Option<&HourCache> {
+        None
+    }
 
     /// The rollup stored under `key`, if any.
     fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError>;

@@ -935,6 +935,92 @@ mod rocks {
 
     store_suite!(temp_store());
 
+    /// The live hours the RocksDB store keeps in memory (rocks/live.rs) answer like the
+    /// reference store through a seeded mix of live writes (pushes, index records, marks)
+    /// and both retentions, with questions between them so that servers are loaded at
+    /// every stage; and like the store reopened (read from disk alone) at the end.
+    #[test]
+    fn live_hours_in_memory_answer_like_the_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let rocks = RocksStore::open(dir.path(), &options()).unwrap();
+        let reference = MemoryStore::new();
+        let mut seed = 0x1234_5678_u64;
+        let mut next = |n: u32| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) % u64::from(n)) as u32
+        };
+        let ask = |rocks: &RocksStore, why: &str| {
+            for server in 1..=3 {
+                let id = ServerId(server);
+                assert_eq!(
+                    rocks.live_span(id).unwrap(),
+                    reference.live_span(id).unwrap(),
+                    "{why}: span of {id}"
+                );
+                for (a, b) in [(0, 24 * 12), (30, 31), (47, 100), (100, 250), (0, 1)] {
+                    let hours = Hour(a)..Hour(b);
+                    assert_eq!(
+                        rocks.live_hours(id, hours.clone()).unwrap(),
+                        reference.live_hours(id, hours.clone()).unwrap(),
+                        "{why}: live hours of {id} in {hours:?}"
+                    );
+                }
+            }
+        };
+        for step in 0..200u32 {
+            let server = ServerId(1 + next(3));
+            let hours: Vec<Hour> = (0..1 + next(4)).map(|_| Hour(next(24 * 12))).collect();
+            let why = format!("step {step}");
+            match next(10) {
+                0..=3 => {
+                    for store in [&rocks as &dyn Store, &reference] {
+                        store.mark_live(server, &hours).unwrap();
+                    }
+                }
+                4..=6 => {
+                    let batch = [(
+                        key(1, hours[0].0, server.0, 0),
+                        u64::from(step) + 1,
+                        sketch(1).into(),
+                    )];
+                    for store in [&rocks as &dyn Store, &reference] {
+                        store.put_push(Some((server, &hours)), &batch).unwrap();
+                    }
+                }
+                7 => {
+                    for store in [&rocks as &dyn Store, &reference] {
+                        store
+                            .put_index(Some((server, &hours)), server, &[])
+                            .unwrap();
+                    }
+                }
+                8 => {
+                    let day = Day(next(12));
+                    for store in [&rocks as &dyn Store, &reference] {
+                        store.delete_hourly_before(day, &BTreeSet::new()).unwrap();
+                    }
+                }
+                _ => {
+                    if next(4) == 0 {
+                        let day = Day(next(6));
+                        for store in [&rocks as &dyn Store, &reference] {
+                            store.delete_rollups_before(day).unwrap();
+                        }
+                    }
+                }
+            }
+            if next(3) == 0 {
+                ask(&rocks, &why);
+            }
+        }
+        ask(&rocks, "the end");
+        drop(rocks);
+        let reopened = RocksStore::open(dir.path(), &options()).unwrap();
+        ask(&reopened, "reopened");
+    }
+
     #[test]
     fn a_stale_resend_fills_in_an_index_written_before_the_index_existed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1228,7 +1314,20 @@ fn measure_compression() {
     const ROWS: u32 = 40;
     let item = |row: u32, i: u64| format!("user-{row}-{i}").into_bytes();
     type MakeSketch = Box<dyn Fn(u32) -> Vec<u8>>;
-    let kinds: [(&str, MakeSketch); 4] = [
+    let ull = move |n: u64| -> MakeSketch {
+        Box::new(move |row| {
+            let mut s = hourglass_sketch::ull::Ull::new(13).unwrap();
+            (0..n).for_each(|i| s.insert(&item(row, i)));
+            hourglass_sketch::distinct::Distinct::from(s).encode()
+        })
+    };
+    let kinds: [(&str, MakeSketch); 8] = [
+        // The agent's default form and precision, at vs_redis's counts per server-hour
+        // (500 to 5,000): sparse up to about 2,350 items, dense above.
+        ("distinct, ULL p13 sparse, 500 items", ull(500)),
+        ("distinct, ULL p13 sparse, 2,000 items", ull(2_000)),
+        ("distinct, ULL p13 dense, 3,000 items", ull(3_000)),
+        ("distinct, ULL p13 dense, 5,000 items", ull(5_000)),
         (
             "distinct, sparse (p14, 500 items)",
             Box::new(move |row| {

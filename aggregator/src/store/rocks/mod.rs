@@ -51,15 +51,16 @@ use rocksdb::{
 
 use super::memory::next_id;
 use super::{
-    Bytes, DayConflict, DirtyDay, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry, Store,
-    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
-    is_empty_range, mask_span, mask_within, sorted_labels, span_union,
+    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry,
+    Store, StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch,
+    check_rollups, is_empty_range, mask_span, mask_within, sorted_labels, span_union,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
     hour_range_bounds, meta,
 };
 
+mod live;
 mod options;
 mod values;
 
@@ -93,11 +94,14 @@ pub struct StoreOptions {
     pub(crate) block_cache_bytes: usize,
     /// Bloom filter bits per key: 10 gives about 1% false positives. Default 10.
     pub(crate) bloom_bits_per_key: f64,
-    /// Compress SST files: LZ4 for the upper levels, ZSTD for the bottommost level.
+    /// Compress SST files (ZSTD at its fastest level, at every level) and the WAL (ZSTD).
     /// Default true.
     pub(crate) compression: bool,
     /// Size of one memtable per column family before it is flushed. Default 64 MiB.
     pub(crate) write_buffer_bytes: usize,
+    /// Bytes of merged hours the hour cache keeps for queries (`cache` module); 0 keeps
+    /// none. Default 64 MiB.
+    pub(crate) query_cache_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -108,6 +112,7 @@ impl Default for StoreOptions {
             bloom_bits_per_key: 10.0,
             compression: true,
             write_buffer_bytes: 64 << 20,
+            query_cache_bytes: 64 << 20,
         }
     }
 }
@@ -147,6 +152,8 @@ pub struct StoreStats {
     pub(crate) delayed_write_rate: u64,
     /// Whether writes are stopped until compaction catches up (`rocksdb.is-write-stopped`).
     pub(crate) write_stopped: bool,
+    /// The hour cache's hits, misses and size.
+    pub(crate) hour_cache: super::HourCacheStats,
 }
 
 /// The RocksDB store. Cheap to share behind an `Arc`; all methods take `&self`.
@@ -161,6 +168,8 @@ pub struct RocksStore {
     // check-then-insert must not interleave.
     meta_lock: Mutex<()>,
     next_mark: AtomicU64,
+    hour_cache: HourCache,
+    live_cache: live::LiveCache,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -196,6 +205,11 @@ impl RocksStore {
         // inserts overlap the next group's WAL write and sync. Measured +5 to 8% pushes/s
         // (docs/BENCHMARKS.md); durability is unchanged.
         db_options.set_enable_pipelined_write(true);
+        if options.compression {
+            // The WAL holds every push until its memtable is flushed: uncompressed, it
+            // made the data dir of a running aggregator larger than the data it holds.
+            db_options.set_wal_compression_type(DBCompressionType::Zstd);
+        }
 
         // An error here means there is no database yet: it will be created.
         let existing = DB::list_cf(&Options::default(), &dir).ok();
@@ -235,6 +249,8 @@ impl RocksStore {
             next_mark: AtomicU64::new(
                 (hourglass_rpc::time::since_unix_epoch().as_nanos() as u64).max(1),
             ),
+            hour_cache: HourCache::new(options.query_cache_bytes),
+            live_cache: live::LiveCache::default(),
         };
         store.check_schema()?;
         Ok(store)
@@ -314,7 +330,17 @@ impl RocksStore {
             running_compactions: int(NUM_RUNNING_COMPACTIONS)?,
             delayed_write_rate: int(ACTUAL_DELAYED_WRITE_RATE)?,
             write_stopped: int(IS_WRITE_STOPPED)? != 0,
+            hour_cache: self.hour_cache.stats(),
         })
+    }
+
+    /// After a write of `live` hours is in the store.
+    fn live_written(&self, live: Option<(ServerId, &[Hour])>) {
+        if let Some((server, hours)) = live
+            && !hours.is_empty()
+        {
+            self.live_cache.written(server, hours);
+        }
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
@@ -605,7 +631,23 @@ fn put_live(write: &mut WriteBatch, meta: &ColumnFamily, live: Option<(ServerId,
     }
 }
 
+/// Raises the caches' generations when dropped, at the end of a retention pass, whether
+/// it wrote all it meant to, part of it (several writes) or nothing: rows and live records
+/// it deleted must not be answered from memory.
+struct Retention<'a>(&'a RocksStore);
+
+impl Drop for Retention<'_> {
+    fn drop(&mut self) {
+        self.0.hour_cache.written_everywhere();
+        self.0.live_cache.forget();
+    }
+}
+
 impl Store for RocksStore {
+    fn hour_cache(&self) -> Option<&HourCache> {
+        Some(&self.hour_cache)
+    }
+
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
@@ -619,6 +661,7 @@ impl Store for RocksStore {
         if batch.is_empty() {
             if !write.is_empty() {
                 self.write(write)?;
+                self.live_written(live);
             }
             return Ok(Vec::new());
         }
@@ -676,6 +719,13 @@ impl Store for RocksStore {
         if !write.is_empty() {
             self.write(write)?;
         }
+        // After the write, not before: the caches' rule of validity.
+        self.live_written(live);
+        for ((key, _, _), outcome) in batch.iter().zip(&outcomes) {
+            if *outcome == PutOutcome::Stored {
+                self.hour_cache.written(key.series, key.hour);
+            }
+        }
         Ok(outcomes)
     }
 
@@ -693,6 +743,7 @@ impl Store for RocksStore {
         }
         if !write.is_empty() {
             self.write(write)?;
+            self.live_written(live);
         }
         Ok(())
     }
@@ -769,6 +820,7 @@ impl Store for RocksStore {
         day: Day,
         keep: &BTreeSet<(SeriesId, Day)>,
     ) -> Result<u64, StoreError> {
+        let _after = Retention(self);
         let (mut batch, deleted) = self.expire_hourly_days(day, keep)?;
         let meta = self.cf(CF_META);
         // Liveness of those days folds into one mask per (server, day).
@@ -810,6 +862,7 @@ impl Store for RocksStore {
     }
 
     fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
+        let _after = Retention(self);
         let deleted = self.delete_before(CF_ROLLUPS, day.0)?;
         // Hourly rows kept past hourly retention (their day never rolled up) go with it.
         self.delete_before(CF_HOURLY, day.first_hour().0)?;
@@ -1130,72 +1183,13 @@ impl Store for RocksStore {
         if is_empty_range(&hours) {
             return Ok(0);
         }
-        let meta = self.cf(CF_META);
-        // One mask per day, from hourly records and summaries alike, so an hour in both
-        // counts once.
-        let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
-        let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(meta::live(server, hours.end));
-        let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(meta::live(server, hours.start));
-        while let Some(key) = it.key() {
-            let hour = Hour(meta_id(key, after(key, meta::LIVE.len() + 4))?);
-            *masks.entry(hour.day()).or_default() |= hour_bit(hour);
-            it.next();
-        }
-        it.status().map_err(engine_error)?;
-        let last_day = Hour(hours.end.0 - 1).day();
-        let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(meta::live_day(server, last_day.next()));
-        let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(meta::live_day(server, hours.start.day()));
-        while let Some((key, value)) = it.item() {
-            let day = Day(meta_id(key, after(key, meta::LIVE_DAY.len() + 4))?);
-            *masks.entry(day).or_default() |= mask_within(day, live_mask(key, value)?, &hours);
-            it.next();
-        }
-        it.status().map_err(engine_error)?;
-        Ok(masks.values().map(|m| u64::from(m.count_ones())).sum())
+        // `live/` and `liveday/` records alike, one mask per day, so an hour in both
+        // counts once (live.rs).
+        self.with_live(server, |masks| masks.count(&hours))
     }
 
     fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
-        let meta = self.cf(CF_META);
-        // The first and last entry under `prefix | server`.
-        let ends = |prefix: &[u8]| -> Result<Option<(KeyValue, KeyValue)>, StoreError> {
-            let lo = meta::server_start(prefix, server);
-            let mut read = ReadOptions::default();
-            read.set_iterate_lower_bound(lo.clone());
-            read.set_iterate_upper_bound(prefix_end(&lo));
-            let mut it = self.db.raw_iterator_cf_opt(meta, read);
-            it.seek_to_first();
-            let Some((k, v)) = it.item() else {
-                it.status().map_err(engine_error)?;
-                return Ok(None);
-            };
-            let first = (k.to_vec(), v.to_vec());
-            it.seek_to_last();
-            let last = it.item().map(|(k, v)| (k.to_vec(), v.to_vec()));
-            it.status().map_err(engine_error)?;
-            Ok(Some((first.clone(), last.unwrap_or(first))))
-        };
-        let hourly = match ends(meta::LIVE)? {
-            Some(((first, _), (last, _))) => {
-                let hour = |key: &[u8]| meta_id(key, after(key, meta::LIVE.len() + 4));
-                Some(Hour(hour(&first)?)..Hour(hour(&last)? + 1))
-            }
-            None => None,
-        };
-        let summaries = match ends(meta::LIVE_DAY)? {
-            Some(((first, first_mask), (last, last_mask))) => {
-                let span = |key: &[u8], mask: &[u8]| -> Result<Option<Range<Hour>>, StoreError> {
-                    let day = Day(meta_id(key, after(key, meta::LIVE_DAY.len() + 4))?);
-                    Ok(mask_span(day, live_mask(key, mask)?))
-                };
-                span_union(span(&first, &first_mask)?, span(&last, &last_mask)?)
-            }
-            None => None,
-        };
-        Ok(span_union(hourly, summaries))
+        self.with_live(server, live::LiveMasks::span)
     }
 }
 
@@ -1271,6 +1265,8 @@ pub(super) mod testing {
     /// Writes raw bytes under a raw key of a column family, bypassing every check.
     pub(crate) fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {
         store.db.put_cf(store.cf(cf), key, value).unwrap();
+        store.hour_cache.written_everywhere();
+        store.live_cache.forget();
     }
 
     /// Deletes every `meta` key of the series-per-server index, as in a store written

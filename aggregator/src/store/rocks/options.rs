@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// RocksDB's default window for ZSTD (negative: the library's own choice by level).
+const ZSTD_WINDOW_BITS: i32 = -14;
+/// ZSTD's fastest positive level.
+const ZSTD_FAST_LEVEL: i32 = 1;
+
 /// Column family options: what each is tuned for is in docs/STORAGE.md.
 pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
     let mut table = BlockBasedOptions::default();
@@ -26,19 +31,15 @@ pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> O
     cf.set_write_buffer_size(options.write_buffer_bytes);
     cf.set_level_compaction_dynamic_level_bytes(true);
     if options.compression {
-        // L0 is what flushes write, on the ingest path: uncompressed, so a flush is a
-        // copy. Compactions out of L0 run in the background and compress: LZ4 for the
-        // middle levels (cheap; it takes Count-Min counters to 16%), ZSTD for the
-        // bottommost, which holds about 90% of the data.
-        cf.set_compression_per_level(&[
-            DBCompressionType::None,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-            DBCompressionType::Lz4,
-        ]);
+        // ZSTD at every level: sketches are registers, counters and bits with low entropy
+        // but few repeated strings, so only an entropy coder shrinks them (LZ4 leaves a
+        // dense register array as it is). Its fastest level everywhere, the bottommost
+        // included (no bottommost options are enabled, so they follow these): it still
+        // entropy-codes, which is what sketches need, at the least CPU on the ingest path.
+        // Without this, what a flush wrote stayed uncompressed until a compaction reached
+        // it, and a store after a clean stop was mostly raw sketches (docs/STORAGE.md).
+        cf.set_compression_type(DBCompressionType::Zstd);
+        cf.set_compression_options(ZSTD_WINDOW_BITS, ZSTD_FAST_LEVEL, 0, 0);
         cf.set_bottommost_compression_type(DBCompressionType::Zstd);
     } else {
         cf.set_compression_type(DBCompressionType::None);

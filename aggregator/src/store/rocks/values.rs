@@ -49,9 +49,6 @@ pub(super) fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32)
     ))
 }
 
-/// An owned key and its value.
-pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
-
 /// The bytes of `key` from `offset` on; none if it is shorter (a damaged key, which the
 /// length check of [`meta_id`] then reports).
 pub(super) fn after(key: &[u8], offset: usize) -> &[u8] {
