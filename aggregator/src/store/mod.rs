@@ -508,7 +508,9 @@ fn mask_within(day: Day, mask: u32, hours: &Range<Hour>) -> u32 {
 fn mask_span(day: Day, mask: u32) -> Option<Range<Hour>> {
     (mask != 0).then(|| {
         let first = day.first_hour().0;
-        Hour(first + mask.trailing_zeros())..Hour(first + 32 - mask.leading_zeros())
+        // Saturating: the last day of u32 hours would overflow at its end.
+        Hour(first.saturating_add(mask.trailing_zeros()))
+            ..Hour(first.saturating_add(32 - mask.leading_zeros()))
     })
 }
 

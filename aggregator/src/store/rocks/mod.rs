@@ -1283,3 +1283,6 @@ pub(super) mod testing {
             .unwrap();
     }
 }
+
+#[cfg(test)]
+mod review_live_tests;

@@ -186,12 +186,23 @@ pub(super) fn series_time_prefix(series: u32, time: u32) -> [u8; 8] {
     out
 }
 
-/// The smallest key greater than every key starting with `prefix` (which must not end in
-/// 0xff; ours are ASCII).
+/// The smallest key greater than every key starting with `prefix`: the prefix with its
+/// last byte that is not 0xff raised by one and what follows it dropped. A prefix may end
+/// in 0xff: a server id or a day ends in any byte (server 255, day 20735), and raising
+/// that byte alone wrapped it to 0, a bound below the prefix. Every prefix here starts
+/// with an ASCII name or a series id below 0xffffffff, so one byte can always be raised;
+/// a prefix of 0xff bytes alone is extended by one more, which no key of the store reaches.
 pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
+    while end.last() == Some(&0xff) {
+        end.pop();
+    }
+    match end.last_mut() {
+        Some(last) => *last += 1,
+        None => {
+            end = prefix.to_vec();
+            end.push(0xff);
+        }
     }
     end
 }
