@@ -55,7 +55,9 @@ fn old_live_hours(store: &RocksStore, server: ServerId, hours: Range<Hour>) -> u
 /// without `prefix_end` (which cannot step past a server id ending in 0xff).
 fn old_live_span(store: &RocksStore, server: ServerId) -> Option<Range<Hour>> {
     let meta = store.cf(CF_META);
-    let ends = |prefix: &[u8]| -> Option<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+    // First key, first value, last key, last value.
+    type Ends = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+    let ends = |prefix: &[u8]| -> Option<Ends> {
         let lo = meta::server_start(prefix, server);
         let mut read = ReadOptions::default();
         read.set_iterate_lower_bound(lo.clone());
@@ -405,7 +407,7 @@ fn review_live_concurrent_loads_and_writes() {
         std::thread::spawn(move || {
             let mut i = 0u32;
             while !stop.load(Ordering::SeqCst) {
-                if i % 10 == 0 {
+                if i.is_multiple_of(10) {
                     store
                         .delete_hourly_before(Hour(base).day(), &BTreeSet::new())
                         .unwrap();
