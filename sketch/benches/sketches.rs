@@ -351,6 +351,36 @@ fn hll_sparse_to_dense(c: &mut Criterion) {
     group.finish();
 }
 
+/// An UltraLogLog through its whole sparse phase, at the agents' default precision 13:
+/// the path every server-hour of fewer than ~2,000 users takes in an agent, item by item.
+fn ull_sparse_build(c: &mut Criterion) {
+    let p = 13;
+    let n = (1usize << p) / 4;
+    let items = distinct_items(n, 16, 1 << 42);
+    let build = |items: &[u8]| {
+        let mut u = Ull::new(p).unwrap();
+        for item in items.chunks_exact(16) {
+            u.insert(item);
+        }
+        u
+    };
+    assert!(build(&items).is_sparse());
+    let built = build(&items);
+    let mut group = c.benchmark_group("ull_sparse_p13");
+    // Per iteration: a fresh sketch filled with `n` items, allocation included.
+    group.throughput(Throughput::Elements(n as u64));
+    group.bench_function("build", |b| b.iter(|| build(&items)));
+    // What a push and a checkpoint pay for such a sketch: its sorted body.
+    group.bench_function("encode", |b| {
+        b.iter(|| {
+            let mut body = Vec::new();
+            black_box(&built).encode_body(&mut body);
+            body
+        })
+    });
+    group.finish();
+}
+
 fn hll_codec(c: &mut Criterion) {
     let p = DEFAULT_PRECISION;
     let m = 1u64 << p;
@@ -662,6 +692,6 @@ fn config() -> Criterion {
 criterion::criterion_group! {
     name = benches;
     config = config();
-    targets = hll_insert, hll_merge, hll_merge_stored, hll_estimate, hll_sparse_to_dense, hll_codec, countmin, frequent, bloom
+    targets = hll_insert, hll_merge, hll_merge_stored, hll_estimate, hll_sparse_to_dense, ull_sparse_build, hll_codec, countmin, frequent, bloom
 }
 criterion::criterion_main!(benches);

@@ -18,7 +18,9 @@
 //!   [`SPARSE_PRECISION`] 25 are occupied: the sketch keeps the hashes as sorted `u32`
 //!   tokens `index << 6 | rank` at precision 25 (HyperLogLog's sparse entries), every
 //!   distinct token except those three or more ranks below the largest of their index,
-//!   which no register can remember.
+//!   which no register can remember. While items are inserted, the same set is held as one
+//!   register per occupied index at precision 25 in a hash table, and spelled out as the
+//!   sorted tokens when encoded or merged (module `sparse`).
 //! * **Dense** above that, where the `m` bytes of registers are smaller than the tokens:
 //!   register `h >> (64 − p)` holds `4·u + 2·[u − 1 seen] + [u − 2 seen]`, `u` the largest
 //!   update value `min(leading_zeros(h << p), 64 − p) + 1` (HyperLogLog's rank) of its
@@ -321,15 +323,8 @@ impl Ull {
         match &self.repr {
             Repr::Sparse(tokens) => {
                 let mut histogram = [0u32; 256];
-                let canonical = tokens.canonical();
-                for group in canonical.chunk_by(|a, b| sparse::index_of(*a) == sparse::index_of(*b))
-                {
-                    let max = sparse::rank_of(group[group.len() - 1]);
-                    let seen = |rank: u32| group.iter().any(|&t| sparse::rank_of(t) == rank);
-                    let r = 4 * max
-                        + 2 * u32::from(seen(max - 1))
-                        + u32::from(seen(max.wrapping_sub(2)));
-                    histogram[r as usize] += 1;
+                for (_, r) in tokens.registers() {
+                    histogram[usize::from(r)] += 1;
                 }
                 // At most m/4 ≤ 2^16 indices, so the empty count fits and is positive.
                 histogram[0] = (sparse::SPARSE_REGISTERS - tokens.indices() as u64) as u32;

@@ -11,14 +11,14 @@
 //! alone; a token sorts by index first, so the tokens of one index are adjacent and
 //! ascending by rank.
 //!
-//! As in HyperLogLog's sparse list, tokens of indices not yet present go to a small sorted
-//! `pending` list that is merged into the main list once it holds about √(2n) tokens; the
-//! two lists never share an index. The sketch's switch to dense depends on the number of
-//! distinct indices, which is kept as a count.
+//! A sketch being inserted into holds the same set as one register per occupied index at
+//! the sparse precision, in a hash table ([`SparseTokens`]): an insert is one probe and one
+//! register update, and the sorted list is spelled out from the registers when it is
+//! encoded or merged. The sketch's switch to dense depends on the number of distinct
+//! indices, which either layout knows.
 
-use super::SPARSE_PRECISION;
+use super::{SPARSE_PRECISION, registers};
 use std::borrow::Cow;
-use std::ops::Range;
 
 /// Bits of a token that hold the rank.
 const RANK_BITS: u32 = 6;
@@ -82,13 +82,6 @@ pub(super) fn dense_position(token: u32, precision: u8) -> (usize, u32) {
 #[inline]
 fn kept(rank: u32, max: u32) -> bool {
     rank + 2 >= max
-}
-
-/// The range of `list` (sorted) holding the tokens of `index`.
-fn group(list: &[u32], index: u32) -> Range<usize> {
-    let start = list.partition_point(|&t| index_of(t) < index);
-    let end = start + list[start..].partition_point(|&t| index_of(t) == index);
-    start..end
 }
 
 /// Drops from a sorted, duplicate-free list the tokens three or more ranks below the
@@ -159,98 +152,216 @@ pub(super) fn count_indices(list: &[u32]) -> usize {
         + usize::from(!list.is_empty())
 }
 
-/// The tokens of a sparse sketch: a sorted list plus a small sorted list of recent new
-/// indices, disjoint by index, and the number of distinct indices of both.
-#[derive(Clone, Debug, Default)]
-pub(super) struct SparseTokens {
-    sorted: Vec<u32>,
-    pending: Vec<u32>,
-    indices: usize,
+/// The tokens of a sparse sketch, in one of two layouts holding the same set.
+///
+/// * **Sorted**: the canonical list, as decoded or merged. What an aggregator holds, and
+///   what encoding and merging read without copying.
+/// * **Table**: one register per occupied index at the sparse precision, in an
+///   open-addressing table. What a sketch takes on its first insert, so that an insert is
+///   one probe and one register update instead of a search of a sorted list and an
+///   amortised O(√n) merge (the insert path of an agent). The tokens of an index are
+///   exactly those its register remembers (`kept`), so the two layouts hold the same
+///   information; the canonical list is the table's registers sorted by index and spelled
+///   out as tokens.
+#[derive(Clone, Debug)]
+pub(super) enum SparseTokens {
+    Sorted { list: Vec<u32>, indices: usize },
+    Table(IndexTable),
+}
+
+impl Default for SparseTokens {
+    fn default() -> SparseTokens {
+        SparseTokens::Sorted {
+            list: Vec::new(),
+            indices: 0,
+        }
+    }
 }
 
 impl SparseTokens {
     /// Tokens from a canonical list.
-    pub(super) fn from_canonical(sorted: Vec<u32>) -> SparseTokens {
-        let indices = count_indices(&sorted);
-        SparseTokens {
-            sorted,
-            pending: Vec::new(),
-            indices,
-        }
+    pub(super) fn from_canonical(list: Vec<u32>) -> SparseTokens {
+        let indices = count_indices(&list);
+        SparseTokens::Sorted { list, indices }
     }
 
     /// The number of distinct indices.
     pub(super) fn indices(&self) -> usize {
-        self.indices
+        match self {
+            SparseTokens::Sorted { indices, .. } => *indices,
+            SparseTokens::Table(table) => table.len,
+        }
     }
 
-    /// Records `token`. Returns whether the list changed.
+    /// Records `token`. Returns whether the set of tokens changed.
     pub(super) fn insert(&mut self, token: u32) -> bool {
-        let index = index_of(token);
-        for list in [&mut self.sorted, &mut self.pending] {
-            let range = group(list, index);
-            if !range.is_empty() {
-                return insert_into_group(list, range, token);
+        if let SparseTokens::Sorted { list, indices } = self {
+            let mut table = IndexTable::with_room_for(*indices + 1);
+            for &t in list.iter() {
+                table.insert(t);
             }
+            *self = SparseTokens::Table(table);
         }
-        let at = self.pending.partition_point(|&t| t < token);
-        self.pending.insert(at, token);
-        self.indices += 1;
-        // √(2n), at least 32: balances shifting within `pending` against the merge.
-        let limit = (2 * self.sorted.len()).isqrt().max(32);
-        if self.pending.len() > limit {
-            // Disjoint by index, so the union needs no pruning; `union` prunes anyway.
-            self.sorted = union(&self.sorted, &self.pending);
-            self.pending.clear();
+        match self {
+            SparseTokens::Table(table) => table.insert(token),
+            SparseTokens::Sorted { .. } => unreachable!("turned into a table above"),
         }
-        true
     }
 
     /// The canonical list: every token, sorted.
     pub(super) fn canonical(&self) -> Cow<'_, [u32]> {
-        if self.pending.is_empty() {
-            Cow::Borrowed(&self.sorted)
-        } else {
-            Cow::Owned(union(&self.sorted, &self.pending))
+        match self {
+            SparseTokens::Sorted { list, .. } => Cow::Borrowed(list),
+            SparseTokens::Table(table) => Cow::Owned(table.canonical()),
+        }
+    }
+
+    /// Every occupied index with its register at the sparse precision
+    /// (`4·u + 2·[u − 1 seen] + [u − 2 seen]`, as a dense register), in no particular order.
+    pub(super) fn registers(&self) -> Box<dyn Iterator<Item = (u32, u8)> + '_> {
+        match self {
+            SparseTokens::Sorted { list, .. } => Box::new(
+                list.chunk_by(|a, b| index_of(*a) == index_of(*b))
+                    .map(|group| (index_of(group[0]), register_of_group(group))),
+            ),
+            SparseTokens::Table(table) => Box::new(table.entries()),
         }
     }
 
     /// Every token, in no particular order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.sorted.iter().chain(&self.pending).copied()
+    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        match self {
+            SparseTokens::Sorted { list, .. } => Box::new(list.iter().copied()),
+            SparseTokens::Table(table) => Box::new(
+                table
+                    .entries()
+                    .flat_map(|(index, register)| tokens_of_register(index, register)),
+            ),
+        }
     }
 
     /// Bytes held, counting spare capacity.
     pub(super) fn size_bytes(&self) -> usize {
-        (self.sorted.capacity() + self.pending.capacity()) * size_of::<u32>()
+        match self {
+            SparseTokens::Sorted { list, .. } => list.capacity() * size_of::<u32>(),
+            SparseTokens::Table(table) => table.slots.len() * size_of::<u64>(),
+        }
     }
 }
 
-/// Adds `token` to the non-empty group `range` of its index in `list`, keeping the group
-/// sorted and pruned. Returns whether the list changed.
-fn insert_into_group(list: &mut Vec<u32>, range: Range<usize>, token: u32) -> bool {
-    let group = &list[range.clone()];
-    let max = rank_of(group[group.len() - 1]);
-    let rank = rank_of(token);
-    if group.contains(&token) || !kept(rank, max) {
-        return false;
-    }
-    // At most three tokens in a group: rebuild it.
-    let max = max.max(rank);
-    let mut new_group: Vec<u32> = group
+/// The register at the sparse precision of one index's group of tokens (sorted, pruned).
+fn register_of_group(group: &[u32]) -> u8 {
+    group
         .iter()
-        .copied()
-        .chain([token])
-        .filter(|&t| kept(rank_of(t), max))
-        .collect();
-    new_group.sort_unstable();
-    list.splice(range, new_group);
-    true
+        .fold(0, |r, &t| registers::update(r, rank_of(t)))
+}
+
+/// The tokens a register at the sparse precision remembers, ascending: `u − 2`, `u − 1`
+/// where seen, then `u`.
+fn tokens_of_register(index: u32, register: u8) -> impl Iterator<Item = u32> {
+    let u = u32::from(register >> 2);
+    let token = move |rank: u32| index << RANK_BITS | rank;
+    [
+        (register & 1 != 0).then(|| token(u - 2)),
+        (register & 2 != 0).then(|| token(u - 1)),
+        Some(token(u)),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Occupied indices and their registers at the sparse precision, by linear probing.
+///
+/// A slot is `index << 8 | register`, 0 when empty (an occupied index's register is never
+/// 0). The home slot is the index's low bits: indices are bits of a hash, so they spread
+/// evenly. At most three quarters of the slots are occupied.
+#[derive(Clone, Debug)]
+pub(super) struct IndexTable {
+    slots: Box<[u64]>,
+    len: usize,
+}
+
+impl IndexTable {
+    /// The fewest slots a table starts with: 64 bytes, for the many small sketches.
+    const MIN_SLOTS: usize = 8;
+
+    /// An empty table that holds `n` indices without growing.
+    fn with_room_for(n: usize) -> IndexTable {
+        let slots = (n * 4).div_ceil(3).next_power_of_two().max(Self::MIN_SLOTS);
+        IndexTable {
+            slots: vec![0; slots].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    /// Records `token`: sets its index's register. Returns whether the register changed.
+    #[inline]
+    fn insert(&mut self, token: u32) -> bool {
+        let index = index_of(token);
+        let mask = self.slots.len() - 1;
+        let mut at = index as usize & mask;
+        loop {
+            let slot = self.slots[at];
+            if slot == 0 {
+                break;
+            }
+            if (slot >> 8) as u32 == index {
+                let register = slot as u8;
+                let updated = registers::update(register, rank_of(token));
+                if updated == register {
+                    return false;
+                }
+                self.slots[at] = u64::from(index) << 8 | u64::from(updated);
+                return true;
+            }
+            at = (at + 1) & mask;
+        }
+        self.slots[at] = u64::from(index) << 8 | u64::from(registers::update(0, rank_of(token)));
+        self.len += 1;
+        if self.len * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        true
+    }
+
+    /// Doubles the slots, placing every entry again.
+    fn grow(&mut self) {
+        let doubled = vec![0; self.slots.len() * 2].into_boxed_slice();
+        let old = std::mem::replace(&mut self.slots, doubled);
+        let mask = self.slots.len() - 1;
+        for slot in old.iter().copied().filter(|&s| s != 0) {
+            let mut at = (slot >> 8) as usize & mask;
+            while self.slots[at] != 0 {
+                at = (at + 1) & mask;
+            }
+            self.slots[at] = slot;
+        }
+    }
+
+    /// Every occupied index and its register, in slot order.
+    fn entries(&self) -> impl Iterator<Item = (u32, u8)> + '_ {
+        self.slots
+            .iter()
+            .filter(|&&s| s != 0)
+            .map(|&s| ((s >> 8) as u32, s as u8))
+    }
+
+    /// The canonical list of the tokens held.
+    fn canonical(&self) -> Vec<u32> {
+        let mut slots: Vec<u64> = self.slots.iter().copied().filter(|&s| s != 0).collect();
+        // By index, the high bits: the order of the canonical list.
+        slots.sort_unstable();
+        let mut list = Vec::with_capacity(slots.len() + slots.len() / 8);
+        for s in slots {
+            list.extend(tokens_of_register((s >> 8) as u32, s as u8));
+        }
+        list
+    }
 }
 
 impl PartialEq for SparseTokens {
     fn eq(&self, other: &SparseTokens) -> bool {
-        self.indices == other.indices && self.canonical() == other.canonical()
+        self.indices() == other.indices() && self.canonical() == other.canonical()
     }
 }
 
@@ -327,5 +438,40 @@ mod tests {
         prune(&mut expected);
         assert_eq!(&*forward.canonical(), &expected[..]);
         assert_eq!(forward.indices(), count_indices(&expected));
+    }
+
+    #[test]
+    fn a_sorted_list_inserted_into_becomes_the_same_table() {
+        let tokens: Vec<u32> = (0..3000u64)
+            .map(|i| {
+                let h = i.wrapping_mul(0xd1b5_4a32_d192_ed03);
+                token_of_hash(if i % 4 == 0 { h >> 22 } else { h })
+            })
+            .collect();
+        let (first, rest) = tokens.split_at(1000);
+        let mut all = SparseTokens::default();
+        for &t in &tokens {
+            all.insert(t);
+        }
+        let mut start = SparseTokens::default();
+        for &t in first {
+            start.insert(t);
+        }
+        // As decoded: the sorted layout, then a table again on the next insert.
+        let mut resumed = SparseTokens::from_canonical(start.canonical().into_owned());
+        assert!(matches!(resumed, SparseTokens::Sorted { .. }));
+        for &t in rest {
+            resumed.insert(t);
+        }
+        assert!(matches!(resumed, SparseTokens::Table(_)));
+        assert_eq!(resumed, all);
+        // The registers either layout reports agree, index for index.
+        let mut from_table: Vec<(u32, u8)> = all.registers().collect();
+        from_table.sort_unstable();
+        let sorted = SparseTokens::from_canonical(all.canonical().into_owned());
+        assert_eq!(sorted.registers().collect::<Vec<_>>(), from_table);
+        let mut iterated: Vec<u32> = all.iter().collect();
+        iterated.sort_unstable();
+        assert_eq!(iterated, &*all.canonical());
     }
 }

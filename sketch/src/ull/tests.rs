@@ -246,10 +246,19 @@ fn to_hll_equals_the_hll_of_the_same_items() {
 #[test]
 fn size_bytes_follows_the_state() {
     assert_eq!(sketch_of(14, 0..10_000).size_bytes(), 1 << 14);
+    // Inserted into: a table of 8-byte slots, at most three quarters full, grown by
+    // doubling.
     let sparse = sketch_of(14, 0..1000);
     assert!(sparse.is_sparse());
-    assert!(sparse.size_bytes() >= 4 * 1000);
-    assert!(sparse.size_bytes() < 1 << 14);
+    assert!(sparse.size_bytes() >= 8 * 1000 * 4 / 3);
+    assert!(sparse.size_bytes() <= 8 * 1000 * 8 / 3);
+    // Decoded (or merged): the sorted list, four bytes a token, below the registers.
+    let mut body = Vec::new();
+    sparse.encode_body(&mut body);
+    let decoded = Ull::decode_body(&body).unwrap();
+    assert!(decoded.size_bytes() >= 4 * 1000);
+    assert!(decoded.size_bytes() < 1 << 14);
+    assert_eq!(decoded, sparse);
 }
 
 /// Pins the body of a sparse sketch: precision 14, sparse precision 25, representation 2,
