@@ -412,12 +412,25 @@ fn hourglass_side(
             }
         }
     });
+    let agents_ingested: f64 =
+        agents.iter().map(|a| cpu_of(a.child.id())).sum::<f64>() - agents_started;
+    let peaks: Vec<u64> = agents.iter().map(Service::peak_rss).collect();
+    eprintln!(
+        "vs_redis: the agents' peak RSS, MiB: mean {:.1}, largest {:.1}",
+        peaks.iter().sum::<u64>() as f64 / peaks.len() as f64 / 1048576.0,
+        *peaks.iter().max().expect("agents") as f64 / 1048576.0
+    );
     // Each agent ships what it holds in a final flush as it stops.
     for agent in agents {
         agent.terminate();
     }
     let agents_cpu = cpu_of_ended_children() - ended_before - agents_started;
     let agg_cpu = cpu_of(agg.child.id()) - agg_cpu_before;
+    eprintln!(
+        "vs_redis: server-side CPU seconds: agents {agents_cpu:.2} ({:.0} ns an event; {agents_ingested:.2} until their stop), aggregator {agg_cpu:.2} ({:.0} ns an event)",
+        agents_cpu * 1e9 / events as f64,
+        agg_cpu * 1e9 / events as f64
+    );
     let server_hours = sizes.servers as f64 * f64::from(sizes.hours);
     let running = dir_bytes(&dir.join("agg")) as f64 / server_hours;
     eprintln!(

@@ -416,7 +416,7 @@ impl Ull {
         let mut reader = BodyReader::new(body);
         let (precision, representation) = read_header(&mut reader)?;
         match representation {
-            REPRESENTATION_SPARSE => drop(decode_sparse(&mut reader, precision)?),
+            REPRESENTATION_SPARSE => drop(read_sparse(&mut reader, precision)?),
             _ => drop(read_dense(&mut reader, precision)?),
         }
         reader.finish()
@@ -452,12 +452,12 @@ impl Ull {
     fn union_into(&self, registers: &mut [u8], precision: u8) {
         match &self.repr {
             Repr::Sparse(tokens) => {
-                for token in tokens.iter() {
+                tokens.for_each(|token| {
                     let (index, value) = sparse::dense_position(token, precision);
                     if let Some(register) = registers.get_mut(index) {
                         *register = registers::update(*register, value);
                     }
-                }
+                });
             }
             Repr::Dense(mine) => registers::fold_into(registers, mine),
         }
@@ -495,6 +495,18 @@ fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
 }
 
 fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTokens, DecodeError> {
+    let bytes = read_sparse(reader, precision)?;
+    let tokens = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(SparseTokens::from_canonical(tokens))
+}
+
+/// The token bytes of a sparse body, each checked: in one pass without branches on the
+/// data for a valid body (what every push carries), and again token by token only to name
+/// the fault of an invalid one.
+fn read_sparse<'a>(reader: &mut BodyReader<'a>, precision: u8) -> Result<&'a [u8], DecodeError> {
     let count = reader.u32("sparse token count")? as usize;
     let limit = sparse_limit(precision);
     // At most three tokens per index.
@@ -508,9 +520,41 @@ fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTok
         ));
     }
     let bytes = reader.take(4 * count, "sparse tokens")?;
-    let mut tokens = Vec::with_capacity(count);
-    for (i, chunk) in bytes.chunks_exact(4).enumerate() {
-        let token = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    let token = |i: usize| {
+        u32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    };
+    // Valid: every index below 2^25 (the top bit clear), every rank in 1..=MAX, strictly
+    // increasing, and within an index no rank three or more below the group's last
+    // (largest) one. `bad` collects every violation as a set bit.
+    let mut bad = 0u32;
+    let mut indices = 0usize;
+    let mut group_first_rank = 0u32;
+    for i in 0..count {
+        let t = token(i);
+        let rank = sparse::rank_of(t);
+        bad |= t >> 31;
+        bad |= u32::from(rank == 0 || rank > sparse::MAX_SPARSE_RANK);
+        let new_group = i == 0 || sparse::index_of(t) != sparse::index_of(token(i - 1));
+        if i > 0 {
+            bad |= u32::from(t <= token(i - 1));
+        }
+        if new_group {
+            group_first_rank = rank;
+            indices += 1;
+        } else {
+            bad |= u32::from(group_first_rank + 2 < rank);
+        }
+    }
+    if bad == 0 && indices <= limit {
+        return Ok(bytes);
+    }
+    let tokens: Vec<u32> = (0..count).map(token).collect();
+    for (i, &token) in tokens.iter().enumerate() {
         let (index, rank) = (sparse::index_of(token), sparse::rank_of(token));
         if u64::from(index) >= sparse::SPARSE_REGISTERS {
             return Err(invalid(
@@ -527,17 +571,15 @@ fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTok
                 ),
             ));
         }
-        if let Some(&previous) = tokens.last()
-            && token <= previous
-        {
+        if i > 0 && token <= tokens[i - 1] {
             return Err(invalid(
                 "sparse token",
                 format!(
-                    "token {i} is {token:#x} after {previous:#x}: tokens must strictly increase"
+                    "token {i} is {token:#x} after {:#x}: tokens must strictly increase",
+                    tokens[i - 1]
                 ),
             ));
         }
-        tokens.push(token);
     }
     if let Some(i) = sparse::first_pruned(&tokens) {
         return Err(invalid(
@@ -549,16 +591,12 @@ fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTok
             ),
         ));
     }
-    let indices = sparse::count_indices(&tokens);
-    if indices > limit {
-        return Err(invalid(
-            "sparse token count",
-            format!(
-                "{indices} indices, but a sketch of precision {precision} turns dense above {limit}"
-            ),
-        ));
-    }
-    Ok(SparseTokens::from_canonical(tokens))
+    Err(invalid(
+        "sparse token count",
+        format!(
+            "{indices} indices, but a sketch of precision {precision} turns dense above {limit}"
+        ),
+    ))
 }
 
 /// The `m` register bytes of a dense body, each checked.

@@ -240,6 +240,20 @@ impl SparseTokens {
         }
     }
 
+    /// Calls `f` with every token, in no particular order: [`SparseTokens::iter`] without
+    /// its dynamic dispatch, for the conversion to registers.
+    #[inline]
+    pub(super) fn for_each(&self, mut f: impl FnMut(u32)) {
+        match self {
+            SparseTokens::Sorted { list, .. } => list.iter().for_each(|&t| f(t)),
+            SparseTokens::Table(table) => {
+                for (index, register) in table.entries() {
+                    tokens_of_register(index, register).for_each(&mut f);
+                }
+            }
+        }
+    }
+
     /// Bytes held, counting spare capacity.
     pub(super) fn size_bytes(&self) -> usize {
         match self {

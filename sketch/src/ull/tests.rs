@@ -668,3 +668,49 @@ fn error_and_coverage_match_theory() {
         );
     }
 }
+
+/// The one-pass check of sparse tokens accepts exactly what the token-by-token rules do:
+/// random lists over few indices and ranks (so that order, duplicate, pruned and
+/// too-many-indices faults all occur), at a precision whose limit is reached.
+#[test]
+fn sparse_validation_in_one_pass_agrees_with_the_rules() {
+    let mut state = 7;
+    let precision = 4; // at most 4 indices, 12 tokens
+    let (mut valid, mut invalid) = (0, 0);
+    for _ in 0..200_000 {
+        let count = (splitmix(&mut state) % 8) as usize;
+        let mut tokens: Vec<u32> = (0..count)
+            .map(|_| {
+                let r = splitmix(&mut state);
+                let index = (r % 6) as u32 | if r % 97 == 0 { 1 << 25 } else { 0 };
+                let rank = ((r >> 8) % 9) as u32 + u32::from(r % 89 == 0) * 40;
+                index << 6 | rank
+            })
+            .collect();
+        if splitmix(&mut state) % 2 == 0 {
+            tokens.sort_unstable();
+        }
+        let rules = tokens.windows(2).all(|w| w[0] < w[1])
+            && tokens.iter().all(|&t| {
+                t >> 31 == 0 && (1..=sparse::MAX_SPARSE_RANK).contains(&sparse::rank_of(t))
+            })
+            && sparse::first_pruned(&tokens).is_none()
+            && sparse::count_indices(&tokens) <= sparse_limit(precision);
+        let mut body = vec![precision, SPARSE_PRECISION, REPRESENTATION_SPARSE, 0];
+        body.extend_from_slice(&(count as u32).to_le_bytes());
+        tokens
+            .iter()
+            .for_each(|t| body.extend_from_slice(&t.to_le_bytes()));
+        assert_eq!(Ull::validate_body(&body).is_ok(), rules, "{tokens:x?}");
+        assert_eq!(Ull::decode_body(&body).is_ok(), rules, "{tokens:x?}");
+        if rules {
+            valid += 1;
+        } else {
+            invalid += 1;
+        }
+    }
+    assert!(
+        valid > 10_000 && invalid > 10_000,
+        "{valid} valid, {invalid} invalid"
+    );
+}
