@@ -7,8 +7,8 @@
 //!   persistence): one HyperLogLog per server-hour (`PFADD hll:SERVER:HOUR`), pipelined;
 //!   questions are `PFCOUNT` over the keys of the range.
 //! - **hourglass**: one real agent process per server (`--default-kinds distinct`), fed
-//!   the same items through its Ingest API (one `SeriesBatch` per server-hour), shipping
-//!   to one real aggregator; the agents are stopped (a final flush), then questions are
+//!   the same items through its Ingest API (one `SeriesBatch` per server-hour, its items
+//!   in `packed_items`), shipping to one real aggregator; the agents are stopped (a final flush), then questions are
 //!   `Query/Distinct` over gRPC.
 //!
 //! Printed, one table of ratios: events per server-side CPU-second (Redis's process;
@@ -396,9 +396,17 @@ fn hourglass_side(
                         batches: vec![v1::SeriesBatch {
                             metric: "visitors".into(),
                             tags: vec![],
-                            items: users.into_iter().map(|u| item(u).into()).collect(),
+                            packed_items: hourglass_rpc::packed::pack(
+                                users
+                                    .iter()
+                                    .map(|&u| item(u))
+                                    .collect::<Vec<_>>()
+                                    .iter()
+                                    .map(Vec::as_slice),
+                            )
+                            .into(),
                             times_unix_seconds: times,
-                            weights: vec![],
+                            ..Default::default()
                         }],
                     })
                     .await

@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // allocation and copy each, which dominated the agent's ingest profile.
         .bytes(".hourglass.v1.Event.item")
         .bytes(".hourglass.v1.SeriesBatch.items")
+        .bytes(".hourglass.v1.SeriesBatch.packed_items")
         // Pushed sketches as `Bytes` too: a slice of the received message, with no copy
         // between the decoder and the store (a push is mostly sketch bytes).
         .bytes(".hourglass.v1.EncodedSketch.data")

@@ -296,8 +296,7 @@ fn group(request: v1::IngestRequest) -> v1::IngestRequest {
                 metric: e.metric,
                 tags: e.tags,
                 items: vec![e.item],
-                times_unix_seconds: Vec::new(),
-                weights: Vec::new(),
+                ..Default::default()
             }),
         }
     }
@@ -404,6 +403,7 @@ fn memory(sizes: &Sizes, runtime: &tokio::runtime::Runtime) {
                         .collect(),
                     times_unix_seconds: Vec::new(),
                     weights: Vec::new(),
+                    ..Default::default()
                 })
                 .collect();
             client

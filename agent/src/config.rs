@@ -44,6 +44,7 @@
 //! backoff_max = "60s"     # ... doubling up to this, with jitter
 //! shutdown_timeout = "10s" # the final flush on SIGTERM, at most
 //! max_backlog_mib = 256   # unacknowledged sketches of closed hours held, at most; beyond it the oldest are dropped (and counted)
+//! compression = "none"    # pushes on the wire: "none", or "zstd" (about half the bytes, for a WAN or metered link)
 //! ```
 //!
 //! Durations are a whole number and a unit: `ms`, `s`, `m`, `h` or `d`.
@@ -305,6 +306,25 @@ pub struct Shipping {
     /// dropped oldest hour first, counted in `snapshots_dropped_total{reason="backlog_full"}`
     /// and logged once per episode. Open hours are bounded by `limits.max_series` instead.
     pub(crate) max_backlog_mib: u64,
+    /// Compression of pushes (and of their replies) on the wire.
+    pub(crate) compression: PushCompression,
+}
+
+/// How pushes travel: as they are, or zstd-compressed by gRPC.
+///
+/// None by default: the aggregator usually runs in the agents' own cluster, where the
+/// bytes cost little and the agent's CPU is what every node pays. Measured with
+/// `cargo bench --bench vs_redis` (docs/BENCHMARKS.md): compressing took 13% of the
+/// agents' CPU, zstd at gRPC's level 3 with a new context per message, and the
+/// aggregator's decompression more; it about halves the bytes of a dense sketch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushCompression {
+    /// As encoded: the default.
+    #[default]
+    None,
+    /// zstd at gRPC's level, replies too.
+    Zstd,
 }
 
 impl Default for Shipping {
@@ -318,6 +338,7 @@ impl Default for Shipping {
             backoff_max: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(10),
             max_backlog_mib: 256,
+            compression: PushCompression::None,
         }
     }
 }
@@ -879,6 +900,13 @@ mod tests {
         assert!(e.contains("shipping.max_backlog_mib"), "{e}");
         let c: Config = toml::from_str("[shipping]\nmax_live_hours_per_push = 3").unwrap();
         c.validate().unwrap();
+        let c: Config = toml::from_str("[shipping]\ncompression = \"zstd\"").unwrap();
+        assert_eq!(c.shipping.compression, PushCompression::Zstd);
+        let e = toml::from_str::<Config>("[shipping]\ncompression = \"lz4\"").unwrap_err();
+        assert!(
+            e.to_string().contains("none") && e.to_string().contains("zstd"),
+            "{e}"
+        );
         let c: Config = toml::from_str("flush_interval = \"10ms\"").unwrap();
         assert!(
             c.validate()

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hourglass_rpc::packed;
 use hourglass_rpc::proto::v1;
 use tonic::{Request, Response, Status};
 
@@ -286,8 +287,8 @@ impl v1::ingest_server::Ingest for IngestService {
         request: Request<v1::IngestRequest>,
     ) -> Result<Response<v1::IngestResponse>, Status> {
         let request = request.into_inner();
-        let count =
-            request.events.len() + request.batches.iter().map(|b| b.items.len()).sum::<usize>();
+        let lens: Vec<BatchLen> = request.batches.iter().map(BatchLen::of).collect();
+        let count = request.events.len() + lens.iter().map(|l| l.events).sum::<usize>();
         let max = self.config.limits.max_events_per_request;
         if count > max {
             self.metrics
@@ -303,9 +304,17 @@ impl v1::ingest_server::Ingest for IngestService {
             let mut table = crate::table::lock(&self.table);
             add_events(&mut table, &request.events, now, &mut stats, &mut refusals);
             let mut index = request.events.len();
-            for batch in &request.batches {
-                add_batch(&mut table, batch, index, now, &mut stats, &mut refusals);
-                index += batch.items.len();
+            for (batch, len) in request.batches.iter().zip(&lens) {
+                add_batch(
+                    &mut table,
+                    batch,
+                    len,
+                    index,
+                    now,
+                    &mut stats,
+                    &mut refusals,
+                );
+                index += len.events;
             }
         }
         self.metrics.ingested("ingest", &stats);
@@ -364,22 +373,60 @@ fn add_events(
     }
 }
 
+/// The events of a batch: its `items`, or the items of its `packed_items`, counted up to
+/// and including an item the packed field cuts short (the fault, kept to refuse them).
+struct BatchLen {
+    events: usize,
+    fault: Option<String>,
+}
+
+impl BatchLen {
+    fn of(batch: &v1::SeriesBatch) -> BatchLen {
+        let items = batch.items.len();
+        if batch.packed_items.is_empty() {
+            return BatchLen {
+                events: items,
+                fault: None,
+            };
+        }
+        let (packed, fault) = match packed::count(&batch.packed_items) {
+            Ok(n) => (n, None),
+            Err(e) => (e.index + 1, Some(e.to_string())),
+        };
+        let fault = fault.or_else(|| {
+            (items > 0).then(|| {
+                format!(
+                    "batch has {items} items and {packed} packed_items: a batch uses one or the other"
+                )
+            })
+        });
+        BatchLen {
+            events: items + packed,
+            fault,
+        }
+    }
+}
+
 /// Adds one batch, whose items are numbered from `first` in the request, to the table.
-/// A problem of the batch itself (its series, times or weights) refuses every item.
+/// A problem of the batch itself (its series, times, weights or packed items) refuses
+/// every item.
 fn add_batch(
     table: &mut Table,
     batch: &v1::SeriesBatch,
+    len: &BatchLen,
     first: usize,
     now: i64,
     stats: &mut IngestStats,
     refusals: &mut Refusals,
 ) {
-    let n = batch.items.len();
+    let n = len.events;
     if n == 0 {
         return;
     }
     let fits = |len: usize| len <= 1 || len == n;
-    let series = if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
+    let series = if let Some(fault) = &len.fault {
+        Err((fault.clone(), "bad_batch"))
+    } else if fits(batch.times_unix_seconds.len()) && fits(batch.weights.len()) {
         table
             .resolve_tags(&batch.metric, &batch.tags, stats)
             .map_err(|r| (r.to_string(), r.reason()))
@@ -402,12 +449,22 @@ fn add_batch(
             return;
         }
     };
-    for (j, item) in batch.items.iter().enumerate() {
+    let mut add = |j: usize, item: &[u8]| {
         let time = event_time(one_or_each(&batch.times_unix_seconds, j), now);
         let weight = one_or_each(&batch.weights, j);
         match table.insert(id, time, now, item, weight) {
             Ok(()) => stats.accepted += 1,
             Err(reject) => refusals.refuse(stats, first + j, reject.to_string(), reject.reason()),
+        }
+    };
+    if batch.packed_items.is_empty() {
+        for (j, item) in batch.items.iter().enumerate() {
+            add(j, item);
+        }
+    } else {
+        // Counted without a fault above, so every item reads.
+        for (j, item) in packed::unpack(&batch.packed_items).enumerate() {
+            add(j, item.unwrap_or_default());
         }
     }
 }

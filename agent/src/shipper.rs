@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 use tracing::Instrument;
 
 use crate::checkpoint;
-use crate::config::Config;
+use crate::config::{Config, PushCompression};
 use crate::metrics::{KindLabel, Metrics, OutcomeLabel, ReasonLabel};
 use crate::table::{Dropped, Sent, Table};
 
@@ -84,11 +84,14 @@ impl Shipper {
         authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     ) -> Shipper {
         let max = 512 << 20;
-        let client = CollectorClient::new(channel)
-            .send_compressed(CompressionEncoding::Zstd)
-            .accept_compressed(CompressionEncoding::Zstd)
+        let mut client = CollectorClient::new(channel)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
+        if config.shipping.compression == PushCompression::Zstd {
+            client = client
+                .send_compressed(CompressionEncoding::Zstd)
+                .accept_compressed(CompressionEncoding::Zstd);
+        }
         let seed = since_unix_epoch().as_nanos() as u64 | 1;
         let live_chunk = config.shipping.max_live_hours_per_push.max(1);
         let writer = Arc::new(Mutex::new(checkpoint::Writer::new(&data_dir, &server.name)));

@@ -5,6 +5,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`packed`] | many items in one bytes field (`SeriesBatch.packed_items`) |
 //! | [`proto`] | the generated gRPC types (proto/hourglass/v1) and their conversions |
 //! | [`series`] | metric, tag and series naming rules, checked where input enters |
 //! | [`time`] | whole UTC hours, and how users write times and durations |
@@ -16,6 +17,7 @@
 //! The sketches themselves, and their binary format, are the `hourglass-sketch` crate,
 //! which knows nothing of any of this. Nothing here knows RocksDB.
 
+pub mod packed;
 pub mod process;
 pub mod proto;
 pub mod selection;

@@ -816,7 +816,7 @@ async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
             .map(|i| i.as_bytes().to_vec().into())
             .collect(),
         times_unix_seconds: times,
-        weights: vec![],
+        ..Default::default()
     };
     let reply = client
         .send(v1::IngestRequest {
@@ -845,6 +845,65 @@ async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
     let (_, metrics) = http_get(agent.admin, "/metrics");
     assert!(
         metrics.contains(r#"hourglass_agent_rejected_total{source="ingest",reason="bad_batch"} 3"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn packed_items_count_as_items_and_a_cut_field_refuses_its_batch() {
+    use hourglass_rpc::packed;
+    let dir = TempDir::new("agent-packed");
+    let agent = AgentProcess::start("web-1", "http://127.0.0.1:1", &dir.file("agent"), &[]);
+    let mut client = IngestClient::new(channel(&agent.ingest).await);
+    let now = now_secs();
+    let batch = |field: Vec<u8>, items: Vec<&str>, times: Vec<i64>| v1::SeriesBatch {
+        metric: "visitors".into(),
+        packed_items: field.into(),
+        items: items.iter().map(|i| i.as_bytes().to_vec().into()).collect(),
+        times_unix_seconds: times,
+        ..Default::default()
+    };
+    let abc = packed::pack([&b"a"[..], b"b", b"c"]);
+    let mut cut = packed::pack([&b"d"[..], b"e"]);
+    cut.extend_from_slice(&[9, b'f']);
+    let reply = client
+        .send(v1::IngestRequest {
+            events: vec![],
+            batches: vec![
+                // Per-item times as with `items`: the second is a day old, refused alone.
+                batch(abc.clone(), vec![], vec![now, now - 86_400, 0]),
+                // A field that ends inside its third item: all three refused.
+                batch(cut, vec![], vec![]),
+                // Both forms in one batch: refused, one event per item of either.
+                batch(abc, vec!["g"], vec![]),
+                // An empty packed field with items is the plain form.
+                batch(vec![], vec!["h", "i"], vec![now]),
+            ],
+        })
+        .await
+        .expect("ingest")
+        .into_inner();
+    assert_eq!((reply.accepted, reply.rejected), (4, 8), "{reply:?}");
+    let indexes: Vec<u32> = reply.rejected_events.iter().map(|r| r.index).collect();
+    assert_eq!(indexes, vec![1, 3, 4, 5, 6, 7, 8, 9]);
+    assert!(
+        reply.rejected_events[1]
+            .reason
+            .contains("packed_items: item 2 (at byte 4)"),
+        "{reply:?}"
+    );
+    assert!(
+        reply.rejected_events[4].reason.contains("one or the other"),
+        "{reply:?}"
+    );
+    // a, c, h and i, in the sketch: the distinct count is exact this small.
+    let (_, metrics) = http_get(agent.admin, "/metrics");
+    assert!(
+        metrics.contains(r#"hourglass_agent_rejected_total{source="ingest",reason="bad_batch"} 7"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"hourglass_agent_events_total{source="ingest"} 4"#),
         "{metrics}"
     );
 }

@@ -682,12 +682,12 @@ fn sparse_validation_in_one_pass_agrees_with_the_rules() {
         let mut tokens: Vec<u32> = (0..count)
             .map(|_| {
                 let r = splitmix(&mut state);
-                let index = (r % 6) as u32 | if r % 97 == 0 { 1 << 25 } else { 0 };
-                let rank = ((r >> 8) % 9) as u32 + u32::from(r % 89 == 0) * 40;
+                let index = (r % 6) as u32 | if r.is_multiple_of(97) { 1 << 25 } else { 0 };
+                let rank = ((r >> 8) % 9) as u32 + u32::from(r.is_multiple_of(89)) * 40;
                 index << 6 | rank
             })
             .collect();
-        if splitmix(&mut state) % 2 == 0 {
+        if splitmix(&mut state).is_multiple_of(2) {
             tokens.sort_unstable();
         }
         let rules = tokens.windows(2).all(|w| w[0] < w[1])
