@@ -287,12 +287,16 @@ fn tokens_of_register(index: u32, register: u8) -> impl Iterator<Item = u32> {
 /// Occupied indices and their registers at the sparse precision, by linear probing.
 ///
 /// A slot is `index << 8 | register`, 0 when empty (an occupied index's register is never
-/// 0). The home slot is the index's low bits: indices are bits of a hash, so they spread
-/// evenly. At most three quarters of the slots are occupied.
+/// 0). The home slot is the index's top bits: indices are bits of a hash, so they spread
+/// evenly, and the slots hold them nearly in order (each at most its probe distance past
+/// its home), so the canonical list is an insertion sort of a scan, not a full sort. At
+/// most three quarters of the slots are occupied.
 #[derive(Clone, Debug)]
 pub(super) struct IndexTable {
     slots: Box<[u64]>,
     len: usize,
+    /// `index >> shift` is an index's home slot: 25 − log2(slots).
+    shift: u32,
 }
 
 impl IndexTable {
@@ -305,7 +309,14 @@ impl IndexTable {
         IndexTable {
             slots: vec![0; slots].into_boxed_slice(),
             len: 0,
+            shift: Self::shift_for(slots),
         }
+    }
+
+    /// The shift that makes an index's top bits a slot of a table of `slots` (a power of
+    /// two, at most 2^25: a sparse sketch holds at most 2^16 indices).
+    fn shift_for(slots: usize) -> u32 {
+        u32::from(SPARSE_PRECISION) - slots.trailing_zeros()
     }
 
     /// Records `token`: sets its index's register. Returns whether the register changed.
@@ -313,7 +324,7 @@ impl IndexTable {
     fn insert(&mut self, token: u32) -> bool {
         let index = index_of(token);
         let mask = self.slots.len() - 1;
-        let mut at = index as usize & mask;
+        let mut at = (index >> self.shift) as usize;
         loop {
             let slot = self.slots[at];
             if slot == 0 {
@@ -342,9 +353,10 @@ impl IndexTable {
     fn grow(&mut self) {
         let doubled = vec![0; self.slots.len() * 2].into_boxed_slice();
         let old = std::mem::replace(&mut self.slots, doubled);
+        self.shift = Self::shift_for(self.slots.len());
         let mask = self.slots.len() - 1;
         for slot in old.iter().copied().filter(|&s| s != 0) {
-            let mut at = (slot >> 8) as usize & mask;
+            let mut at = (slot >> (8 + self.shift)) as usize;
             while self.slots[at] != 0 {
                 at = (at + 1) & mask;
             }
@@ -364,12 +376,34 @@ impl IndexTable {
     fn canonical(&self) -> Vec<u32> {
         let mut slots: Vec<u64> = self.slots.iter().copied().filter(|&s| s != 0).collect();
         // By index, the high bits: the order of the canonical list.
-        slots.sort_unstable();
+        sort_nearly_sorted(&mut slots);
         let mut list = Vec::with_capacity(slots.len() + slots.len() / 8);
         for s in slots {
             list.extend(tokens_of_register((s >> 8) as u32, s as u8));
         }
         list
+    }
+}
+
+/// Sorts `values`, which are expected to be nearly sorted: an insertion sort, which gives
+/// up for a full sort once it has moved more than a few values per value (a table whose
+/// indices cluster, or a cluster wrapped from the last slot to the first).
+fn sort_nearly_sorted(values: &mut [u64]) {
+    let budget = 8 * values.len() + 64;
+    let mut moves = 0;
+    for i in 1..values.len() {
+        let value = values[i];
+        let mut j = i;
+        while j > 0 && values[j - 1] > value {
+            values[j] = values[j - 1];
+            j -= 1;
+        }
+        values[j] = value;
+        moves += i - j;
+        if moves > budget {
+            values.sort_unstable();
+            return;
+        }
     }
 }
 
@@ -487,5 +521,27 @@ mod tests {
         let mut iterated: Vec<u32> = all.iter().collect();
         iterated.sort_unstable();
         assert_eq!(iterated, &*all.canonical());
+    }
+
+    #[test]
+    fn nearly_sorted_values_sort_either_way() {
+        let mut state = 1u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        for n in [0, 1, 2, 10, 1000] {
+            // Nearly sorted, and shuffled (past the budget: the full sort).
+            let mut near: Vec<u64> = (0..n).map(|i| i * 10 + next() % 25).collect();
+            let mut shuffled: Vec<u64> = (0..n).map(|_| next()).collect();
+            for v in [&mut near, &mut shuffled] {
+                let mut expected = v.clone();
+                expected.sort_unstable();
+                sort_nearly_sorted(v);
+                assert_eq!(*v, expected);
+            }
+        }
     }
 }
