@@ -622,3 +622,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod review_packed_tests;

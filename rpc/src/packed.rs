@@ -104,16 +104,19 @@ impl<'a> Iterator for Unpack<'a> {
                 return Some(Err(e));
             };
             at += 1;
+            // The tenth byte holds bit 63 alone: anything more is past 64 bits, which
+            // would otherwise fall off the top and read as a small length.
+            if shift == 63 && byte > 1 {
+                let e = fault("its length is larger than 64 bits");
+                self.at = self.field.len();
+                return Some(Err(e));
+            }
             len |= u64::from(byte & 0x7f) << shift;
             if byte < 0x80 {
                 break;
             }
+            // At most ten bytes: the tenth passes the check above only below 0x80.
             shift += 7;
-            if shift > 63 {
-                let e = fault("its length is not a varint of at most 10 bytes");
-                self.at = self.field.len();
-                return Some(Err(e));
-            }
         }
         let rest = (self.field.len() - at) as u64;
         if len > rest {
@@ -165,7 +168,17 @@ mod tests {
                 .reason
                 .contains("length runs past")
         );
-        assert!(count(&[0xff; 11]).unwrap_err().reason.contains("10 bytes"));
+        assert!(count(&[0xff; 11]).unwrap_err().reason.contains("64 bits"));
+        // 1 + 2^64 in ten bytes is refused, not read as 1 (then an item `z`).
+        let mut wraps = vec![0x81];
+        wraps.extend([0x80; 8]);
+        wraps.extend([0x02, b'z']);
+        assert!(count(&wraps).unwrap_err().reason.contains("64 bits"));
+        // 2^63 + 1, the largest ten-byte length, reads (and runs past the field).
+        let mut top = vec![0x81];
+        top.extend([0x80; 8]);
+        top.push(0x01);
+        assert!(count(&top).unwrap_err().reason.contains("bytes run past"));
         // A huge length is refused, not allocated or overflowed.
         let mut huge = vec![0xff; 9];
         huge.push(0x01);

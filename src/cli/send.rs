@@ -89,6 +89,14 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             items.len()
         );
     }
+    // An agent that predates `packed_items` reads none of them and answers 0 and 0.
+    let counted = outcome.accepted + outcome.rejected;
+    if counted != items.len() as u64 {
+        bail!(
+            "the agent counted {counted} of {} events sent (an agent older than this command ignores SeriesBatch.packed_items: upgrade it)",
+            items.len()
+        );
+    }
     Ok(())
 }
 

@@ -628,3 +628,6 @@ impl Default for Ull {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod review_sparse_tests;
