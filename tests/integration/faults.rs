@@ -345,7 +345,10 @@ fn agent_sigkilled_and_restarted_from_its_checkpoint() {
 
 /// A TCP proxy that forwards both ways, and while `drop_replies` is set forwards the
 /// agent's pushes but swallows the aggregator's replies and then cuts the connection, as
-/// a network that loses acknowledgements does.
+/// a network that loses acknowledgements does. It reads the aggregator's side as HTTP/2
+/// frames: settings, pings and window updates still pass (a push larger than the
+/// flow-control window waits for them), and the first other frame past the connection
+/// preface (a reply's headers or data) is swallowed.
 struct Proxy {
     addr: SocketAddr,
     drop_replies: Arc<AtomicBool>,
@@ -380,17 +383,36 @@ impl Proxy {
                 let (mut s_read, mut c_write) = (server, client);
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 65536];
+                    let mut pending = Vec::new();
                     while let Ok(n @ 1..) = s_read.read(&mut buf) {
-                        // Past the connection preface (a few hundred bytes), replies are
-                        // answers to pushes: swallow them, let the aggregator finish, cut.
-                        if flag.load(Ordering::Relaxed) && sent.load(Ordering::Relaxed) > 1024 {
-                            std::thread::sleep(Duration::from_millis(300));
-                            let _ = c_write.shutdown(std::net::Shutdown::Both);
-                            let _ = s_read.shutdown(std::net::Shutdown::Both);
-                            return;
-                        }
-                        if c_write.write_all(&buf[..n]).is_err() {
-                            break;
+                        pending.extend_from_slice(&buf[..n]);
+                        // Whole frames: a 9-byte header (24-bit length, type), then the
+                        // payload.
+                        while pending.len() >= 9 {
+                            let len = usize::from(pending[0]) << 16
+                                | usize::from(pending[1]) << 8
+                                | usize::from(pending[2]);
+                            if pending.len() < 9 + len {
+                                break;
+                            }
+                            let frame: Vec<u8> = pending.drain(..9 + len).collect();
+                            // SETTINGS, PING and WINDOW_UPDATE keep the connection going.
+                            let control = matches!(frame[3], 0x4 | 0x6 | 0x8);
+                            // Past the connection preface (a few hundred bytes), other
+                            // frames answer pushes: swallow them, let the aggregator
+                            // finish, cut.
+                            if !control
+                                && flag.load(Ordering::Relaxed)
+                                && sent.load(Ordering::Relaxed) > 1024
+                            {
+                                std::thread::sleep(Duration::from_millis(300));
+                                let _ = c_write.shutdown(std::net::Shutdown::Both);
+                                let _ = s_read.shutdown(std::net::Shutdown::Both);
+                                return;
+                            }
+                            if c_write.write_all(&frame).is_err() {
+                                return;
+                            }
                         }
                     }
                     let _ = c_write.shutdown(std::net::Shutdown::Both);
