@@ -8,8 +8,8 @@
 //!   questions are `PFCOUNT` over the keys of the range.
 //! - **hourglass**: one real agent process per server (`--default-kinds distinct`), fed
 //!   the same items through its Ingest API (one `SeriesBatch` per server-hour, its items
-//!   in `packed_items`), shipping to one real aggregator; the agents are stopped (a final flush), then questions are
-//!   `Query/Distinct` over gRPC.
+//!   in `packed_items`), shipping to one real aggregator; the agents are stopped (a final
+//!   flush), then questions are `Query/Distinct` over gRPC.
 //!
 //! Printed, one table of ratios: events per server-side CPU-second (Redis's process;
 //! the agents' and the aggregator's, from `/proc`), stored bytes per server-hour (Redis's
@@ -396,15 +396,13 @@ fn hourglass_side(
                         batches: vec![v1::SeriesBatch {
                             metric: "visitors".into(),
                             tags: vec![],
-                            packed_items: hourglass_rpc::packed::pack(
-                                users
-                                    .iter()
-                                    .map(|&u| item(u))
-                                    .collect::<Vec<_>>()
-                                    .iter()
-                                    .map(Vec::as_slice),
-                            )
-                            .into(),
+                            packed_items: users
+                                .iter()
+                                .fold(Vec::new(), |mut field, &u| {
+                                    hourglass_rpc::packed::push(&mut field, &item(u));
+                                    field
+                                })
+                                .into(),
                             times_unix_seconds: times,
                             ..Default::default()
                         }],

@@ -12,12 +12,7 @@ use std::fmt;
 
 /// Appends `item` to a packed field: its length as a varint, then its bytes.
 pub fn push(out: &mut Vec<u8>, item: &[u8]) {
-    let mut n = item.len() as u64;
-    while n >= 0x80 {
-        out.push(n as u8 | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
+    prost::encoding::encode_varint(item.len() as u64, out);
     out.extend_from_slice(item);
 }
 
@@ -93,39 +88,26 @@ impl<'a> Iterator for Unpack<'a> {
             offset: self.at,
             reason,
         };
-        // The length: at most ten varint bytes; a length is at most the field's size.
-        let mut len = 0u64;
-        let mut shift = 0;
-        let mut at = self.at;
-        loop {
-            let Some(&byte) = self.field.get(at) else {
-                let e = fault("its length runs past the end of the field");
-                self.at = self.field.len();
-                return Some(Err(e));
-            };
-            at += 1;
-            // The tenth byte holds bit 63 alone: anything more is past 64 bits, which
-            // would otherwise fall off the top and read as a small length.
-            if shift == 63 && byte > 1 {
-                let e = fault("its length is larger than 64 bits");
-                self.at = self.field.len();
-                return Some(Err(e));
-            }
-            len |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                break;
-            }
-            // At most ten bytes: the tenth passes the check above only below 0x80.
-            shift += 7;
-        }
-        let rest = (self.field.len() - at) as u64;
-        if len > rest {
+        // The length, as protobuf reads a varint: at most ten bytes, at most 64 bits.
+        let mut rest = &self.field[self.at..];
+        let Ok(len) = prost::encoding::decode_varint(&mut rest) else {
+            let tail = &self.field[self.at..];
+            let cut = tail.len() < 10 && tail.iter().all(|&b| b >= 0x80);
+            let e = fault(if cut {
+                "its length runs past the end of the field"
+            } else {
+                "its length is larger than 64 bits"
+            });
+            self.at = self.field.len();
+            return Some(Err(e));
+        };
+        if len > rest.len() as u64 {
             let e = fault("its bytes run past the end of the field");
             self.at = self.field.len();
             return Some(Err(e));
         }
-        let item = &self.field[at..at + len as usize];
-        self.at = at + len as usize;
+        let (item, _) = rest.split_at(len as usize);
+        self.at = self.field.len() - rest.len() + item.len();
         self.index += 1;
         Some(Ok(item))
     }

@@ -346,9 +346,7 @@ impl Ull {
                 let mut hll = Hll::new(self.precision).expect("the precision was checked");
                 // A hash with the token's index and rank makes the same sparse entry, and
                 // the HyperLogLog keeps the largest rank of each index.
-                for token in tokens.iter() {
-                    hll.insert_hash(sparse::hash_of_token(token));
-                }
+                tokens.for_each(|token| hll.insert_hash(sparse::hash_of_token(token)));
                 hll
             }
             Repr::Dense(registers) => Hll::from_dense_registers(
@@ -495,18 +493,21 @@ fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
 }
 
 fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTokens, DecodeError> {
-    let bytes = read_sparse(reader, precision)?;
-    let tokens = bytes
+    let (bytes, indices) = read_sparse(reader, precision)?;
+    let list = bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    Ok(SparseTokens::from_canonical(tokens))
+    Ok(SparseTokens::Sorted { list, indices })
 }
 
 /// The token bytes of a sparse body, each checked: in one pass without branches on the
 /// data for a valid body (what every push carries), and again token by token only to name
-/// the fault of an invalid one.
-fn read_sparse<'a>(reader: &mut BodyReader<'a>, precision: u8) -> Result<&'a [u8], DecodeError> {
+/// the fault of an invalid one. Returns them with their number of distinct indices.
+fn read_sparse<'a>(
+    reader: &mut BodyReader<'a>,
+    precision: u8,
+) -> Result<(&'a [u8], usize), DecodeError> {
     let count = reader.u32("sparse token count")? as usize;
     let limit = sparse_limit(precision);
     // At most three tokens per index.
@@ -551,7 +552,7 @@ fn read_sparse<'a>(reader: &mut BodyReader<'a>, precision: u8) -> Result<&'a [u8
         }
     }
     if bad == 0 && indices <= limit {
-        return Ok(bytes);
+        return Ok((bytes, indices));
     }
     let tokens: Vec<u32> = (0..count).map(token).collect();
     for (i, &token) in tokens.iter().enumerate() {

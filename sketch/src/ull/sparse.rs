@@ -228,7 +228,9 @@ impl SparseTokens {
         }
     }
 
-    /// Every token, in no particular order.
+    /// Every token, in no particular order (tests; the code calls
+    /// [`SparseTokens::for_each`]).
+    #[cfg(test)]
     pub(super) fn iter(&self) -> Box<dyn Iterator<Item = u32> + '_> {
         match self {
             SparseTokens::Sorted { list, .. } => Box::new(list.iter().copied()),
@@ -240,8 +242,7 @@ impl SparseTokens {
         }
     }
 
-    /// Calls `f` with every token, in no particular order: [`SparseTokens::iter`] without
-    /// its dynamic dispatch, for the conversion to registers.
+    /// Calls `f` with every token, in no particular order.
     #[inline]
     pub(super) fn for_each(&self, mut f: impl FnMut(u32)) {
         match self {
