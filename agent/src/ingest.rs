@@ -410,9 +410,9 @@ impl BatchLen {
 /// Adds one batch, whose items are numbered from `first` in the request, to the table.
 /// A problem of the batch itself (its series, times, weights or packed items) refuses
 /// every item.
-fn add_batch(
+fn add_batch<'b>(
     table: &mut Table,
-    batch: &v1::SeriesBatch,
+    batch: &'b v1::SeriesBatch,
     len: &BatchLen,
     first: usize,
     now: i64,
@@ -449,10 +449,11 @@ fn add_batch(
             return;
         }
     };
-    let mut add = |j: usize, item: &[u8]| {
+    let mut run = Run::new(table, now);
+    let mut add = |j: usize, item: &'b [u8]| {
         let time = event_time(one_or_each(&batch.times_unix_seconds, j), now);
         let weight = one_or_each(&batch.weights, j);
-        match table.insert(id, time, now, item, weight) {
+        match run.add(table, id, item, time, weight) {
             Ok(()) => stats.accepted += 1,
             Err(reject) => refusals.refuse(stats, first + j, reject.to_string(), reject.reason()),
         }
@@ -466,6 +467,61 @@ fn add_batch(
         for (j, item) in packed::unpack(&batch.packed_items).enumerate() {
             add(j, item.unwrap_or_default());
         }
+    }
+    run.flush(table, id);
+}
+
+/// The accepted items of a batch not yet added, all of one hour: a batch's events are
+/// nearly always of one hour, or of a few in turn, so the hour is checked and its entry
+/// looked up once per run of them rather than once per item.
+struct Run<'b> {
+    hour: u32,
+    /// The times of `hour` accepted without a check ([`Table::accepted_times`]); empty
+    /// before the first item.
+    times: std::ops::Range<i64>,
+    items: Vec<(&'b [u8], u64)>,
+    max_item_len: usize,
+    now: i64,
+}
+
+impl<'b> Run<'b> {
+    fn new(table: &Table, now: i64) -> Run<'b> {
+        Run {
+            hour: 0,
+            times: 0..0,
+            items: Vec::new(),
+            max_item_len: table.max_item_len(),
+            now,
+        }
+    }
+
+    /// Takes one event of series `id`, or says why it is refused, exactly as
+    /// [`Table::check`] would; an event of another hour first adds the run to `table`.
+    fn add(
+        &mut self,
+        table: &mut Table,
+        id: u64,
+        item: &'b [u8],
+        time: i64,
+        weight: u64,
+    ) -> Result<(), crate::table::Reject> {
+        let fits = !item.is_empty() && item.len() <= self.max_item_len;
+        if !(fits && self.times.contains(&time)) {
+            let hour = table.check(item, time, self.now)?;
+            if hour != self.hour || self.times.is_empty() {
+                self.flush(table, id);
+                self.hour = hour;
+                self.times = table.accepted_times(hour, self.now);
+            }
+        }
+        self.items.push((item, weight));
+        Ok(())
+    }
+
+    /// Adds the run to series `id` in `table`.
+    fn flush(&mut self, table: &mut Table, id: u64) {
+        table.insert_run(id, self.hour, &self.items);
+        self.items.clear();
     }
 }
 

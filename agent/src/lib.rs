@@ -402,7 +402,7 @@ async fn serve_ingest(
                 .inc();
         }),
     );
-    let router = tonic::transport::Server::builder()
+    let router = hourglass_rpc::tls::server()
         .layer(too_large)
         .add_service(health_service)
         .add_service(service);
@@ -625,3 +625,6 @@ mod tests {
 
 #[cfg(test)]
 mod review_packed_tests;
+
+#[cfg(test)]
+mod run_tests;

@@ -547,6 +547,7 @@ impl Table {
         self.closed_through = Some(self.closed_through.map_or(hour, |c| c.max(hour)));
     }
 
+    #[cfg(test)]
     /// Adds `item` (`weight` times, for frequency) to series `id` in the hour of `time`.
     pub(crate) fn insert(
         &mut self,
@@ -563,6 +564,17 @@ impl Table {
 
     /// Adds an item that [`Table::check`] passed to series `id` in `hour`.
     pub(crate) fn insert_at(&mut self, id: u64, hour: u32, item: &[u8], weight: u64) {
+        self.insert_run(id, hour, &[(item, weight)]);
+    }
+
+    /// Adds items that [`Table::check`] passed, with their weights (for frequency), to
+    /// series `id` in `hour`: the entry is looked up once, and each sketch takes the
+    /// whole run in turn.
+    pub(crate) fn insert_run(&mut self, id: u64, hour: u32, items: &[(&[u8], u64)]) {
+        if items.is_empty() {
+            return;
+        }
+        let generation = self.generation;
         let entry = match self.entries.get_mut(&Key { series: id, hour }) {
             Some(entry) => entry,
             None => {
@@ -584,16 +596,33 @@ impl Table {
         };
         for sketch in &mut entry.sketches {
             match sketch {
-                Sketch::Distinct(h) => h.insert(item),
+                Sketch::Distinct(h) => items.iter().for_each(|(item, _)| h.insert(item)),
                 // The item length was checked against a limit at most MAX_ITEM_LEN.
-                Sketch::Frequency(f) => f
-                    .insert_weighted(item, weight.max(1))
-                    .expect("items within limits.max_item_len fit the frequent-items summary"),
-                Sketch::Membership(b) => b.insert(item),
+                Sketch::Frequency(f) => items.iter().for_each(|(item, weight)| {
+                    f.insert_weighted(item, (*weight).max(1))
+                        .expect("items within limits.max_item_len fit the frequent-items summary")
+                }),
+                Sketch::Membership(b) => items.iter().for_each(|(item, _)| b.insert(item)),
             }
         }
         entry.dirty = true;
-        entry.saved.content = self.generation;
+        entry.saved.content = generation;
+    }
+
+    /// The times that fall in `hour`, an hour [`Table::hour_for`] accepted at `now`, and
+    /// that it accepts without a look: from the hour's start to its end or to the furthest
+    /// ahead of `now` accepted, whichever comes first. Nothing else of an event's check
+    /// depends on its time.
+    pub(crate) fn accepted_times(&self, hour: u32, now: i64) -> std::ops::Range<i64> {
+        let future = i64::try_from(self.config.limits.max_future.as_secs()).unwrap_or(i64::MAX);
+        let start = i64::from(hour) * SECONDS_PER_HOUR;
+        let end = (start + SECONDS_PER_HOUR).min(now.saturating_add(future).saturating_add(1));
+        start..end
+    }
+
+    /// The longest item accepted (`limits.max_item_len`).
+    pub(crate) fn max_item_len(&self) -> usize {
+        self.config.limits.max_item_len
     }
 
     /// Records that the agent is up during `hour`.

@@ -304,6 +304,27 @@ pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsEr
     Ok(Arc::new(config))
 }
 
+/// HTTP/2's flow-control window per stream that [`server`] grants: a whole ingest request
+/// or push (up to a few MiB) is sent without waiting for the receiver's window updates.
+pub const STREAM_WINDOW: u32 = 4 << 20;
+/// HTTP/2's flow-control window per connection that [`server`] grants.
+pub const CONNECTION_WINDOW: u32 = 8 << 20;
+/// The largest HTTP/2 frame [`server`] accepts: a 100 KB request arrives in one or two
+/// frames, not seven of 16 KiB (HTTP/2's default).
+pub const MAX_FRAME: u32 = 1 << 20;
+
+/// The gRPC server builder of the agent and the aggregator, with HTTP/2 windows and
+/// frames sized for their messages. With HTTP/2's defaults (64 KiB windows, 16 KiB
+/// frames), a 1 MiB push waited on 16 window updates, and every frame was a wakeup and
+/// a system call on both sides (docs/BENCHMARKS.md, "Ingest CPU"). Messages stay bounded
+/// by each service's own size limit, which is checked before any is decoded.
+pub fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, then drains the accepted
 /// connections: over TLS when `tls` is given (handshakes as [`incoming`] runs them), else
 /// plain TCP with Nagle's algorithm off. The one place the agent and the aggregator start

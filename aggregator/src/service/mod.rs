@@ -109,7 +109,7 @@ pub async fn serve(
                 .inc();
         }),
     );
-    let mut builder = tonic::transport::Server::builder().layer(too_large);
+    let mut builder = hourglass_rpc::tls::server().layer(too_large);
     // Tokens guard Collector and Query; health and reflection stay open for probes.
     let push_auth = auth.clone();
     let collector = tonic::service::interceptor::InterceptedService::new(collector, move |r| {

@@ -51,7 +51,12 @@ pub(crate) fn series_key(series: &SeriesName) -> Vec<u8> {
 }
 
 /// The schema version this build writes into a new store and requires of an existing one.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version 2: hourly values may be compressed (docs/STORAGE.md).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The one older schema version this build opens, raising it to [`SCHEMA_VERSION`]: its
+/// uncompressed hourly values read as they are.
+pub const SCHEMA_UPGRADES_FROM: u32 = 1;
 
 /// A stored hourly snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]

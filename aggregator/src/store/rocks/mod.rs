@@ -51,9 +51,10 @@ use rocksdb::{
 
 use super::memory::next_id;
 use super::{
-    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SCHEMA_VERSION, SeriesName, ServerEntry,
-    Store, StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch,
-    check_rollups, is_empty_range, mask_span, mask_within, sorted_labels, span_union,
+    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION,
+    SeriesName, ServerEntry, Store, StoreError, StoredSketch, StreamPosition, check_frame,
+    check_hourly_batch, check_rollups, is_empty_range, mask_span, mask_within, sorted_labels,
+    span_union,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
@@ -94,8 +95,8 @@ pub struct StoreOptions {
     pub(crate) block_cache_bytes: usize,
     /// Bloom filter bits per key: 10 gives about 1% false positives. Default 10.
     pub(crate) bloom_bits_per_key: f64,
-    /// Compress SST files (ZSTD at its fastest level, at every level) and the WAL (ZSTD).
-    /// Default true.
+    /// Compress what is stored with ZSTD at its fastest level: each hourly value as it is
+    /// written, and the SST files of the other column families. Default true.
     pub(crate) compression: bool,
     /// Size of one memtable per column family before it is flushed. Default 64 MiB.
     pub(crate) write_buffer_bytes: usize,
@@ -170,6 +171,8 @@ pub struct RocksStore {
     next_mark: AtomicU64,
     hour_cache: HourCache,
     live_cache: live::LiveCache,
+    /// Compress each hourly value as it is written (`StoreOptions::compression`).
+    compress_values: bool,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -205,11 +208,10 @@ impl RocksStore {
         // inserts overlap the next group's WAL write and sync. Measured +5 to 8% pushes/s
         // (docs/BENCHMARKS.md); durability is unchanged.
         db_options.set_enable_pipelined_write(true);
-        if options.compression {
-            // The WAL holds every push until its memtable is flushed: uncompressed, it
-            // made the data dir of a running aggregator larger than the data it holds.
-            db_options.set_wal_compression_type(DBCompressionType::Zstd);
-        }
+        // No WAL compression: hourly values, nearly all that is written, are compressed
+        // once as they are written (`hourly_value`), and compressing them again in the
+        // WAL (ZSTD at level 3, fixed) was a quarter of the aggregator's ingest CPU
+        // (docs/BENCHMARKS.md, "Ingest CPU").
 
         // An error here means there is no database yet: it will be created.
         let existing = DB::list_cf(&Options::default(), &dir).ok();
@@ -251,6 +253,7 @@ impl RocksStore {
             ),
             hour_cache: HourCache::new(options.query_cache_bytes),
             live_cache: live::LiveCache::default(),
+            compress_values: options.compression,
         };
         store.check_schema()?;
         Ok(store)
@@ -390,14 +393,27 @@ impl RocksStore {
                         reason: format!("schema version must be 4 bytes, found {}", bytes.len()),
                     }
                 })?);
-                if found != SCHEMA_VERSION {
+                if found == SCHEMA_VERSION {
+                    return Ok(());
+                }
+                if found != SCHEMA_UPGRADES_FROM {
                     return Err(StoreError::SchemaVersion {
                         dir: self.dir.clone(),
                         found,
                         supported: SCHEMA_VERSION,
                     });
                 }
-                Ok(())
+                // Version 1 differs only in that its hourly values were never compressed:
+                // this build reads those as they are, and marks the store so that an
+                // older build, which cannot read compressed values, refuses it whole
+                // instead of failing on them one query at a time.
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    from = found,
+                    to = SCHEMA_VERSION,
+                    "upgrading the store's schema version: hourly values written from now on are compressed; older ones are read as they are"
+                );
+                self.write_schema_version()
             }
             None => {
                 // Only an empty database may be adopted: data without a schema version
@@ -413,14 +429,23 @@ impl RocksStore {
                     }
                     it.status().map_err(engine_error)?;
                 }
-                let mut batch = WriteBatch::default();
-                batch.put_cf(meta, meta::SCHEMA_VERSION, SCHEMA_VERSION.to_be_bytes());
-                // Always synced: a store must never exist on disk without its version.
-                let mut sync = WriteOptions::default();
-                sync.set_sync(true);
-                self.db.write_opt(batch, &sync).map_err(engine_error)
+                self.write_schema_version()
             }
         }
+    }
+
+    /// Writes [`SCHEMA_VERSION`], synced: a store must never exist on disk without its
+    /// version, nor hold compressed values under version 1.
+    fn write_schema_version(&self) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            self.cf(CF_META),
+            meta::SCHEMA_VERSION,
+            SCHEMA_VERSION.to_be_bytes(),
+        );
+        let mut sync = WriteOptions::default();
+        sync.set_sync(true);
+        self.db.write_opt(batch, &sync).map_err(engine_error)
     }
 
     fn lock_stripes(&self, batch: &[(HourKey, u64, Bytes)]) -> Vec<MutexGuard<'_, ()>> {
@@ -697,10 +722,11 @@ impl Store for RocksStore {
                     outcomes.push(PutOutcome::Stale { held });
                 }
                 _ => {
-                    let mut value = Vec::with_capacity(VERSION_LEN + sketch.len());
-                    value.extend_from_slice(&version.to_be_bytes());
-                    value.extend_from_slice(sketch);
-                    write.put_cf(hourly, key, value);
+                    write.put_cf(
+                        hourly,
+                        key,
+                        hourly_value(*version, sketch, self.compress_values),
+                    );
                     write.put_cf(
                         meta,
                         meta::day_series(meta::DIRTY, hour_key.series, hour_key.hour.day()),
@@ -767,7 +793,7 @@ impl Store for RocksStore {
             })?;
             let stored = StoredSketch {
                 version: stored_version(key, value)?,
-                sketch: value[VERSION_LEN..].to_vec(),
+                sketch: hourly_sketch(key, value)?,
             };
             if !visit(hour_key, &stored) {
                 return Ok(());
@@ -1261,6 +1287,11 @@ fn engine_error(e: rocksdb::Error) -> StoreError {
 pub(super) mod testing {
     //! Ways to damage a store that only tests need.
     use super::*;
+
+    /// The raw bytes under a raw key of a column family.
+    pub(crate) fn get_raw(store: &RocksStore, cf: &str, key: &[u8]) -> Option<Vec<u8>> {
+        store.db.get_cf(store.cf(cf), key).unwrap()
+    }
 
     /// Writes raw bytes under a raw key of a column family, bypassing every check.
     pub(crate) fn put_raw(store: &RocksStore, cf: &str, key: &[u8], value: &[u8]) {

@@ -5,8 +5,9 @@ use super::*;
 
 /// RocksDB's default window for ZSTD (negative: the library's own choice by level).
 const ZSTD_WINDOW_BITS: i32 = -14;
-/// ZSTD's fastest positive level.
-const ZSTD_FAST_LEVEL: i32 = 1;
+/// ZSTD's fastest positive level: of the SST files, and of each hourly value
+/// (`values::hourly_value`).
+pub(super) const ZSTD_FAST_LEVEL: i32 = 1;
 
 /// Column family options: what each is tuned for is in docs/STORAGE.md.
 pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> Options {
@@ -30,7 +31,7 @@ pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> O
     cf.set_block_based_table_factory(&table);
     cf.set_write_buffer_size(options.write_buffer_bytes);
     cf.set_level_compaction_dynamic_level_bytes(true);
-    if options.compression {
+    if options.compression && name != CF_HOURLY {
         // ZSTD at every level: sketches are registers, counters and bits with low entropy
         // but few repeated strings, so only an entropy coder shrinks them (LZ4 leaves a
         // dense register array as it is). Its fastest level everywhere, the bottommost
@@ -42,6 +43,9 @@ pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> O
         cf.set_compression_options(ZSTD_WINDOW_BITS, ZSTD_FAST_LEVEL, 0, 0);
         cf.set_bottommost_compression_type(DBCompressionType::Zstd);
     } else {
+        // The hourly values come compressed, once, as they are written (`hourly_value`,
+        // at the same level): compressing their blocks again at every flush and
+        // compaction spent CPU for nothing.
         cf.set_compression_type(DBCompressionType::None);
         cf.set_bottommost_compression_type(DBCompressionType::None);
     }

@@ -23,6 +23,105 @@ pub(super) fn stored_version(key: &[u8], value: &[u8]) -> Result<u64, StoreError
     }
 }
 
+/// The first bytes of a ZSTD frame (RFC 8878). A sketch frame starts with the sketch
+/// format's own magic (docs/FORMAT.md), so a value's bytes after the version say which
+/// they hold.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// The largest sketch frame an hourly value may unpack to: a body at the format's bound
+/// plus its header and checksum (a generous 64 bytes).
+const MAX_SKETCH_FRAME: u64 = hourglass_sketch::format::MAX_BODY_LEN as u64 + 64;
+
+thread_local! {
+    /// Each thread's ZSTD contexts, made on first use and reused: a context costs more to
+    /// make than a sketch to compress.
+    static CODEC: std::cell::RefCell<Option<(zstd::bulk::Compressor<'static>, zstd::bulk::Decompressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's ZSTD contexts; `None` if ZSTD could not make them.
+fn with_codec<T>(
+    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>, &mut zstd::bulk::Decompressor<'static>) -> T,
+) -> Option<T> {
+    CODEC.with(|cell| {
+        let mut codec = cell.borrow_mut();
+        if codec.is_none() {
+            *codec = Some((
+                zstd::bulk::Compressor::new(super::options::ZSTD_FAST_LEVEL).ok()?,
+                zstd::bulk::Decompressor::new().ok()?,
+            ));
+        }
+        let (compressor, decompressor) = codec.as_mut()?;
+        Some(f(compressor, decompressor))
+    })
+}
+
+/// An hourly value: the version (big-endian), then the sketch frame, compressed with ZSTD
+/// when `compress` and that makes it smaller, else as it is (docs/STORAGE.md). The store
+/// compresses each value once, here: the WAL and the hourly SST files leave them as they
+/// are.
+pub(super) fn hourly_value(version: u64, sketch: &[u8], compress: bool) -> Vec<u8> {
+    if compress {
+        let packed = with_codec(|compressor, _| {
+            let mut value = vec![0u8; VERSION_LEN + zstd::zstd_safe::compress_bound(sketch.len())];
+            let n = compressor
+                .compress_to_buffer(sketch, &mut value[VERSION_LEN..])
+                .ok()?;
+            (n < sketch.len()).then(|| {
+                value.truncate(VERSION_LEN + n);
+                value
+            })
+        })
+        .flatten();
+        if let Some(mut value) = packed {
+            value[..VERSION_LEN].copy_from_slice(&version.to_be_bytes());
+            return value;
+        }
+    }
+    let mut value = Vec::with_capacity(VERSION_LEN + sketch.len());
+    value.extend_from_slice(&version.to_be_bytes());
+    value.extend_from_slice(sketch);
+    value
+}
+
+/// The sketch frame of an hourly value written by [`hourly_value`] (or by a build before
+/// values were compressed: then the frame as it is). The frame itself is checked by
+/// whoever decodes it; a ZSTD frame that does not unpack, or would unpack beyond any
+/// sketch, is an error naming the key.
+pub(super) fn hourly_sketch(key: &[u8], value: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let stored = value.get(VERSION_LEN..).unwrap_or_default();
+    if !stored.starts_with(&ZSTD_MAGIC) {
+        return Ok(stored.to_vec());
+    }
+    let bad = |reason: String| StoreError::BadValue {
+        column: CF_HOURLY,
+        key: key.to_vec(),
+        reason,
+    };
+    let size = match zstd::zstd_safe::get_frame_content_size(stored) {
+        Ok(Some(size)) if size <= MAX_SKETCH_FRAME => size as usize,
+        Ok(Some(size)) => {
+            return Err(bad(format!(
+                "a compressed hourly value claims {size} bytes, more than any sketch ({MAX_SKETCH_FRAME})"
+            )));
+        }
+        Ok(None) | Err(_) => {
+            return Err(bad(
+                "a compressed hourly value has no readable content size".into(),
+            ));
+        }
+    };
+    let sketch = with_codec(|_, decompressor| decompressor.decompress(stored, size))
+        .ok_or_else(|| bad("ZSTD could not make a decompression context".into()))?
+        .map_err(|e| bad(format!("a compressed hourly value does not unpack: {e}")))?;
+    if sketch.len() != size {
+        return Err(bad(format!(
+            "a compressed hourly value unpacked to {} bytes, its header says {size}",
+            sketch.len()
+        )));
+    }
+    Ok(sketch)
+}
+
 pub(super) fn series_and_time(cf: &'static str, key: &[u8]) -> Result<(u32, u32), StoreError> {
     let expected = if cf == CF_HOURLY {
         HourKey::LEN
