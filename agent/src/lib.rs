@@ -628,3 +628,6 @@ mod review_packed_tests;
 
 #[cfg(test)]
 mod run_tests;
+
+#[cfg(test)]
+mod review_run_tests;

@@ -58,7 +58,7 @@ async fn a_batch_added_in_runs_is_the_same_as_its_events_one_by_one() {
     // the next one, which is accepted only up to limits.max_future ahead of the clock.
     let closed = (hour - 3) as u32;
     let long = vec![b'x'; Config::default().limits.max_item_len + 1];
-    let mut rng = Rng(0x5EED_0F_0_5EED);
+    let mut rng = Rng(0x05EE_D0F0_5EED);
     for round in 0..40 {
         let n = 1 + rng.below(300) as usize;
         let mut items: Vec<Vec<u8>> = Vec::with_capacity(n);

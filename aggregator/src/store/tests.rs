@@ -1324,7 +1324,7 @@ mod rocks {
     }
 
     #[test]
-    fn a_damaged_compressed_value_is_an_error_naming_it_never_a_panic() {
+    fn a_damaged_compressed_value_never_decodes_and_never_panics() {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path(), &options()).unwrap();
         let k = key(1, 10, 1, 1);

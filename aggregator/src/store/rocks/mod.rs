@@ -793,7 +793,18 @@ impl Store for RocksStore {
             })?;
             let stored = StoredSketch {
                 version: stored_version(key, value)?,
-                sketch: hourly_sketch(key, value)?,
+                sketch: match hourly_sketch(key, value) {
+                    Ok(sketch) => sketch,
+                    Err(e) => {
+                        // Passed on as stored, as a damaged uncompressed frame would be:
+                        // it does not start with a sketch's magic, so whoever decodes it
+                        // refuses it as corrupt, and a rollup pass or a query treats it
+                        // as any sketch that does not decode (a conflict, counted), while
+                        // readers that never decode it (a server left out) go on.
+                        tracing::warn!(error = %e, "an hourly value does not unpack");
+                        value.get(VERSION_LEN..).unwrap_or_default().to_vec()
+                    }
+                },
             };
             if !visit(hour_key, &stored) {
                 return Ok(());
@@ -1317,3 +1328,6 @@ pub(super) mod testing {
 
 #[cfg(test)]
 mod review_live_tests;
+
+#[cfg(test)]
+mod review_values_tests;

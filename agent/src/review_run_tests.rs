@@ -1,0 +1,357 @@
+//! Review tests of `ingest::Run` / `Table::insert_run` / `Table::accepted_times`: a batch
+//! added a run of one hour at a time must be exactly its events checked and inserted one
+//! by one (same counts, same rejected indexes and reasons, same sketches).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hourglass_rpc::packed;
+use hourglass_rpc::proto::v1;
+use hourglass_rpc::proto::v1::ingest_server::Ingest;
+use hourglass_rpc::time::unix_now;
+use hourglass_sketch::format::Kind;
+use tonic::Request;
+
+use crate::config::Config;
+use crate::ingest::IngestService;
+use crate::metrics::Metrics;
+use crate::table::Table;
+
+/// Every sketch kind; a frequent-items summary of about 10 counters, so the order in
+/// which items reach it decides what it keeps.
+fn config(max_future: Duration, lateness: Duration) -> Config {
+    let mut c = Config {
+        default_kinds: vec![Kind::Distinct, Kind::Frequency, Kind::Membership],
+        lateness,
+        ..Config::default()
+    };
+    c.limits.max_future = max_future;
+    c.defaults.epsilon = 0.1;
+    c
+}
+
+fn service(config: &Config, closed_through: Option<u32>) -> (IngestService, Arc<Mutex<Table>>) {
+    let config = Arc::new(config.clone());
+    let mut table = Table::new(Arc::clone(&config), 1);
+    if let Some(c) = closed_through {
+        table.close_through(c);
+    }
+    let table = Arc::new(Mutex::new(table));
+    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config);
+    (service, table)
+}
+
+async fn send(service: &IngestService, request: v1::IngestRequest) -> v1::IngestResponse {
+    service
+        .send(Request::new(request))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn sketches(table: &Arc<Mutex<Table>>, metric: &str, hours: &[u32]) -> Vec<Option<Vec<Vec<u8>>>> {
+    let t = table.lock().unwrap();
+    hours
+        .iter()
+        .map(|&h| {
+            t.entry(metric, h)
+                .map(|e| e.sketches.iter().map(|s| s.encode()).collect())
+        })
+        .collect()
+}
+
+/// One event of a test: item, time, weight.
+type Ev = (Vec<u8>, i64, u64);
+
+/// Sends `batches` (each a list of events of metric "m") three ways — as `items`
+/// batches, as `packed_items` batches, and as single events — to fresh agents, all in
+/// one request each, and asserts the same replies and sketches. Retries while the clock
+/// ticks during a round, since the agent reads `now` itself. Returns the reply.
+async fn same_three_ways(
+    config: &Config,
+    closed: Option<u32>,
+    make: impl Fn(i64) -> Vec<Vec<Ev>>,
+) -> v1::IngestResponse {
+    for _ in 0..50 {
+        let now = unix_now();
+        let batches = make(now);
+        let hour = (now / 3600) as u32;
+        let hours: Vec<u32> = (hour.saturating_sub(6)..=hour + 6).collect();
+        let (by_items, items_table) = service(config, closed);
+        let (by_packed, packed_table) = service(config, closed);
+        let (by_event, event_table) = service(config, closed);
+        let batch = |b: &Vec<Ev>, packed_form: bool| v1::SeriesBatch {
+            metric: "m".into(),
+            items: if packed_form {
+                vec![]
+            } else {
+                b.iter().map(|e| e.0.clone().into()).collect()
+            },
+            packed_items: if packed_form {
+                packed::pack(b.iter().map(|e| e.0.as_slice())).into()
+            } else {
+                Default::default()
+            },
+            times_unix_seconds: b.iter().map(|e| e.1).collect(),
+            weights: b.iter().map(|e| e.2).collect(),
+            ..Default::default()
+        };
+        let a = send(
+            &by_items,
+            v1::IngestRequest {
+                events: vec![],
+                batches: batches.iter().map(|b| batch(b, false)).collect(),
+            },
+        )
+        .await;
+        let p = send(
+            &by_packed,
+            v1::IngestRequest {
+                events: vec![],
+                batches: batches.iter().map(|b| batch(b, true)).collect(),
+            },
+        )
+        .await;
+        let e = send(
+            &by_event,
+            v1::IngestRequest {
+                events: batches
+                    .iter()
+                    .flatten()
+                    .map(|(item, time, weight)| v1::Event {
+                        metric: "m".into(),
+                        item: item.clone().into(),
+                        time_unix_seconds: *time,
+                        weight: *weight,
+                        ..Default::default()
+                    })
+                    .collect(),
+                batches: vec![],
+            },
+        )
+        .await;
+        if unix_now() != now {
+            continue; // the agents may have read different clocks
+        }
+        assert_eq!(a, e, "items batch vs events");
+        assert_eq!(p, e, "packed batch vs events");
+        let n: usize = batches.iter().map(Vec::len).sum();
+        assert_eq!(a.accepted + a.rejected, n as u64);
+        let want = sketches(&event_table, "m", &hours);
+        assert_eq!(sketches(&items_table, "m", &hours), want, "items sketches");
+        assert_eq!(
+            sketches(&packed_table, "m", &hours),
+            want,
+            "packed sketches"
+        );
+        return e;
+    }
+    panic!("the clock never held still for a round");
+}
+
+fn item(i: u64) -> Vec<u8> {
+    format!("user-{i}").into_bytes()
+}
+
+/// Times at and around every edge the check has: hour starts and ends, the
+/// max_future bound (exactly at and one past), the lateness bound, a closed hour's last
+/// second and the next hour's first, 0 (now), negative times and the extremes; items of
+/// exactly max_item_len and one more, and empty ones; weights 0, 1 and large.
+#[tokio::test]
+async fn review_run_edges_match_one_by_one() {
+    let max_item_len = Config::default().limits.max_item_len;
+    for (future, lateness) in [
+        (300, 600),
+        (0, 600),
+        (3599, 0),
+        (3600, 3600),
+        (7200, 1),
+        (u64::MAX, 600),
+    ] {
+        let config = config(Duration::from_secs(future), Duration::from_secs(lateness));
+        let closed_offset = 4;
+        let make = |now: i64| -> Vec<Vec<Ev>> {
+            let h = now / 3600 * 3600;
+            let f = now.saturating_add(i64::try_from(future).unwrap_or(i64::MAX));
+            let late_end = now - lateness as i64; // hours ending at or before are late
+            let closed_end = (now / 3600 - closed_offset + 1) * 3600;
+            let mut times = vec![
+                h,
+                h + 1,
+                h + 3599,
+                h + 3600,
+                h + 3601,
+                h - 1,
+                h - 3600,
+                h - 3601,
+                h + 7200,
+                h + 7199,
+                f,
+                f - 1,
+                f.saturating_add(1),
+                late_end,
+                late_end - 1,
+                late_end + 1,
+                late_end / 3600 * 3600,
+                late_end / 3600 * 3600 - 1,
+                closed_end - 1,
+                closed_end,
+                closed_end + 1,
+                0,
+                -1,
+                -3600,
+                i64::MIN,
+                i64::MAX,
+                now,
+            ];
+            // The same times again in another order: runs that start inside the
+            // accepted range and then leave it.
+            let mut back = times.clone();
+            back.reverse();
+            times.extend(back);
+            times.extend([h, f, f.saturating_add(1), h, f, h + 3599, h + 3600, h]);
+            let mut events = Vec::new();
+            for (i, t) in times.iter().enumerate() {
+                let it = match i % 7 {
+                    0 => vec![b'x'; max_item_len],
+                    1 => vec![b'y'; max_item_len + 1],
+                    2 => Vec::new(),
+                    _ => item(i as u64 % 23),
+                };
+                let w = [0, 1, 5, u64::MAX / 4][i % 4];
+                events.push((it, *t, w));
+            }
+            // Two batches of the same series in one request, and a third interleaving
+            // hours one event at a time.
+            let third = (0..60)
+                .map(|i| (item(i % 31), h - 3600 * (i as i64 % 3), 1 + i % 3))
+                .collect();
+            let half = events.len() / 2;
+            let second = events.split_off(half);
+            vec![events, second, third]
+        };
+        let closed = Some(((unix_now() / 3600) - closed_offset) as u32);
+        let reply = same_three_ways(&config, closed, make).await;
+        assert!(reply.accepted > 0 && reply.rejected > 0, "{reply:?}");
+    }
+}
+
+/// Many distinct items over a frequent-items summary of ~10 counters, in hours that
+/// alternate in runs of different lengths, with weights: what each hour's summary keeps
+/// depends on the order its items arrive in, which must stay that of the events.
+#[tokio::test]
+async fn review_run_frequency_order_and_weights_match_one_by_one() {
+    let config = config(Duration::from_secs(300), Duration::from_secs(3600 * 3));
+    let make = |now: i64| -> Vec<Vec<Ev>> {
+        let hour = now / 3600;
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            seed.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+        };
+        let mut batches = Vec::new();
+        for _ in 0..4 {
+            let mut b = Vec::new();
+            let mut h = hour;
+            for _ in 0..400 {
+                if next(5) == 0 {
+                    h = hour - next(3) as i64;
+                }
+                let t = if next(10) == 0 {
+                    0
+                } else {
+                    h * 3600 + next(3600) as i64
+                };
+                b.push((item(next(60)), t, next(4) * next(1000)));
+            }
+            batches.push(b);
+        }
+        batches
+    };
+    same_three_ways(&config, None, make).await;
+}
+
+/// `accepted_times(hour, now)` holds exactly the times `check` puts in `hour` at
+/// `now`, for every hour it accepts: every second of the hours around now, clocks at and
+/// around hour boundaries, several max_future and lateness settings, closed hours.
+#[test]
+fn review_accepted_times_are_exactly_the_checked_times_of_the_hour() {
+    let base = 1_767_225_600i64; // an hour start
+    for (future, lateness) in [
+        (0u64, 0u64),
+        (1, 1),
+        (300, 600),
+        (3599, 3599),
+        (3600, 3600),
+        (3601, 7200),
+        (u64::MAX, 0),
+    ] {
+        let mut c = Config::default();
+        c.limits.max_future = Duration::from_secs(future);
+        c.lateness = Duration::from_secs(lateness);
+        let c = Arc::new(c);
+        for closed in [None, Some((base / 3600 - 2) as u32)] {
+            let mut table = Table::new(Arc::clone(&c), 1);
+            if let Some(h) = closed {
+                table.close_through(h);
+            }
+            for now in [base - 1, base, base + 1, base + 1800, base + 3599] {
+                let first = now / 3600 - 4;
+                for hour in first..first + 8 {
+                    let hour = hour as u32;
+                    let start = i64::from(hour) * 3600;
+                    let checked: Vec<i64> = (start..start + 3600)
+                        .filter(|&t| table.check(b"x", t, now) == Ok(hour))
+                        .collect();
+                    if checked.is_empty() {
+                        continue;
+                    }
+                    let range = table.accepted_times(hour, now);
+                    let listed: Vec<i64> = (start - 2..start + 3602)
+                        .filter(|t| range.contains(t))
+                        .collect();
+                    assert_eq!(
+                        listed, checked,
+                        "future {future} lateness {lateness} closed {closed:?} now {now} hour {hour}: {range:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `insert_run` of a run is `insert_at` of its items in turn: every kind, weights
+/// included, a new entry and an existing one.
+#[test]
+fn review_insert_run_is_insert_at_in_turn() {
+    let c = Arc::new(config(Duration::from_secs(300), Duration::from_secs(600)));
+    let now = unix_now();
+    let hour = (now / 3600) as u32;
+    let items: Vec<(Vec<u8>, u64)> = (0..500u64)
+        .map(|i| (item((i * 7919) % 97), [0, 1, 3, 1000][(i % 4) as usize]))
+        .collect();
+    let mut stats = crate::table::IngestStats::default();
+    let mut one = Table::new(Arc::clone(&c), 1);
+    let mut run = Table::new(Arc::clone(&c), 1);
+    let id1 = one.resolve_tags("m", &[], &mut stats).unwrap();
+    let id2 = run.resolve_tags("m", &[], &mut stats).unwrap();
+    for chunk in items.chunks(123) {
+        for (it, w) in chunk {
+            one.insert_at(id1, hour, it, *w);
+        }
+        let refs: Vec<(&[u8], u64)> = chunk.iter().map(|(i, w)| (i.as_slice(), *w)).collect();
+        run.insert_run(id2, hour, &refs);
+    }
+    let enc = |t: &Table| -> Vec<Vec<u8>> {
+        t.entry("m", hour)
+            .unwrap()
+            .sketches
+            .iter()
+            .map(|s| s.encode())
+            .collect()
+    };
+    assert_eq!(enc(&run), enc(&one));
+    assert_eq!(run.live_hours(), one.live_hours());
+}
