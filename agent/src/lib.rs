@@ -624,6 +624,8 @@ mod tests {
 }
 
 #[cfg(test)]
+mod ingest_testing;
+#[cfg(test)]
 mod review_packed_tests;
 
 #[cfg(test)]

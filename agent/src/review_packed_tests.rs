@@ -13,14 +13,11 @@ use tonic::Request;
 
 use crate::config::Config;
 use crate::ingest::IngestService;
-use crate::metrics::Metrics;
+use crate::ingest_testing::{self, send, sketches};
 use crate::table::Table;
 
 fn service(config: Config) -> (IngestService, Arc<Mutex<Table>>) {
-    let config = Arc::new(config);
-    let table = Arc::new(Mutex::new(Table::new(Arc::clone(&config), 1)));
-    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config);
-    (service, table)
+    ingest_testing::service(&config, None)
 }
 
 fn batch(metric: &str) -> v1::SeriesBatch {
@@ -38,30 +35,8 @@ fn event(metric: &str, item: &[u8]) -> v1::Event {
     }
 }
 
-async fn send(service: &IngestService, request: v1::IngestRequest) -> v1::IngestResponse {
-    service
-        .send(Request::new(request))
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn listed(reply: &v1::IngestResponse) -> Vec<u32> {
     reply.rejected_events.iter().map(|r| r.index).collect()
-}
-
-/// The encoded sketches of every entry of `metric`, by hour.
-fn sketches_of(table: &Arc<Mutex<Table>>, metric: &str, hours: &[u32]) -> Vec<Vec<Vec<u8>>> {
-    let table = table.lock().unwrap();
-    hours
-        .iter()
-        .map(|&h| {
-            table
-                .entry(metric, h)
-                .map(|e| e.sketches.iter().map(|s| s.encode()).collect())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 /// A packed batch is the same events as an `items` batch: the same reply (indexes and
@@ -108,8 +83,8 @@ async fn review_packed_batch_is_the_items_batch() {
     assert_eq!(listed(&b), vec![1, 3, 5, 9, 11]);
     let hours = [hour - 1, hour];
     assert_eq!(
-        sketches_of(&items_table, "m", &hours),
-        sketches_of(&packed_table, "m", &hours)
+        sketches(&items_table, "m", &hours),
+        sketches(&packed_table, "m", &hours)
     );
 }
 

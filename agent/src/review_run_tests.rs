@@ -2,19 +2,16 @@
 //! added a run of one hour at a time must be exactly its events checked and inserted one
 //! by one (same counts, same rejected indexes and reasons, same sketches).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hourglass_rpc::packed;
 use hourglass_rpc::proto::v1;
-use hourglass_rpc::proto::v1::ingest_server::Ingest;
 use hourglass_rpc::time::unix_now;
 use hourglass_sketch::format::Kind;
-use tonic::Request;
 
 use crate::config::Config;
-use crate::ingest::IngestService;
-use crate::metrics::Metrics;
+use crate::ingest_testing::{send, service, sketches};
 use crate::table::Table;
 
 /// Every sketch kind; a frequent-items summary of about 10 counters, so the order in
@@ -28,36 +25,6 @@ fn config(max_future: Duration, lateness: Duration) -> Config {
     c.limits.max_future = max_future;
     c.defaults.epsilon = 0.1;
     c
-}
-
-fn service(config: &Config, closed_through: Option<u32>) -> (IngestService, Arc<Mutex<Table>>) {
-    let config = Arc::new(config.clone());
-    let mut table = Table::new(Arc::clone(&config), 1);
-    if let Some(c) = closed_through {
-        table.close_through(c);
-    }
-    let table = Arc::new(Mutex::new(table));
-    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config);
-    (service, table)
-}
-
-async fn send(service: &IngestService, request: v1::IngestRequest) -> v1::IngestResponse {
-    service
-        .send(Request::new(request))
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-fn sketches(table: &Arc<Mutex<Table>>, metric: &str, hours: &[u32]) -> Vec<Option<Vec<Vec<u8>>>> {
-    let t = table.lock().unwrap();
-    hours
-        .iter()
-        .map(|&h| {
-            t.entry(metric, h)
-                .map(|e| e.sketches.iter().map(|s| s.encode()).collect())
-        })
-        .collect()
 }
 
 /// One event of a test: item, time, weight.

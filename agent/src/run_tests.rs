@@ -8,34 +8,20 @@ use std::sync::{Arc, Mutex};
 
 use hourglass_rpc::packed;
 use hourglass_rpc::proto::v1;
-use hourglass_rpc::proto::v1::ingest_server::Ingest;
 use hourglass_rpc::time::unix_now;
-use tonic::Request;
 
 use crate::config::Config;
 use crate::ingest::IngestService;
-use crate::metrics::Metrics;
+use crate::ingest_testing::{self, send, sketches};
 use crate::table::Table;
 use hourglass_sketch::format::Kind;
 
 fn service(closed_through: u32) -> (IngestService, Arc<Mutex<Table>>) {
-    let config = Arc::new(Config {
+    let config = Config {
         default_kinds: vec![Kind::Distinct, Kind::Frequency, Kind::Membership],
         ..Config::default()
-    });
-    let mut table = Table::new(Arc::clone(&config), 1);
-    table.close_through(closed_through);
-    let table = Arc::new(Mutex::new(table));
-    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config);
-    (service, table)
-}
-
-async fn send(service: &IngestService, request: v1::IngestRequest) -> v1::IngestResponse {
-    service
-        .send(Request::new(request))
-        .await
-        .unwrap()
-        .into_inner()
+    };
+    ingest_testing::service(&config, Some(closed_through))
 }
 
 /// xorshift64*: a fixed seed gives the same batches every run.
@@ -120,17 +106,11 @@ async fn a_batch_added_in_runs_is_the_same_as_its_events_one_by_one() {
         .await;
         assert_eq!(a, b, "round {round}");
         assert_eq!(a.accepted + a.rejected, n as u64);
-        for h in (hour - 4)..=(hour + 1) {
-            let encoded = |table: &Arc<Mutex<Table>>| -> Option<Vec<Vec<u8>>> {
-                let t = table.lock().unwrap();
-                t.entry("m", h as u32)
-                    .map(|e| e.sketches.iter().map(|s| s.encode()).collect())
-            };
-            assert_eq!(
-                encoded(&batch_table),
-                encoded(&event_table),
-                "round {round}, hour {h}"
-            );
-        }
+        let hours: Vec<u32> = ((hour - 4)..=(hour + 1)).map(|h| h as u32).collect();
+        assert_eq!(
+            sketches(&batch_table, "m", &hours),
+            sketches(&event_table, "m", &hours),
+            "round {round}"
+        );
     }
 }
