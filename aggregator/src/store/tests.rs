@@ -1439,8 +1439,9 @@ mod rocks {
     }
 }
 
-/// How well each kind's encoding compresses in RocksDB: the measurement behind the
-/// compression choice in docs/STORAGE.md. Not a check, so ignored by default; run with
+/// How well each kind's encoding compresses in the store (each hourly value compressed as
+/// it is written, since schema version 2): the measurement behind the compression choice
+/// in docs/STORAGE.md. Not a check, so ignored by default; run with
 /// `cargo test -p hourglass-aggregator --release -- --ignored --nocapture measure_compression`.
 #[test]
 #[ignore]
@@ -1500,7 +1501,7 @@ fn measure_compression() {
             }),
         ),
     ];
-    println!("| kind | value bytes | none | L0 after a flush | bottommost (ZSTD) |");
+    println!("| kind | value bytes | none | compressed, after a flush | after a full compaction |");
     println!("|---|---|---|---|---|");
     for (name, make) in &kinds {
         let batch: Vec<_> = (0..ROWS)
@@ -1518,7 +1519,7 @@ fn measure_compression() {
             store.put_hourly(&batch).unwrap();
             store.flush().unwrap();
             if compact {
-                // Everything moves to the bottommost level, which is ZSTD-compressed.
+                // Everything moves to the bottommost level.
                 store.compact().unwrap();
             }
             store.stats().unwrap().column_families[0].sst_bytes
