@@ -449,7 +449,7 @@ fn add_batch<'b>(
             return;
         }
     };
-    let mut run = Run::new(table, now);
+    let mut run = Run::new(now);
     let mut add = |j: usize, item: &'b [u8]| {
         let time = event_time(one_or_each(&batch.times_unix_seconds, j), now);
         let weight = one_or_each(&batch.weights, j);
@@ -480,17 +480,15 @@ struct Run<'b> {
     /// before the first item.
     times: std::ops::Range<i64>,
     items: Vec<(&'b [u8], u64)>,
-    max_item_len: usize,
     now: i64,
 }
 
 impl<'b> Run<'b> {
-    fn new(table: &Table, now: i64) -> Run<'b> {
+    fn new(now: i64) -> Run<'b> {
         Run {
             hour: 0,
             times: 0..0,
             items: Vec::new(),
-            max_item_len: table.max_item_len(),
             now,
         }
     }
@@ -505,9 +503,9 @@ impl<'b> Run<'b> {
         time: i64,
         weight: u64,
     ) -> Result<(), crate::table::Reject> {
-        let fits = !item.is_empty() && item.len() <= self.max_item_len;
-        if !(fits && self.times.contains(&time)) {
-            let hour = table.check(item, time, self.now)?;
+        table.check_item(item)?;
+        if !self.times.contains(&time) {
+            let hour = table.hour_for(time, self.now)?;
             if hour != self.hour || self.times.is_empty() {
                 self.flush(table, id);
                 self.hour = hour;

@@ -528,13 +528,19 @@ impl Table {
     /// Checks an event before its series is looked up, so that events refused anyway
     /// never make a series: the item's length and the event's hour.
     pub(crate) fn check(&self, item: &[u8], time: i64, now: i64) -> Result<u32, Reject> {
+        self.check_item(item)?;
+        self.hour_for(time, now)
+    }
+
+    /// The item's part of [`Table::check`]: not empty, and not above `limits.max_item_len`.
+    pub(crate) fn check_item(&self, item: &[u8]) -> Result<(), Reject> {
         if item.is_empty() {
             return Err(Reject::EmptyItem);
         }
         if item.len() > self.config.limits.max_item_len {
             return Err(Reject::ItemTooLong(item.len()));
         }
-        self.hour_for(time, now)
+        Ok(())
     }
 
     /// Every hour up to this one is closed for good, if any is.
@@ -547,8 +553,8 @@ impl Table {
         self.closed_through = Some(self.closed_through.map_or(hour, |c| c.max(hour)));
     }
 
-    #[cfg(test)]
     /// Adds `item` (`weight` times, for frequency) to series `id` in the hour of `time`.
+    #[cfg(test)]
     pub(crate) fn insert(
         &mut self,
         id: u64,
@@ -618,11 +624,6 @@ impl Table {
         let start = i64::from(hour) * SECONDS_PER_HOUR;
         let end = (start + SECONDS_PER_HOUR).min(now.saturating_add(future).saturating_add(1));
         start..end
-    }
-
-    /// The longest item accepted (`limits.max_item_len`).
-    pub(crate) fn max_item_len(&self) -> usize {
-        self.config.limits.max_item_len
     }
 
     /// Records that the agent is up during `hour`.

@@ -43,9 +43,9 @@ pub(super) fn cf_options(name: &str, options: &StoreOptions, cache: &Cache) -> O
         cf.set_compression_options(ZSTD_WINDOW_BITS, ZSTD_FAST_LEVEL, 0, 0);
         cf.set_bottommost_compression_type(DBCompressionType::Zstd);
     } else {
-        // The hourly values come compressed, once, as they are written (`hourly_value`,
-        // at the same level): compressing their blocks again at every flush and
-        // compaction spent CPU for nothing.
+        // Compression off; or the hourly column family, whose values come compressed,
+        // once, as they are written (`hourly_value`, at the same level): compressing
+        // their blocks again at every flush and compaction spent CPU for nothing.
         cf.set_compression_type(DBCompressionType::None);
         cf.set_bottommost_compression_type(DBCompressionType::None);
     }
