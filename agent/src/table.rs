@@ -602,7 +602,7 @@ impl Table {
         };
         for sketch in &mut entry.sketches {
             match sketch {
-                Sketch::Distinct(h) => items.iter().for_each(|(item, _)| h.insert(item)),
+                Sketch::Distinct(h) => h.insert_all(items.iter().map(|(item, _)| *item)),
                 // The item length was checked against a limit at most MAX_ITEM_LEN.
                 Sketch::Frequency(f) => items.iter().for_each(|(item, weight)| {
                     f.insert_weighted(item, (*weight).max(1))

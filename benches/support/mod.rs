@@ -8,10 +8,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// The server program `name` (`hourglass-agent`, `hourglass-aggregator`): the
-/// `hourglass` binary called by that name, as the container image's links call it.
+/// `hourglass` binary called by that name, as the container image's links call it. The
+/// binary built with the bench, or the one `HOURGLASS_BENCH_BIN` names, to compare two
+/// builds side by side on a noisy machine (runs of each in turn).
 pub fn server(name: &str) -> Command {
     use std::os::unix::process::CommandExt;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+    let binary = std::env::var_os("HOURGLASS_BENCH_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hourglass").into());
+    let mut command = Command::new(binary);
     command.arg0(name);
     command
 }

@@ -191,6 +191,15 @@ impl Distinct {
         self.insert_hash(crate::hash::item_hash(item));
     }
 
+    /// Adds every item of `items`: the same sketch as adding them one by one, faster for
+    /// a run of many ([`Ull::insert_all`]).
+    pub fn insert_all<'a>(&mut self, items: impl ExactSizeIterator<Item = &'a [u8]>) {
+        match self {
+            Distinct::Hll(s) => items.for_each(|item| s.insert(item)),
+            Distinct::Ull(s) => s.insert_all(items),
+        }
+    }
+
     /// Adds an item by its hash, for callers that already computed
     /// [`crate::hash::item_hash`].
     #[inline]

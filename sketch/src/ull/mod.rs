@@ -222,6 +222,26 @@ impl Ull {
         self.insert_hash(crate::hash::item_hash(item));
     }
 
+    /// Adds every item of `items`: the same sketch as adding them one by one with
+    /// [`Ull::insert`], faster for a run of many. A sparse sketch first makes room for the
+    /// run in its table, up to where it would turn dense, instead of growing it item by
+    /// item (which, placing every entry again at each step, cost more than the inserts),
+    /// and gives back what repeated items left unused.
+    pub fn insert_all<'a>(&mut self, items: impl ExactSizeIterator<Item = &'a [u8]>) {
+        if let Repr::Sparse(tokens) = &mut self.repr {
+            // Room for the limit at most, half full: the insert that crosses it (a table
+            // grows only when three quarters full) turns the sketch dense without growing
+            // the table first.
+            tokens.reserve(items.len(), sparse_limit(self.precision));
+        }
+        for item in items {
+            self.insert(item);
+        }
+        if let Repr::Sparse(tokens) = &mut self.repr {
+            tokens.trim();
+        }
+    }
+
     /// Adds an item by its hash, for callers that already computed
     /// [`crate::hash::item_hash`].
     #[inline]

@@ -193,6 +193,41 @@ impl SparseTokens {
         }
     }
 
+    /// Makes room for `additional` more indices, `most` in all at most, where the table
+    /// would otherwise grow on the way: in one step, to at most half full, so that a run
+    /// of inserts neither grows the table step by step (each step places every entry
+    /// again) nor probes through long clusters. A run of repeated items may leave the room
+    /// unused; [`SparseTokens::trim`] gives it back.
+    pub(super) fn reserve(&mut self, additional: usize, most: usize) {
+        let wanted = self.indices().saturating_add(additional).min(most);
+        let slots = wanted
+            .saturating_mul(2)
+            .next_power_of_two()
+            .max(IndexTable::MIN_SLOTS);
+        match self {
+            SparseTokens::Table(table) if wanted * 4 <= table.slots.len() * 3 => {}
+            SparseTokens::Table(table) => table.resize(slots),
+            SparseTokens::Sorted { list, .. } => {
+                let mut table = IndexTable::with_slots(slots);
+                for &t in list.iter() {
+                    table.insert(t);
+                }
+                *self = SparseTokens::Table(table);
+            }
+        }
+    }
+
+    /// Gives back room that a [`SparseTokens::reserve`] left unused: a table more than
+    /// twice the size its entries would have grown it to is sized down to that.
+    pub(super) fn trim(&mut self) {
+        if let SparseTokens::Table(table) = self {
+            let fitting = IndexTable::slots_for(table.len);
+            if table.slots.len() > 2 * fitting {
+                table.resize(fitting);
+            }
+        }
+    }
+
     /// Records `token`. Returns whether the set of tokens changed.
     pub(super) fn insert(&mut self, token: u32) -> bool {
         if let SparseTokens::Sorted { list, indices } = self {
@@ -306,7 +341,16 @@ impl IndexTable {
 
     /// An empty table that holds `n` indices without growing.
     fn with_room_for(n: usize) -> IndexTable {
-        let slots = (n * 4).div_ceil(3).next_power_of_two().max(Self::MIN_SLOTS);
+        Self::with_slots(Self::slots_for(n))
+    }
+
+    /// The slots a table holding `n` indices grows to: at most three quarters full.
+    fn slots_for(n: usize) -> usize {
+        (n * 4).div_ceil(3).next_power_of_two().max(Self::MIN_SLOTS)
+    }
+
+    /// An empty table of `slots` slots, a power of two at least [`IndexTable::MIN_SLOTS`].
+    fn with_slots(slots: usize) -> IndexTable {
         IndexTable {
             slots: vec![0; slots].into_boxed_slice(),
             len: 0,
@@ -352,8 +396,15 @@ impl IndexTable {
 
     /// Doubles the slots, placing every entry again.
     fn grow(&mut self) {
-        let doubled = vec![0; self.slots.len() * 2].into_boxed_slice();
-        let old = std::mem::replace(&mut self.slots, doubled);
+        self.resize(self.slots.len() * 2);
+    }
+
+    /// Places every entry again in `slots` slots, a power of two that holds them at most
+    /// three quarters full.
+    fn resize(&mut self, slots: usize) {
+        debug_assert!(slots.is_power_of_two() && self.len * 4 <= slots * 3);
+        let resized = vec![0; slots].into_boxed_slice();
+        let old = std::mem::replace(&mut self.slots, resized);
         self.shift = Self::shift_for(self.slots.len());
         let mask = self.slots.len() - 1;
         for slot in old.iter().copied().filter(|&s| s != 0) {

@@ -261,6 +261,67 @@ fn size_bytes_follows_the_state() {
     assert_eq!(decoded, sparse);
 }
 
+/// `insert_all` in runs, each starting from the state the one before left (a table, a
+/// decoded sorted list, a reserved table trimmed or not), equals one-by-one inserts of the
+/// same items, byte for byte, across the turn to dense and with repeated items; and what
+/// a run reserved and left unused is given back.
+#[test]
+fn insert_all_equals_one_by_one() {
+    // The smallest table: eight slots of eight bytes.
+    const MIN_TABLE_BYTES: usize = 64;
+    let mut state = 11;
+    for precision in [4u8, 10, 13] {
+        let limit = sparse_limit(precision);
+        for run in [1usize, 7, limit / 3 + 1, limit, 3 * limit] {
+            // Runs of fresh items, then runs repeating a few items many times.
+            let items: Vec<Vec<u8>> = (0..3 * limit + 5)
+                .map(|_| splitmix(&mut state).to_le_bytes().to_vec())
+                .chain((0..2 * run).map(|i| (i % 3).to_le_bytes().to_vec()))
+                .collect();
+            let mut one = Ull::new(precision).unwrap();
+            let mut all = Ull::new(precision).unwrap();
+            for (k, chunk) in items.chunks(run).enumerate() {
+                chunk.iter().for_each(|item| one.insert(item));
+                all.insert_all(chunk.iter().map(Vec::as_slice));
+                assert_eq!(all, one, "p={precision} run={run} chunk {k}");
+                assert_eq!(hex(&body_of(&all)), hex(&body_of(&one)));
+                assert_eq!(all.estimate(), one.estimate());
+                if k % 2 == 1 {
+                    // The decoded layout: a sorted list, a table again on the next run.
+                    all = Ull::decode_body(&body_of(&all)).unwrap();
+                }
+                // Never more than twice the table the items alone grow to.
+                assert!(
+                    all.size_bytes() <= 2 * one.size_bytes().max(MIN_TABLE_BYTES),
+                    "p={precision} run={run} chunk {k}: {} bytes, one by one {}",
+                    all.size_bytes(),
+                    one.size_bytes()
+                );
+            }
+        }
+    }
+}
+
+/// A long run of a few repeated items reserves a table for the run and gives it back:
+/// the sketch ends no larger than one built item by item.
+#[test]
+fn insert_all_of_repeats_gives_back_the_room() {
+    let repeats: Vec<Vec<u8>> = (0..5000u64)
+        .map(|i| (i % 40).to_le_bytes().to_vec())
+        .collect();
+    let mut all = Ull::new(13).unwrap();
+    all.insert_all(repeats.iter().map(Vec::as_slice));
+    let one = sketch_of(13, 0..40);
+    assert_eq!(all, one);
+    assert!(all.is_sparse());
+    assert!(
+        all.size_bytes() <= 2 * one.size_bytes(),
+        "{} bytes for 40 items, {} one by one",
+        all.size_bytes(),
+        one.size_bytes()
+    );
+}
+
 /// Pins the body of a sparse sketch: precision 14, sparse precision 25, representation 2,
 /// reserved 0, three tokens in ascending order. The tokens are the HyperLogLog's entries.
 #[test]
