@@ -20,6 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("hourglass_descriptor.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(descriptors)
+        // Messages decoded from the received bytes as one `Bytes` (src/codec.rs).
+        .codec_path("crate::codec::BytesCodec")
         // Ingested items as `Bytes`: slices of the received message instead of one
         // allocation and copy each, which dominated the agent's ingest profile.
         .bytes(".hourglass.v1.Event.item")

@@ -48,6 +48,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use bytes::Bytes;
 use hourglass_rpc::series::Series;
 use hourglass_sketch::Sketch;
 use xxhash_rust::xxh3::Xxh3;
@@ -402,13 +403,13 @@ fn write_base(
     for chunk in keys.chunks(ENTRIES_PER_LOCK) {
         buf.clear();
         {
-            let t = crate::table::lock(table);
+            let mut t = crate::table::lock(table);
             for &key in chunk {
                 // Freed since the keys were listed: nothing left to keep.
-                let Some((series, entry)) = t.get(key) else {
+                let Some((series, entry, sketches)) = t.encoded(key) else {
                     continue;
                 };
-                encode_entry(&mut buf, series, key.hour, entry);
+                encode_entry(&mut buf, series, key.hour, entry, &sketches);
                 written.push((key, entry.version));
             }
         }
@@ -522,13 +523,19 @@ fn write_transaction(
     for chunk in keys.chunks(ENTRIES_PER_LOCK) {
         buf.clear();
         {
-            let t = crate::table::lock(table);
+            let mut t = crate::table::lock(table);
             for &key in chunk {
                 let Some((series, entry)) = t.get(key) else {
                     continue;
                 };
+                let version = entry.version;
                 match entry.unsaved() {
-                    Some(true) => encode_entry(&mut buf, series, key.hour, entry),
+                    Some(true) => {
+                        let Some((series, entry, sketches)) = t.encoded(key) else {
+                            continue;
+                        };
+                        encode_entry(&mut buf, series, key.hour, entry, &sketches);
+                    }
                     Some(false) => {
                         buf.push(RECORD_META);
                         encode_key(&mut buf, series, key.hour);
@@ -538,7 +545,7 @@ fn write_transaction(
                     }
                     None => continue,
                 }
-                written.push((key, entry.version));
+                written.push((key, version));
             }
         }
         frames.push(&buf)?;
@@ -555,17 +562,17 @@ fn encode_key(buf: &mut Vec<u8>, series: &Series, hour: u32) {
     buf.extend_from_slice(&hour.to_le_bytes());
 }
 
-fn encode_entry(buf: &mut Vec<u8>, series: &Series, hour: u32, entry: &Entry) {
+/// An entry record: its key, version, acknowledgement, flag, and its sketches' `frames`.
+fn encode_entry(buf: &mut Vec<u8>, series: &Series, hour: u32, entry: &Entry, frames: &[Bytes]) {
     buf.push(RECORD_ENTRY);
     encode_key(buf, series, hour);
     buf.extend_from_slice(&entry.version.to_le_bytes());
     buf.extend_from_slice(&entry.acked.to_le_bytes());
     buf.push(u8::from(entry.dirty));
-    buf.push(entry.sketches.len() as u8);
-    for sketch in &entry.sketches {
-        let frame = sketch.encode();
+    buf.push(frames.len() as u8);
+    for frame in frames {
         buf.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&frame);
+        buf.extend_from_slice(frame);
     }
 }
 

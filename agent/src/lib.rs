@@ -633,3 +633,6 @@ mod run_tests;
 
 #[cfg(test)]
 mod review_run_tests;
+
+#[cfg(test)]
+mod review_frames_tests;

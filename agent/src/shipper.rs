@@ -214,6 +214,7 @@ impl Shipper {
         };
         let (freed, dropped, backlog) = {
             let mut t = crate::table::lock(&self.table);
+            t.drop_frames();
             let freed = t.free_closed(now);
             let dropped = t.enforce_backlog(self.config.max_backlog_bytes());
             (freed, dropped, t.backlog().closed_bytes)
@@ -401,7 +402,7 @@ impl Shipper {
         let mut start = 0;
         while start < keys.len() {
             let (snapshots, sent, next) = {
-                let t = crate::table::lock(&self.table);
+                let mut t = crate::table::lock(&self.table);
                 t.encode_batch(&keys, start, max_bytes, max_snapshots)
             };
             let count = snapshots.len();
@@ -705,7 +706,7 @@ mod tests {
         }
         let s = shipper(&table, config);
         let (keys, sent) = {
-            let t = lock(&table);
+            let mut t = lock(&table);
             let keys = t.unacked();
             let (_, sent, _) = t.encode_batch(&keys, 0, usize::MAX, 1000);
             (keys, sent)

@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use bytes::Bytes;
 use hourglass_rpc::proto::v1;
 use hourglass_rpc::series::{NameError, Series};
 use hourglass_rpc::time::SECONDS_PER_HOUR;
@@ -137,6 +138,10 @@ impl std::fmt::Display for Reject {
     }
 }
 
+/// The most bytes of encoded frames a checkpoint keeps for the push of the same flush
+/// ([`Table::encoded`]); entries past it are encoded again by the push.
+pub(crate) const MAX_FRAMES_KEPT: usize = 16 << 20;
+
 /// One open (series, hour).
 #[derive(Debug, Clone, Default)]
 pub struct Entry {
@@ -150,6 +155,10 @@ pub struct Entry {
     pub(crate) dirty: bool,
     /// What the checkpoint holds of this entry.
     pub(crate) saved: Saved,
+    /// The sketches' encoded frames as they are now, kept from the checkpoint that
+    /// encoded them for the push of the same flush ([`Table::encoded`]); cleared when
+    /// the sketches change, taken by the push, and dropped at the end of the flush.
+    pub(crate) frames: Option<Vec<Bytes>>,
 }
 
 /// What the checkpoint holds of an entry, so that a checkpoint writes only the entries
@@ -170,6 +179,18 @@ pub struct Saved {
 }
 
 impl Entry {
+    /// The sketches' encoded frames: the kept ones, or encoded now.
+    fn encode(&self) -> Vec<Bytes> {
+        match &self.frames {
+            Some(frames) => frames.clone(),
+            None => self
+                .sketches
+                .iter()
+                .map(|s| Bytes::from(s.encode()))
+                .collect(),
+        }
+    }
+
     /// Whether the aggregator lacks something this entry holds.
     pub fn pending(&self) -> bool {
         self.dirty || self.acked < self.version
@@ -318,6 +339,8 @@ pub struct Table {
     /// The checkpoint generation changes are stamped with; a checkpoint takes the current
     /// one and starts the next.
     generation: u64,
+    /// Bytes of encoded frames kept since the last [`Table::drop_frames`].
+    frames_kept: usize,
     /// Entries removed since a checkpoint last recorded removals.
     removed: Vec<(Series, u32)>,
 }
@@ -364,6 +387,7 @@ impl Table {
             closed_through: None,
             scratch: Vec::new(),
             generation: 1,
+            frames_kept: 0,
             removed: Vec::new(),
         }
     }
@@ -613,6 +637,7 @@ impl Table {
         }
         entry.dirty = true;
         entry.saved.content = generation;
+        entry.frames = None;
     }
 
     /// The times that fall in `hour`, an hour [`Table::hour_for`] accepted at `now`, and
@@ -717,7 +742,7 @@ impl Table {
     /// always has (docs/FORMAT.md), and it is replaced at the aggregator once a checkpoint
     /// holds the entry's newer version.
     pub(crate) fn encode_batch(
-        &self,
+        &mut self,
         keys: &[Key],
         start: usize,
         max_bytes: usize,
@@ -729,7 +754,8 @@ impl Table {
         let mut next = start;
         while next < keys.len() {
             let key = keys[next];
-            let (Some(entry), Some(slot)) = (self.entries.get(&key), self.series.get(&key.series))
+            let (Some(entry), Some(slot)) =
+                (self.entries.get_mut(&key), self.series.get(&key.series))
             else {
                 next += 1;
                 continue;
@@ -742,7 +768,13 @@ impl Table {
                 break;
             }
             bytes += size;
-            for sketch in &entry.sketches {
+            // Encoded by this flush's checkpoint, nearly always: taken, not kept for
+            // another push.
+            let frames = match entry.frames.take() {
+                Some(frames) => frames,
+                None => entry.encode(),
+            };
+            for (sketch, data) in entry.sketches.iter().zip(frames) {
                 snapshots.push(v1::Snapshot {
                     series: Some(slot.wire.clone()),
                     hour: key.hour,
@@ -750,7 +782,7 @@ impl Table {
                     version: entry.saved.durable,
                     sketch: Some(v1::EncodedSketch {
                         kind: v1::SketchKind::from(sketch.kind()) as i32,
-                        data: sketch.encode().into(),
+                        data,
                     }),
                 });
             }
@@ -984,6 +1016,34 @@ impl Table {
         self.removed.drain(..removals.min(self.removed.len()));
     }
 
+    /// The series of `key`, and its entry's encoded frames, for the checkpoint writer.
+    /// An entry the aggregator lacks keeps them, for the push of this flush to send
+    /// rather than encode the sketches again.
+    ///
+    /// At most [`MAX_FRAMES_KEPT`] bytes of them are kept between two
+    /// [`Table::drop_frames`], so that a flush of a large backlog does not hold it twice.
+    pub(crate) fn encoded(&mut self, key: Key) -> Option<(&Series, &Entry, Vec<Bytes>)> {
+        let series = &self.series.get(&key.series)?.series;
+        let entry = self.entries.get_mut(&key)?;
+        let frames = entry.encode();
+        let size: usize = frames.iter().map(Bytes::len).sum();
+        if entry.pending() && entry.frames.is_none() && self.frames_kept + size <= MAX_FRAMES_KEPT {
+            self.frames_kept += size;
+            entry.frames = Some(frames.clone());
+        }
+        Some((series, entry, frames))
+    }
+
+    /// Drops the encoded frames a push did not take: they live within one flush.
+    pub(crate) fn drop_frames(&mut self) {
+        if self.frames_kept > 0 {
+            for entry in self.entries.values_mut() {
+                entry.frames = None;
+            }
+            self.frames_kept = 0;
+        }
+    }
+
     /// The series and entry of `key`, for the checkpoint writer.
     pub fn get(&self, key: Key) -> Option<(&Series, &Entry)> {
         Some((
@@ -1151,6 +1211,66 @@ mod tests {
                 .reason(),
             "too_many_tags"
         );
+    }
+
+    /// The frames a checkpoint encodes are what the push of the same flush sends, unless
+    /// an event changed the sketches in between: then the push sends them as they are
+    /// now. Only entries the aggregator lacks keep frames, and only until the flush ends.
+    #[test]
+    fn a_push_sends_the_sketches_as_they_are_now_not_as_checkpointed() {
+        let encoded = |t: &Table, key: Key| -> Vec<Vec<u8>> {
+            t.get(key)
+                .unwrap()
+                .1
+                .sketches
+                .iter()
+                .map(Sketch::encode)
+                .collect()
+        };
+        let sent = |t: &mut Table, key: Key| -> Vec<Vec<u8>> {
+            let (snaps, _, _) = t.encode_batch(&[key], 0, usize::MAX, 1000);
+            snaps
+                .into_iter()
+                .map(|s| s.sketch.unwrap().data.to_vec())
+                .collect()
+        };
+        let mut t = table();
+        add(&mut t, "v", "", "a", NOW).unwrap();
+        add(&mut t, "w", "", "a", NOW).unwrap();
+        t.assign_versions();
+        let mut keys = t.keys();
+        keys.sort_by_key(|k| t.get(*k).unwrap().0.to_string());
+        let (v, w) = (keys[0], keys[1]);
+        for key in [v, w] {
+            let (_, _, frames) = t.encoded(key).unwrap();
+            assert_eq!(
+                frames.iter().map(|f| f.to_vec()).collect::<Vec<_>>(),
+                encoded(&t, key)
+            );
+            assert!(t.get(key).unwrap().1.frames.is_some(), "pending: kept");
+        }
+        // An event between the checkpoint and the push: `v` is sent as it is now.
+        add(&mut t, "v", "", "b", NOW).unwrap();
+        assert!(t.get(v).unwrap().1.frames.is_none());
+        let now = sent(&mut t, v);
+        assert_eq!(now, encoded(&t, v));
+        assert_ne!(now, {
+            let mut one = table();
+            add(&mut one, "v", "", "a", NOW).unwrap();
+            let key = one.keys()[0];
+            encoded(&one, key)
+        });
+        // `w` unchanged: its kept frames go, taken.
+        assert_eq!(sent(&mut t, w), encoded(&t, w));
+        assert!(t.get(w).unwrap().1.frames.is_none(), "taken by the push");
+        // Acknowledged entries keep nothing; what a push did not take goes at the flush's end.
+        t.encoded(v).unwrap();
+        t.ack(w, t.get(w).unwrap().1.version);
+        t.encoded(w).unwrap();
+        assert!(t.get(v).unwrap().1.frames.is_some());
+        assert!(t.get(w).unwrap().1.frames.is_none(), "not pending");
+        t.drop_frames();
+        assert!(t.get(v).unwrap().1.frames.is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`codec`] | the gRPC codec: prost messages, decoded from the received bytes in place |
 //! | [`packed`] | many items in one bytes field (`SeriesBatch.packed_items`) |
 //! | [`proto`] | the generated gRPC types (proto/hourglass/v1) and their conversions |
 //! | [`series`] | metric, tag and series naming rules, checked where input enters |
@@ -17,6 +18,7 @@
 //! The sketches themselves, and their binary format, are the `hourglass-sketch` crate,
 //! which knows nothing of any of this. Nothing here knows RocksDB.
 
+pub mod codec;
 pub mod packed;
 pub mod process;
 pub mod proto;
@@ -42,3 +44,6 @@ pub fn json_figure(x: f64) -> f64 {
 pub fn is_unbounded(x: f64) -> bool {
     x >= f64::MAX
 }
+
+#[cfg(test)]
+mod review_codec_tests;

@@ -222,12 +222,22 @@ impl Ull {
         self.insert_hash(crate::hash::item_hash(item));
     }
 
+    /// Whether `body` (as [`Ull::encode_body`] writes it) holds dense registers, one byte
+    /// each, by its representation byte alone: for a store choosing how to compress it.
+    pub fn is_dense_body(body: &[u8]) -> bool {
+        body.get(2) == Some(&REPRESENTATION_DENSE)
+    }
+
     /// Adds every item of `items`: the same sketch as adding them one by one with
     /// [`Ull::insert`], faster for a run of many. A sparse sketch first makes room for the
     /// run in its table, up to where it would turn dense, instead of growing it item by
     /// item (which, placing every entry again at each step, cost more than the inserts),
     /// and gives back what repeated items left unused.
     pub fn insert_all<'a>(&mut self, items: impl ExactSizeIterator<Item = &'a [u8]>) {
+        if items.len() == 0 {
+            // Nothing to make room for: a decoded sketch keeps its sorted list.
+            return;
+        }
         if let Repr::Sparse(tokens) = &mut self.repr {
             // Room for the limit at most, half full: the insert that crosses it (a table
             // grows only when three quarters full) turns the sketch dense without growing
@@ -652,3 +662,6 @@ mod tests;
 
 #[cfg(test)]
 mod review_sparse_tests;
+
+#[cfg(test)]
+mod review_insert_all_tests;

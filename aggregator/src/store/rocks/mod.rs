@@ -1331,3 +1331,6 @@ mod review_live_tests;
 
 #[cfg(test)]
 mod review_values_tests;
+
+#[cfg(test)]
+mod review_compressor_tests;

@@ -449,3 +449,33 @@ fn review_values_a_damaged_row_of_a_server_left_out_does_not_fail_the_merge() {
         assert_eq!(day.rows, 1);
     }
 }
+
+/// Dense UltraLogLog registers take the register compressor, every other frame level 1:
+/// each round-trips, and a mostly zero frame (a sparse Bloom filter, an empty Count-Min
+/// row) still shrinks to almost nothing.
+#[test]
+fn registers_and_other_sketches_take_their_own_compressor() {
+    use hourglass_sketch::distinct::{Distinct, DistinctForm};
+    let frame_of = |form: DistinctForm, n: u32| {
+        let mut d = Distinct::new(form, 13).unwrap();
+        (0..n).for_each(|i| d.insert(&i.to_le_bytes()));
+        d.encode()
+    };
+    let dense = frame_of(DistinctForm::Ull, 5000);
+    assert!(super::values::holds_registers(&dense));
+    for other in [
+        frame_of(DistinctForm::Ull, 100),
+        frame_of(DistinctForm::Hll, 5000),
+        Sketch::Membership(hourglass_sketch::bloom::Bloom::new(100_000, 0.01).unwrap()).encode(),
+    ] {
+        assert!(!super::values::holds_registers(&other));
+    }
+    let bloom =
+        Sketch::Membership(hourglass_sketch::bloom::Bloom::new(100_000, 0.01).unwrap()).encode();
+    for frame in [&dense, &bloom] {
+        let v = hourly_value(1, frame, true);
+        assert_eq!(&hourly_sketch(b"k", &v).unwrap(), frame);
+    }
+    assert!(hourly_value(1, &bloom, true).len() < bloom.len() / 50);
+    assert!(hourly_value(1, &dense, true).len() < dense.len() / 2);
+}
