@@ -27,6 +27,10 @@
 //! build's stored bytes are the release build's; its CPU and latency figures are not);
 //! `--form hll|ull` and `--precision P` set the agents' `[defaults] distinct_form` and
 //! `precision` (unset: the agent's defaults, UltraLogLog at 13).
+//!
+//! `HOURGLASS_BENCH_BIN=/path/to/hourglass` runs that build's agents and aggregator
+//! instead of the one built with the bench: alternate a saved build and the new one to
+//! compare them on a noisy machine (docs/BENCHMARKS.md).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
