@@ -5,19 +5,8 @@
 use super::*;
 use sparse::SparseTokens;
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn body_of(sketch: &Ull) -> Vec<u8> {
-    let mut body = Vec::new();
-    sketch.encode_body(&mut body);
-    body
-}
+// The shared helpers of the UltraLogLog tests.
+use super::tests::{body_of, splitmix};
 
 fn items(state: &mut u64, n: usize) -> Vec<Vec<u8>> {
     (0..n)

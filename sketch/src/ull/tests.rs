@@ -25,7 +25,7 @@ fn hll_of(precision: u8, items: impl IntoIterator<Item = u64>) -> Hll {
     sketch
 }
 
-fn body_of(sketch: &Ull) -> Vec<u8> {
+pub(super) fn body_of(sketch: &Ull) -> Vec<u8> {
     let mut body = Vec::new();
     sketch.encode_body(&mut body);
     body
@@ -36,7 +36,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Well-mixed 64-bit values from a counter (splitmix64), for hash-level tests.
-fn splitmix(state: &mut u64) -> u64 {
+pub(super) fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
