@@ -76,6 +76,9 @@ pub(crate) async fn fan_out(
     // theirs to merge.
     let needed: BTreeSet<u32> = (0..count).filter(|p| !here.contains(p)).collect();
     let missing = gather(cluster, &asked, needed, &mut answer).await?;
+    // Groups only the others knew came last: in key order, as a single aggregator lists
+    // them, so that every node gives the same bytes.
+    answer.groups.sort_by(|a, b| a.0.cmp(&b.0));
     let missing: Vec<u32> = missing.into_iter().collect();
     answer
         .total

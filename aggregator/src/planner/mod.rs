@@ -814,7 +814,16 @@ pub(crate) fn days_of(hours: &Range<Hour>) -> impl Iterator<Item = (Day, Range<H
     })
 }
 
-/// The units of `sel`'s groups (none without `group_by`), in the order answers list them.
+/// `servers` in the order of their names.
+fn sorted_by_name<'s>(servers: &[&'s ServerEntry]) -> Vec<&'s ServerEntry> {
+    let mut sorted = servers.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    sorted
+}
+
+/// The units of `sel`'s groups (none without `group_by`), in the order answers list them:
+/// by key (a server's name, a tag's value; hours and days, whose keys are fixed-width
+/// times, in time order).
 fn group_units<'s>(
     sel: &Selector,
     series: &[&'s (SeriesId, SeriesName)],
@@ -822,12 +831,14 @@ fn group_units<'s>(
 ) -> Vec<(String, Unit<'s>)> {
     match &sel.group_by {
         GroupBy::None => Vec::new(),
-        GroupBy::Server => servers
-            .iter()
+        // By name, not by when each server first pushed (its id): every node of a
+        // cluster, and a single aggregator, list the groups alike.
+        GroupBy::Server => sorted_by_name(servers)
+            .into_iter()
             .map(|s| {
                 let unit = Unit {
                     series: series.to_vec(),
-                    servers: vec![*s],
+                    servers: vec![s],
                     hours: sel.hours.clone(),
                 };
                 (s.name.clone(), unit)

@@ -278,6 +278,37 @@ fn selection_grouping_and_coverage() {
 }
 
 #[test]
+fn server_groups_are_listed_by_name_not_by_first_push() {
+    let store = MemoryStore::new();
+    let name = SeriesName::new("visitors", vec![], Kind::Distinct);
+    let series = store.series_id_or_create(&name).unwrap();
+    // Registered (first pushed) out of name order: ids web-1 < web-3 < web-2.
+    for (i, server) in ["web-1", "web-3", "web-2"].iter().enumerate() {
+        let id = store.register_server(server, &[]).unwrap();
+        store.mark_live(id, &[Hour(0)]).unwrap();
+        let sketch = sketch_of(Kind::Distinct, &items(0, i as u32, "mobile"));
+        let key = HourKey {
+            series,
+            hour: Hour(0),
+            server: id,
+            epoch: Epoch(1),
+        };
+        store
+            .put_hourly(&[(key, 1, sketch.encode().into())])
+            .unwrap();
+    }
+    let answer = Planner::new(&store)
+        .answer(&Selector {
+            group_by: GroupBy::Server,
+            hours: Hour(0)..Hour(1),
+            ..select(Kind::Distinct)
+        })
+        .unwrap();
+    let keys: Vec<&str> = answer.groups.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["web-1", "web-2", "web-3"]);
+}
+
+#[test]
 fn the_fanout_limit_refuses_before_reading() {
     let fleet = Fleet::new();
     let unlimited = Planner::new(&fleet.store).answer(&select(Kind::Distinct));
