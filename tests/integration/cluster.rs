@@ -535,12 +535,118 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
         }
     }
     eprintln!("the cut node during the cut: {refused} refused, {right} right");
+    // Its own /metrics say so: no partition answered for, and, past member_ttl, no member
+    // seen (not the 3 members and every ready partition of before the cut).
+    wait_until(
+        "the cut node's metrics to show it answers for nothing",
+        || {
+            agg_metric(&x, "cluster_partitions_ready") == 0.0
+                && agg_metric(&x, "cluster_members") == 0.0
+        },
+    );
     cut(false);
     send_part(&agent, PARTS - 1);
     wait_shipped(&agent);
     assert_applied_same("agg-1", &a);
     assert_applied_same("agg-2", &b);
     assert_applied_same("the healed agg-x", &x);
+}
+
+/// A push through a healthy node is answered while an owner of some of its partitions is
+/// cut off (still a member, its key not yet expired): the other owner of each such
+/// partition vouches for it. Asked one owner after the other, the entry waited out
+/// `peer_timeout` on the cut one first (here 60 s, more than the push's 20 s deadline).
+#[test]
+fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-cut-owner");
+    // Members for a minute after their last heartbeat, and every wait as long: only the
+    // other owners can answer in time.
+    let slow_to_forget = |name: &str, nats_urls: Vec<String>, advertise: Option<String>| {
+        let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats_urls);
+        cluster.partitions = PARTITIONS;
+        cluster.heartbeat = HEARTBEAT;
+        cluster.member_ttl = Duration::from_secs(60);
+        cluster.peer_timeout = Duration::from_secs(60);
+        cluster.publish_timeout = Duration::from_secs(60);
+        cluster.advertise = advertise;
+        InProcessAggregator::start_with(hourglass_aggregator::Config {
+            data_dir: dir.file(name).into(),
+            cluster: Some(cluster),
+            ..Default::default()
+        })
+    };
+    let a = slow_to_forget("agg-1", nats.urls(), None);
+    let b = slow_to_forget("agg-2", nats.urls(), None);
+    let to_nats: Vec<Link> = nats
+        .urls()
+        .iter()
+        .map(|u| Link::to(Some(u.trim_start_matches("nats://").parse().unwrap())))
+        .collect();
+    let to_x = Link::to(None);
+    let x = slow_to_forget(
+        "agg-x",
+        to_nats
+            .iter()
+            .map(|l| format!("nats://{}", l.addr()))
+            .collect(),
+        Some(to_x.addr().to_string()),
+    );
+    to_x.set_target(x.grpc.trim_start_matches("http://").parse().unwrap());
+    wait_until("three members, each ready", || {
+        [&a, &b, &x].iter().all(|n| {
+            agg_metric(*n, "cluster_members") == 3.0
+                && agg_metric(*n, "cluster_partitions_ready")
+                    == agg_metric(*n, "cluster_partitions_applying")
+        })
+    });
+    let metrics: Vec<String> = (0..24).map(|i| format!("m{i}")).collect();
+    let names: Vec<&str> = metrics.iter().map(String::as_str).collect();
+    let request = crate::util::push_of_metrics("web-1", &names);
+    // The premise: some partition of the push is x's first and not the entry's at all.
+    let owners = runtime().block_on(owners_seen_by(&a.grpc));
+    let x_first = request.snapshots.iter().any(|s| {
+        let name = hourglass_aggregator::store::SeriesName::new(
+            s.series.as_ref().unwrap().metric.clone(),
+            vec![],
+            hourglass_sketch::Kind::Distinct,
+        );
+        let p = hourglass_aggregator::cluster::partition(&name, PARTITIONS) as usize;
+        owners[p].first().map(String::as_str) == Some("agg-x")
+            && !owners[p].iter().any(|o| o == "agg-1")
+    });
+    assert!(
+        x_first,
+        "premise: no partition of the push is x's first and not agg-1's: {owners:?}"
+    );
+    runtime().block_on(push_until_answered(&a, request.clone()));
+    for link in to_nats.iter().chain([&to_x]) {
+        link.cut(true);
+    }
+    let mut newer = request;
+    for s in &mut newer.snapshots {
+        s.version += 1;
+    }
+    let answered = runtime().block_on(async {
+        let mut c = CollectorClient::new(channel(&a.grpc).await);
+        let mut push = tonic::Request::new(newer);
+        push.set_timeout(Duration::from_secs(20));
+        c.push(push).await
+    });
+    let outcomes: Vec<v1::PushOutcome> = answered
+        .expect("the push is answered without the cut owner")
+        .into_inner()
+        .results
+        .iter()
+        .map(|r| r.outcome())
+        .collect();
+    assert!(
+        outcomes.iter().all(|o| *o == v1::PushOutcome::Stored),
+        "{outcomes:?}"
+    );
+    for link in to_nats.iter().chain([&to_x]) {
+        link.cut(false);
+    }
 }
 
 /// A node that joins after the stream dropped every message (`max_age`) copies what they
@@ -1170,7 +1276,7 @@ fn right_or_honest(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) 
 }
 
 /// The owners of each partition, as the node at `grpc` sees them.
-async fn review_owners(grpc: &str) -> Vec<Vec<String>> {
+async fn owners_seen_by(grpc: &str) -> Vec<Vec<String>> {
     let mut c = v1::peer_client::PeerClient::new(channel(grpc).await);
     c.status(v1::StatusRequest {})
         .await
@@ -1348,7 +1454,7 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
             .all(|n| agg_metric(*n, "cluster_members") == 3.0)
     });
     let rt = runtime();
-    let owners = rt.block_on(review_owners(&a.grpc));
+    let owners = rt.block_on(owners_seen_by(&a.grpc));
     let not_c: Vec<u32> = (0..PARTITIONS)
         .filter(|&p| !owners[p as usize].iter().any(|o| o == "agg-3"))
         .collect();

@@ -177,8 +177,15 @@ async fn reopen_all(work: &Consuming, live: Task, running: &mut HashMap<u32, Tas
 fn rebalance(work: &Consuming, running: &mut HashMap<u32, Task>) {
     let membership = work.cluster.members();
     let members = membership.members();
+    // What this node sees now, even cut off: no members, no partition answered for.
+    let report = || {
+        let (applying, ready) = membership.counts();
+        work.metrics
+            .cluster_membership(members.len(), applying, ready, membership.pending());
+    };
     // Out of the cluster (or not yet in): keep applying what it applies, take nothing new.
     if members.is_empty() {
+        report();
         return;
     }
     let owned = membership.owned(&members);
@@ -200,9 +207,7 @@ fn rebalance(work: &Consuming, running: &mut HashMap<u32, Task>) {
         membership.stop_applying(p);
         false
     });
-    let (applying, ready) = membership.counts();
-    work.metrics
-        .cluster_membership(members.len(), applying, ready, membership.pending());
+    report();
 }
 
 /// Renews this node's key in the members bucket and reads every member's.
@@ -376,42 +381,36 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             quiet_until = tokio::time::Instant::now() + quiet;
             continue;
         };
-        let message = match next {
+        let first = match next {
             Some(Ok(message)) => message,
             // The client reconnects by itself; a missed heartbeat and the like end here.
             Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
             None => return stream_error(format!("consumer {name} ended")),
         };
         let taken = std::time::Instant::now();
+        // With it, every message already received: they are applied as one batch, in one
+        // write group of the store (one WAL sync), and acknowledged after it. What ended
+        // the batch (the stream's error or end) is taken up after it is applied.
+        let (messages, ended) = ready_messages(first, &mut messages);
         // Every delivery of this consumer takes the next consumer sequence: one skipped
         // was delivered and lost on the way (a reconnect). Applying on would record a
-        // position past it, so the consumer is opened again, from this node's position.
-        let (consumer_sequence, stream_sequence, pending, published) = match message.info() {
-            Ok(info) if info.consumer_sequence == delivered + 1 => (
-                info.consumer_sequence,
-                info.stream_sequence,
-                info.pending,
-                system_time(info.published.unix_timestamp_nanos()),
-            ),
-            Ok(info) => {
-                return stream_error(format!(
-                    "consumer {name}: deliveries {} to {} were lost on the way",
-                    delivered + 1,
-                    info.consumer_sequence.saturating_sub(1)
-                ));
-            }
-            Err(e) => {
-                return stream_error(format!(
-                    "consumer {name}: a message without its position: {e}"
-                ));
-            }
-        };
-        // Messages of the subject between this node's position and this one that the
+        // position past it, so the consumer is opened again, from this node's position,
+        // after the deliveries before it are applied.
+        let (batch, gap) = in_sequence(messages, delivered);
+        let ended = gap.or(ended.map(|e| match e {
+            Some(e) => e.to_string(),
+            None => "ended".to_string(),
+        }));
+        if batch.is_empty() {
+            return stream_error(format!("consumer {name}: {}", ended.unwrap_or_default()));
+        }
+        // Messages of the subject between this node's position and these that the
         // stream dropped (max_age) before the consumer reached them were passed over
         // with no gap in the deliveries: a consumer far enough behind is opened again,
         // which finds what is missing and copies it. (A store already known to lack
         // messages answers for none of the subject and copies them before it does: it
-        // applies on meanwhile, and its next copy covers what it skips now.)
+        // applies on meanwhile, and its next copy covers what it skips now.) Checked
+        // against the position before the batch: stricter than before each message.
         match guard(
             complete,
             nothing_aged_out(cluster, p, cluster.position(p).applied),
@@ -427,64 +426,204 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             }
             Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
         }
-        // A message the store could not take is retried here, before any later one: the
-        // position recorded as applied must never pass a message not applied.
-        let outcome = loop {
-            if !config.apply_delay.is_zero() {
-                tokio::time::sleep(config.apply_delay).await;
-            }
-            let outcome = apply_one(work, p, &message).await;
-            count(work, outcome);
-            if outcome != Applied::Retry {
-                break outcome;
-            }
-            if let Err(e) = message.ack_with(AckKind::Progress).await {
-                tracing::warn!(consumer = %name, error = %e, "telling JetStream a cluster message is being retried");
-            }
-            tokio::time::sleep(RETRY_DELAY).await;
-        };
-        // Stalled: this consumer's deliveries vouch for nothing more (before this message
-        // is recorded, so that no reader takes what it looked at meanwhile as applied).
+        let outcomes = apply_in_place(work, p, &name, &batch).await;
+        // Stalled: this consumer's deliveries vouch for nothing more (before these
+        // messages are recorded, so that no reader takes what it looked at meanwhile as
+        // applied).
         let stalled = taken.elapsed() > stall;
         if stalled {
             cluster.distrust(p, &identity);
         }
-        // After the count, so that a reader who sees the position also sees the count.
-        work.metrics.cluster_applied_at(stream_sequence);
-        cluster.record_delivery(p, &identity, consumer_sequence, stream_sequence);
-        // Every message of the subject still to come was published after this one.
-        cluster.barrier().fresh_since(p, &identity, published);
-        delivered = consumer_sequence;
-        cluster.members().set_pending(p, pending);
-        let caught_up = pending == 0;
-        let ack = match outcome {
-            Applied::Refused => AckKind::Term,
-            Applied::Ok | Applied::Retry => AckKind::Ack,
-        };
-        // A lost acknowledgement only means a redelivery, which the version rule absorbs;
-        // nothing here depends on it (the ack floor vouches for nothing, DESIGN §10).
-        if let Err(e) = message.double_ack_with(ack).await {
-            tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
+        let mut pending = 0;
+        for (delivery, outcome) in batch.iter().zip(outcomes) {
+            // After the count, so that a reader who sees the position also sees the count.
+            count(work, outcome);
+            work.metrics.cluster_applied_at(delivery.stream_sequence);
+            cluster.record_delivery(
+                p,
+                &identity,
+                delivery.consumer_sequence,
+                delivery.stream_sequence,
+            );
+            // Every message of the subject still to come was published after this one.
+            cluster
+                .barrier()
+                .fresh_since(p, &identity, delivery.published);
+            delivered = delivery.consumer_sequence;
+            pending = delivery.pending;
+            let ack = match outcome {
+                Applied::Refused => AckKind::Term,
+                Applied::Ok | Applied::Retry => AckKind::Ack,
+            };
+            // A lost acknowledgement only means a redelivery, which the version rule
+            // absorbs; nothing here depends on it (the ack floor vouches for nothing,
+            // DESIGN §10), so it is sent without waiting for JetStream's confirmation:
+            // awaited, each was a consensus round of the consumer's replicas before the
+            // next message (docs/BENCHMARKS.md, "Cluster mode").
+            if let Err(e) = delivery.message.ack_with(ack).await {
+                tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
+            }
         }
+        cluster.members().set_pending(p, pending);
         if stalled || taken.elapsed() > stall {
             cluster.distrust(p, &identity);
             return stream_error(format!(
-                "consumer {name}: one message took {:?} to apply and acknowledge, longer than a quarter of cluster.max_age; opening the consumer again from this node's position",
+                "consumer {name}: {} messages took {:?} to apply and acknowledge, longer than a quarter of cluster.max_age; opening the consumer again from this node's position",
+                batch.len(),
                 taken.elapsed()
             ));
+        }
+        if let Some(ended) = ended {
+            return stream_error(format!("consumer {name}: {ended}"));
         }
         quiet_until = tokio::time::Instant::now() + quiet;
         unreceived = None;
         cluster.barrier().running(p);
         // Nothing left to deliver: ready once this node applied every delivery too (one
         // request, only while not ready yet).
-        if p != LIVE && caught_up && !cluster.members().is_ready_here(p) {
+        if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
             match consumer.get_info().await {
                 Ok(info) => record_outstanding(cluster, p, &info, complete),
                 Err(e) => return stream_error(format!("consumer {name}: {e}")),
             }
         }
     }
+}
+
+/// The most messages applied as one batch (one write group of the store).
+const MAX_BATCH: usize = 256;
+
+/// `first` and the messages `messages` has already received after it, up to
+/// [`MAX_BATCH`] in all; and, if the stream gave an error or ended right after them, that
+/// (`Some(None)` for its end).
+fn ready_messages<S>(
+    first: async_nats::jetstream::Message,
+    messages: &mut S,
+) -> (
+    Vec<async_nats::jetstream::Message>,
+    Option<Option<Box<dyn std::error::Error + Send + Sync>>>,
+)
+where
+    S: tokio_stream::Stream<
+            Item = Result<
+                async_nats::jetstream::Message,
+                async_nats::jetstream::consumer::pull::MessagesError,
+            >,
+        > + Unpin,
+{
+    let mut batch = vec![first];
+    let waker = std::task::Waker::noop();
+    let mut context = std::task::Context::from_waker(waker);
+    while batch.len() < MAX_BATCH {
+        match std::pin::Pin::new(&mut *messages).poll_next(&mut context) {
+            std::task::Poll::Ready(Some(Ok(message))) => batch.push(message),
+            std::task::Poll::Ready(Some(Err(e))) => return (batch, Some(Some(Box::new(e)))),
+            std::task::Poll::Ready(None) => return (batch, Some(None)),
+            std::task::Poll::Pending => break,
+        }
+    }
+    (batch, None)
+}
+
+/// One delivery of a consumer, with its place in the stream.
+struct Delivery {
+    message: async_nats::jetstream::Message,
+    consumer_sequence: u64,
+    stream_sequence: u64,
+    /// Messages of the subject left to deliver after it.
+    pending: u64,
+    /// When it was published.
+    published: std::time::SystemTime,
+}
+
+/// The deliveries of `messages` that follow delivery `delivered` one by one, and why the
+/// rest do not (a delivery lost on the way, or a message without its position).
+fn in_sequence(
+    messages: Vec<async_nats::jetstream::Message>,
+    mut delivered: u64,
+) -> (Vec<Delivery>, Option<String>) {
+    let mut batch = Vec::with_capacity(messages.len());
+    for message in messages {
+        let (consumer_sequence, stream_sequence, pending, published) = match message.info() {
+            Ok(info) if info.consumer_sequence == delivered + 1 => (
+                info.consumer_sequence,
+                info.stream_sequence,
+                info.pending,
+                system_time(info.published.unix_timestamp_nanos()),
+            ),
+            Ok(info) => {
+                let gap = format!(
+                    "deliveries {} to {} were lost on the way",
+                    delivered + 1,
+                    info.consumer_sequence.saturating_sub(1)
+                );
+                return (batch, Some(gap));
+            }
+            Err(e) => return (batch, Some(format!("a message without its position: {e}"))),
+        };
+        let info = Delivery {
+            message,
+            consumer_sequence,
+            stream_sequence,
+            pending,
+            published,
+        };
+        delivered = info.consumer_sequence;
+        batch.push(info);
+    }
+    (batch, None)
+}
+
+/// Applies `batch` in order, retrying in place from the first message the store could
+/// not take (with those after it), so that the position recorded as applied never passes
+/// a message not applied. Returns each message's outcome (never [`Applied::Retry`]).
+async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]) -> Vec<Applied> {
+    let mut outcomes = Vec::with_capacity(batch.len());
+    loop {
+        let rest = &batch[outcomes.len()..];
+        let delay = work.cluster.config().apply_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay * u32::try_from(rest.len()).unwrap_or(u32::MAX)).await;
+        }
+        let applied = apply_batch(work, p, rest).await;
+        let retry = applied.iter().position(|o| *o == Applied::Retry);
+        outcomes.extend(applied.into_iter().take(retry.unwrap_or(usize::MAX)));
+        if retry.is_none() {
+            return outcomes;
+        }
+        count(work, Applied::Retry);
+        for delivery in &batch[outcomes.len()..] {
+            if let Err(e) = delivery.message.ack_with(AckKind::Progress).await {
+                tracing::warn!(consumer = %name, error = %e, "telling JetStream a cluster message is being retried");
+            }
+        }
+        tokio::time::sleep(RETRY_DELAY).await;
+    }
+}
+
+/// Applies `batch` in one write group of the store (one WAL sync at its end): each
+/// message's outcome, in order. A failed sync makes every message [`Applied::Retry`].
+async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applied> {
+    let messages: Vec<async_nats::Message> =
+        batch.iter().map(|d| d.message.message.clone()).collect();
+    let work = work.clone();
+    let applied = tokio::task::spawn_blocking(move || {
+        let mut outcomes = Vec::with_capacity(messages.len());
+        let synced = work.applier.store().write_group(&mut || {
+            outcomes.extend(messages.iter().map(|m| apply_one(&work, p, m)));
+            Ok(())
+        });
+        if let Err(e) = synced {
+            tracing::warn!(partition = p, error = %e, "syncing a batch of cluster messages failed; retrying it");
+            outcomes.iter_mut().for_each(|o| *o = Applied::Retry);
+        }
+        outcomes
+    })
+    .await;
+    applied.unwrap_or_else(|e| {
+        tracing::error!(partition = p, error = %e, "a task applying cluster messages failed; retrying them");
+        vec![Applied::Retry; batch.len()]
+    })
 }
 
 /// The pull requests' heartbeat. A connection that stops delivering shows as missed
@@ -951,7 +1090,7 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
 
 /// Decodes and stores one message: a live message's server, live hours and series
 /// index (and the positions it names, for the read barrier), or a partition's snapshots.
-async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> Applied {
+fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> Applied {
     let (applier, subject) = (&work.applier, message.subject.as_str());
     let request = match v1::PushRequest::decode(message.payload.as_ref()) {
         Ok(request) => request,
@@ -967,7 +1106,7 @@ async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> A
             .and_then(|h| h.get(super::barrier::POSITIONS_HEADER))
             .map(|v| super::barrier::parse_positions(v.as_str()))
             .transpose();
-        let applied = applier.apply_live(request).await;
+        let applied = applier.apply_live(request);
         match positions {
             Ok(positions) if applied.is_ok() => {
                 let stream = work.cluster.position(LIVE).stream;
@@ -985,7 +1124,7 @@ async fn apply_one(work: &Consuming, p: u32, message: &async_nats::Message) -> A
         applied
     } else {
         let snapshots = request.snapshots.len() as u64;
-        applier.apply(request).await.inspect(|()| {
+        applier.apply(request).inspect(|()| {
             applier
                 .metrics()
                 .cluster_applied_snapshots

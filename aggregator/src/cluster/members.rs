@@ -239,10 +239,12 @@ impl Membership {
         self.lock().pending.values().sum()
     }
 
-    /// Partitions applied and ready, for the metrics.
+    /// Partitions applied, and those this node answers for now ([`Self::ready_here`]:
+    /// none while its membership is not fresh, as when it is cut off from NATS), for the
+    /// metrics.
     pub(crate) fn counts(&self) -> (usize, usize) {
-        let state = self.lock();
-        (state.applying.len(), state.ready.len())
+        let ready = self.ready_here().len();
+        (self.lock().applying.len(), ready)
     }
 
     /// The owners of `p` among the current members, best first.

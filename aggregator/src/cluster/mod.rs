@@ -15,7 +15,8 @@
 //!   members that score highest for it by rendezvous hashing, computed alike by every node.
 //! - **Apply** (`apply.rs`): each node applies the partitions it owns, one durable
 //!   consumer each, with the single aggregator's own path (validation, the version rule)
-//!   into its RocksDB, acknowledging a message only after that write, and says in its
+//!   into its RocksDB in batches (one write group, one WAL sync, per batch of messages
+//!   received), acknowledging a message only after that write, and says in its
 //!   heartbeat which partitions it is *ready* for (applied to the end of the stream, with
 //!   nothing the stream no longer keeps missing). Every node also applies the live subject,
 //!   which carries each push's server, labels, live hours and series index: every node
@@ -23,7 +24,8 @@
 //!   sketches. Snapshots replace by version, so a redelivered or duplicated message changes
 //!   nothing: at-least-once delivery is effectively once in the store.
 //! - **Answers** (`peer.rs`, `query.rs`): the entry answers a push once an owner of each
-//!   partition confirms the versions it holds after applying the publish (STALE as a
+//!   partition (the first of its ready owners to answer; all are asked at once) confirms
+//!   the versions it holds after applying the publish (STALE as a
 //!   single aggregator would); a query merges the partitions this node is ready for and
 //!   asks a ready owner of each other one for its partial merge (`Peer.Partial`), naming
 //!   in the coverage any partition no node answered for.

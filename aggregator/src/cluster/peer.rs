@@ -138,18 +138,19 @@ impl Peers {
 }
 
 /// The version held of each of `keys` (snapshots of `server` published at `sequences`,
-/// per partition), from this node's store for partitions it is ready for and from a
-/// ready owner for the others, each once it applied the publish. UNAVAILABLE when no
-/// ready owner of a partition answers.
+/// per partition), each from an owner ready for its partition once that owner applied the
+/// publish. Every ready owner is asked at once, in one request per node (this node reads
+/// its own store), and a partition takes the first answer that comes: one slow or cut
+/// owner does not hold the push up while another can vouch for the same partitions.
+/// UNAVAILABLE when no ready owner of some partition answers within the publish timeout.
 pub(crate) async fn held(
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     store: &Arc<dyn Store>,
     server: &str,
     keys: Vec<HeldKey>,
     sequences: &BTreeMap<u32, u64>,
 ) -> Result<Vec<Option<u64>>, Status> {
     let count = cluster.config().partitions;
-    let timeout = cluster.config().publish_timeout;
     let mut by_partition: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, k) in keys.iter().enumerate() {
         by_partition
@@ -157,67 +158,170 @@ pub(crate) async fn held(
             .or_default()
             .push(i);
     }
-    let mut out = vec![None; keys.len()];
-    for (p, indices) in by_partition {
-        let at = sequences.get(&p).copied().unwrap_or(0);
-        let part: Vec<HeldKey> = indices.iter().map(|&i| keys[i].clone()).collect();
-        let held = held_of_partition(cluster, store, server, p, at, part, timeout).await?;
-        for (i, h) in indices.into_iter().zip(held) {
-            out[i] = h;
+    // Per node, the partitions it is a ready owner of.
+    let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
+    let mut last_error: BTreeMap<u32, String> = BTreeMap::new();
+    for &p in by_partition.keys() {
+        last_error.insert(p, format!("no node is ready for partition {p}"));
+        for candidate in cluster.members().candidates(p) {
+            let ask = asks.entry(candidate.node.clone()).or_insert_with(|| Ask {
+                advertise: candidate.advertise.clone(),
+                partitions: Vec::new(),
+            });
+            ask.partitions.push(p);
         }
+    }
+    let keys = Arc::new(keys);
+    let by_partition = Arc::new(by_partition);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (node, ask) in asks {
+        let (cluster, store, keys, by_partition) = (
+            Arc::clone(cluster),
+            Arc::clone(store),
+            Arc::clone(&keys),
+            Arc::clone(&by_partition),
+        );
+        let (server, sequences) = (server.to_string(), sequences.clone());
+        tasks.spawn(async move {
+            let answer = held_by_node(
+                &cluster,
+                &store,
+                &server,
+                &node,
+                &ask,
+                &keys,
+                &by_partition,
+                &sequences,
+            )
+            .await;
+            (node, answer)
+        });
+    }
+    let mut out = vec![None; keys.len()];
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < by_partition.len() {
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        let (node, answers) =
+            joined.map_err(|e| Status::internal(format!("held task failed: {e}")))?;
+        for (p, answer) in answers {
+            match answer {
+                Ok(held) if !answered.contains(&p) => {
+                    for (&i, h) in by_partition[&p].iter().zip(held) {
+                        out[i] = h;
+                    }
+                    answered.insert(p);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    last_error.insert(p, format!("{node}: {e}"));
+                }
+            }
+        }
+    }
+    // Dropping the others' requests (the set aborts them): their answers are not needed.
+    tasks.abort_all();
+    if let Some((p, error)) = last_error.iter().find(|(p, _)| !answered.contains(p)) {
+        return Err(Status::unavailable(format!(
+            "cluster: no owner of partition {p} confirmed this push's snapshots ({error}); the push is in the stream, retry it for its answer"
+        )));
     }
     Ok(out)
 }
 
-/// [`held`] for the snapshots of one partition `p`, published at `at`.
-async fn held_of_partition(
+/// What one node is asked for a push's answer: where it is, and the partitions it is a
+/// ready owner of.
+struct Ask {
+    advertise: String,
+    partitions: Vec<u32>,
+}
+
+/// One node's answers for the partitions of `ask`: per partition, the versions held of
+/// its keys (in `by_partition`'s order) or why there are none.
+#[allow(clippy::too_many_arguments)]
+async fn held_by_node(
     cluster: &Cluster,
     store: &Arc<dyn Store>,
     server: &str,
-    p: u32,
-    at: u64,
-    keys: Vec<HeldKey>,
-    timeout: Duration,
-) -> Result<Vec<Option<u64>>, Status> {
-    let mut last_error = format!("no node is ready for partition {p}");
-    for candidate in cluster.members().candidates(p) {
-        if candidate.node == cluster.members().me() {
-            if !cluster.wait_applied(p, at, timeout).await {
-                last_error = format!("this node did not apply partition {p} up to {at} in time");
-                continue;
+    node: &str,
+    ask: &Ask,
+    keys: &[HeldKey],
+    by_partition: &BTreeMap<u32, Vec<usize>>,
+    sequences: &BTreeMap<u32, u64>,
+) -> Vec<(u32, Result<Vec<Option<u64>>, String>)> {
+    let timeout = cluster.config().publish_timeout;
+    let at = |p: u32| sequences.get(&p).copied().unwrap_or(0);
+    let part_keys = |partitions: &[u32]| -> Vec<HeldKey> {
+        partitions
+            .iter()
+            .flat_map(|p| by_partition[p].iter().map(|&i| keys[i].clone()))
+            .collect()
+    };
+    // Splits a flat answer for `partitions` (their keys in order) by partition.
+    let split = |partitions: &[u32], held: Vec<Option<u64>>| {
+        let mut held = held.into_iter();
+        partitions
+            .iter()
+            .map(|&p| (p, Ok(held.by_ref().take(by_partition[&p].len()).collect())))
+            .collect::<Vec<_>>()
+    };
+    if node == cluster.members().me() {
+        let mut applied = Vec::new();
+        let mut out = Vec::new();
+        // One after another under one deadline: each partition applies on meanwhile.
+        let deadline = tokio::time::Instant::now() + timeout;
+        for &p in &ask.partitions {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if cluster.wait_applied(p, at(p), left).await {
+                applied.push(p);
+            } else {
+                out.push((
+                    p,
+                    Err(format!(
+                        "this node did not apply partition {p} up to {} in time",
+                        at(p)
+                    )),
+                ));
             }
-            return local_held(store, server, keys).await;
         }
-        let request = v1::HeldRequest {
-            server: server.to_string(),
-            snapshots: keys.iter().map(held_snapshot).collect(),
-            wait_for: HashMap::from([(p, at)]),
-            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
-        };
-        match cluster.peers().held(&candidate.advertise, request).await {
-            Ok(reply) if reply.held.len() == keys.len() => {
-                return Ok(reply
-                    .held
-                    .into_iter()
-                    .map(|v| (v > 0).then_some(v))
-                    .collect());
-            }
-            Ok(reply) => {
-                last_error = format!(
-                    "{} answered {} versions for {} snapshots",
-                    candidate.node,
-                    reply.held.len(),
-                    keys.len()
-                );
-            }
-            Err(status) => {
-                last_error = format!("{}: {}", candidate.node, status.message());
-            }
+        match local_held(store, server, part_keys(&applied)).await {
+            Ok(held) => out.extend(split(&applied, held)),
+            Err(status) => out.extend(
+                applied
+                    .iter()
+                    .map(|&p| (p, Err(status.message().to_string()))),
+            ),
         }
+        return out;
     }
-    Err(Status::unavailable(format!(
-        "cluster: no owner of partition {p} confirmed this push's snapshots ({last_error}); the push is in the stream, retry it for its answer"
-    )))
+    let sent = part_keys(&ask.partitions);
+    let request = v1::HeldRequest {
+        server: server.to_string(),
+        snapshots: sent.iter().map(held_snapshot).collect(),
+        wait_for: ask.partitions.iter().map(|&p| (p, at(p))).collect(),
+        timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+    };
+    let error = match cluster.peers().held(&ask.advertise, request).await {
+        Ok(reply) if reply.held.len() == sent.len() => {
+            let held = reply
+                .held
+                .into_iter()
+                .map(|v| (v > 0).then_some(v))
+                .collect();
+            return split(&ask.partitions, held);
+        }
+        Ok(reply) => format!(
+            "answered {} versions for {} snapshots",
+            reply.held.len(),
+            sent.len()
+        ),
+        Err(status) => status.message().to_string(),
+    };
+    ask.partitions
+        .iter()
+        .map(|&p| (p, Err(error.clone())))
+        .collect()
 }
 
 /// The versions this node's store holds of `keys`.

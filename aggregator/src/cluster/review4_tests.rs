@@ -80,7 +80,7 @@ async fn review4_an_owner_applying_a_published_push_later_stores_what_the_entry_
         live_hours: vec![hour],
     };
     // What the apply loop does with the partition's message (apply.rs, `apply_one`).
-    let applied = owner.apply(push).await;
+    let applied = owner.apply(push);
     assert!(
         applied.is_ok(),
         "the apply loop would retry or refuse: {applied:?}"

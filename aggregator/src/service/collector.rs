@@ -94,7 +94,10 @@ impl CollectorService {
     /// the server holds on which day) in the store and the series ledger, storing no
     /// sketch. Every node applies every live message, so every node knows every series of
     /// every server: the entry's series bound and the queries' selection see them all.
-    pub(crate) async fn apply_live(&self, mut request: v1::PushRequest) -> Result<(), Status> {
+    ///
+    /// Blocking (the store's writes): run on a blocking thread, in a write group
+    /// ([`Store::write_group`]) with the rest of a batch of messages.
+    pub(crate) fn apply_live(&self, mut request: v1::PushRequest) -> Result<(), Status> {
         let server = request
             .server
             .take()
@@ -119,12 +122,12 @@ impl CollectorService {
                 index.push((name, Hour(s.hour).day()));
             }
         }
-        let (store, ledger) = (Arc::clone(&self.store), Arc::clone(&self.ledger));
+        let (store, ledger) = (self.store.as_ref(), self.ledger.as_ref());
         let oldest_day = Hour(*accepted_hours.start()).day();
-        tokio::task::spawn_blocking(move || {
+        let stored = (|| {
             let server_id = store.register_server(&server.name, &labels)?;
             let mut held = Vec::with_capacity(index.len());
-            ledger.with_server(store.as_ref(), server_id, oldest_day, |counted| {
+            ledger.with_server(store, server_id, oldest_day, |counted| {
                 for (name, day) in &index {
                     let id = store.series_id_or_create(name)?;
                     counted.admit(id, *day, oldest_day, usize::MAX);
@@ -134,10 +137,8 @@ impl CollectorService {
             })?;
             let live = (!live.is_empty()).then_some((server_id, &live[..]));
             store.put_index(live, server_id, &held)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("live task failed: {e}")))?
-        .map_err(|e| {
+        })();
+        stored.map_err(|e| {
             tracing::error!(error = %e, "storing a live message failed");
             convert::store_status(&e)
         })
@@ -147,12 +148,21 @@ impl CollectorService {
     /// as for a push from an agent; what a rule refuses is counted and logged here, since
     /// no agent waits for the answer. An error is the whole push's (the store failed, or
     /// the push breaks a rule of the whole request).
-    pub(crate) async fn apply(&self, request: v1::PushRequest) -> Result<(), Status> {
+    ///
+    /// Blocking (the store's writes): run on a blocking thread, in a write group
+    /// ([`Store::write_group`]) with the rest of a batch of messages.
+    pub(crate) fn apply(&self, mut request: v1::PushRequest) -> Result<(), Status> {
         let span = push_span("stream", request.snapshots.len());
-        self.push_inner(request, None, true, &span)
-            .instrument(span.clone())
-            .await
-            .map(|_| ())
+        let _entered = span.enter();
+        let checked = self.checked_request(&mut request, None, true, &span)?;
+        let target = self.target(&checked);
+        let (results, valid, slots) = self.check_snapshots(&mut request.snapshots, &checked);
+        let answers =
+            store_push(self.store.as_ref(), &self.ledger, &target, valid).map_err(|e| {
+                tracing::error!(error = %e, "storing a push failed");
+                convert::store_status(&e)
+            })?;
+        self.answer(results, slots, answers, &span).map(drop)
     }
 }
 
@@ -254,10 +264,10 @@ fn check_snapshot(
 }
 
 /// Everything the blocking part of a push needs besides the snapshots.
-struct PushTarget<'a> {
-    server: &'a str,
-    labels: &'a [(String, String)],
-    live_hours: &'a [Hour],
+struct PushTarget {
+    server: String,
+    labels: Vec<(String, String)>,
+    live_hours: Vec<Hour>,
     /// The oldest day hourly retention keeps: series last seen before it stop counting.
     oldest_day: Day,
     /// `limits.max_series_per_server`.
@@ -268,17 +278,30 @@ struct PushTarget<'a> {
     keep_labels: bool,
 }
 
+/// What the checks of a whole push found ([`CollectorService::checked_request`]).
+struct CheckedPush {
+    server: v1::Server,
+    /// Its labels, sorted.
+    labels: Vec<(String, String)>,
+    /// The hours a push may carry now.
+    accepted_hours: std::ops::RangeInclusive<u32>,
+    /// The hours its snapshots are checked against (any, from the stream).
+    checked_hours: std::ops::RangeInclusive<u32>,
+    /// Its live hours that count.
+    live: Vec<Hour>,
+}
+
 /// The server's id, registering it (or, unless `keep_labels`, updating its labels).
 fn server_of(
     store: &dyn Store,
-    target: &PushTarget<'_>,
+    target: &PushTarget,
 ) -> Result<crate::keys::ServerId, crate::store::StoreError> {
     if target.keep_labels
-        && let Some(id) = store.server_id(target.server)?
+        && let Some(id) = store.server_id(&target.server)?
     {
         return Ok(id);
     }
-    store.register_server(target.server, target.labels)
+    store.register_server(&target.server, &target.labels)
 }
 
 /// The series bound's decision for each of `valid`, in order: the series' id, or how
@@ -292,7 +315,7 @@ fn admit(
     store: &dyn Store,
     ledger: &SeriesLedger,
     server_id: crate::keys::ServerId,
-    target: &PushTarget<'_>,
+    target: &PushTarget,
     valid: &[Valid],
     commit: bool,
 ) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
@@ -309,7 +332,7 @@ fn admit(
 fn decide(
     store: &dyn Store,
     held: &mut impl Admit,
-    target: &PushTarget<'_>,
+    target: &PushTarget,
     valid: &[Valid],
 ) -> Result<Vec<Result<crate::keys::SeriesId, usize>>, crate::store::StoreError> {
     let (oldest, limit) = (target.oldest_day, target.max_series);
@@ -347,7 +370,7 @@ fn decide(
 }
 
 /// The rejection of `v` by the series bound, the server holding `count` series.
-fn over_series_bound(target: &PushTarget<'_>, v: &Valid, count: usize) -> Rejection {
+fn over_series_bound(target: &PushTarget, v: &Valid, count: usize) -> Rejection {
     reject(
         "series_per_server",
         format!(
@@ -363,7 +386,7 @@ fn over_series_bound(target: &PushTarget<'_>, v: &Valid, count: usize) -> Reject
 fn store_push(
     store: &dyn Store,
     ledger: &SeriesLedger,
-    target: &PushTarget<'_>,
+    target: &PushTarget,
     valid: Vec<Valid>,
 ) -> Result<Vec<Result<PutOutcome, Rejection>>, crate::store::StoreError> {
     let server_id = server_of(store, target)?;
@@ -385,7 +408,7 @@ fn store_push(
             Err(count) => answers.push(Some(Err(over_series_bound(target, &v, count)))),
         }
     }
-    let live = (!target.live_hours.is_empty()).then_some((server_id, target.live_hours));
+    let live = (!target.live_hours.is_empty()).then_some((server_id, &target.live_hours[..]));
     let mut outcomes = store.put_push(live, &batch)?.into_iter();
     answers
         .into_iter()
@@ -444,7 +467,7 @@ pub(crate) fn held_versions(
 fn admit_push(
     store: &dyn Store,
     ledger: &SeriesLedger,
-    target: &PushTarget<'_>,
+    target: &PushTarget,
     valid: &[Valid],
 ) -> Result<Vec<Option<Rejection>>, crate::store::StoreError> {
     let server_id = server_of(store, target)?;
@@ -476,7 +499,7 @@ impl Collector for CollectorService {
         let span = push_span("grpc", request.snapshots.len());
         hourglass_rpc::process::adopt_remote_parent(&span, &metadata);
         let result = self
-            .push_inner(request, principal, false, &span)
+            .push_inner(request, principal, &span)
             .instrument(span.clone())
             .await;
         let outcome = match &result {
@@ -542,9 +565,37 @@ impl CollectorService {
         &self,
         mut request: v1::PushRequest,
         principal: Option<crate::auth::Principal>,
-        from_stream: bool,
         span: &tracing::Span,
     ) -> Result<v1::PushResponse, Status> {
+        let checked = self.checked_request(&mut request, principal.as_ref(), false, span)?;
+        if let Some(cluster) = &self.cluster {
+            return self.publish(cluster, checked, request.snapshots).await;
+        }
+        let (results, valid, slots) = self.check_snapshots(&mut request.snapshots, &checked);
+        let store = Arc::clone(&self.store);
+        let ledger = Arc::clone(&self.ledger);
+        let target = self.target(&checked);
+        let answers = tokio::task::spawn_blocking(move || {
+            store_push(store.as_ref(), &ledger, &target, valid)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "storing a push failed");
+            convert::store_status(&e)
+        })?;
+        self.answer(results, slots, answers, span)
+    }
+
+    /// The checks of a whole push (its size, server, labels and live hours) that every
+    /// push passes, from an agent or (`from_stream`) from the cluster's stream.
+    fn checked_request(
+        &self,
+        request: &mut v1::PushRequest,
+        principal: Option<&crate::auth::Principal>,
+        from_stream: bool,
+        span: &tracing::Span,
+    ) -> Result<CheckedPush, Status> {
         let limits = &self.limits;
         if request.snapshots.len() > limits.max_snapshots_per_push {
             return Err(Status::resource_exhausted(format!(
@@ -557,28 +608,33 @@ impl CollectorService {
             .server
             .take()
             .ok_or_else(|| Status::invalid_argument("server is required"))?;
-        checked_server(&server, principal.as_ref())?;
+        checked_server(&server, principal)?;
         span.record("server", server.name.as_str());
         let labels = checked_labels(&server)?;
         let accepted_hours = self.accepted_hours();
         let checked_hours = Self::checked_hours(&accepted_hours, from_stream);
         let live = self.live_hours(&request.live_hours, &checked_hours, &server.name)?;
-        if let Some(cluster) = &self.cluster {
-            return self
-                .publish(
-                    cluster,
-                    &server,
-                    labels,
-                    &live,
-                    request.snapshots,
-                    &accepted_hours,
-                )
-                .await;
-        }
-        let mut results = Vec::with_capacity(request.snapshots.len());
+        Ok(CheckedPush {
+            server,
+            labels,
+            accepted_hours,
+            checked_hours,
+            live,
+        })
+    }
+
+    /// Checks each snapshot ([`check_snapshot`]): the results so far (rejections filled
+    /// in), the valid snapshots, and which result each valid one answers with its
+    /// version, so that outcomes land in request order.
+    fn check_snapshots(
+        &self,
+        snapshots: &mut [v1::Snapshot],
+        checked: &CheckedPush,
+    ) -> (Vec<v1::SnapshotResult>, Vec<Valid>, Vec<(usize, u64)>) {
+        let mut results = Vec::with_capacity(snapshots.len());
         let mut valid = Vec::new();
-        for (i, snapshot) in request.snapshots.iter_mut().enumerate() {
-            match check_snapshot(i, snapshot, limits, &checked_hours) {
+        for (i, snapshot) in snapshots.iter_mut().enumerate() {
+            match check_snapshot(i, snapshot, &self.limits, &checked.checked_hours) {
                 Ok(v) => {
                     valid.push(v);
                     results.push(v1::SnapshotResult::default());
@@ -586,36 +642,24 @@ impl CollectorService {
                 Err(r) => results.push(self.rejection(r)),
             }
         }
-        // Which result each valid snapshot answers, so outcomes land in request order.
-        let slots: Vec<(usize, u64)> = valid.iter().map(|v| (v.index, v.version)).collect();
+        let slots = valid.iter().map(|v| (v.index, v.version)).collect();
+        (results, valid, slots)
+    }
 
-        let store = Arc::clone(&self.store);
-        let ledger = Arc::clone(&self.ledger);
-        let name = server.name.clone();
-        // Applying a partition: the entry decided the bound, for all owners alike.
-        let max_series = match self.applying {
-            true => usize::MAX,
-            false => limits.max_series_per_server,
-        };
-        let keep_labels = self.applying;
-        let answers = tokio::task::spawn_blocking(move || {
-            let target = PushTarget {
-                server: &name,
-                labels: &labels,
-                live_hours: &live,
-                oldest_day: Hour(*accepted_hours.start()).day(),
-                max_series,
-                keep_labels,
-            };
-            store_push(store.as_ref(), &ledger, &target, valid)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("push task failed: {e}")))?
-        .map_err(|e| {
-            tracing::error!(error = %e, "storing a push failed");
-            convert::store_status(&e)
-        })?;
-        self.answer(results, slots, answers, span)
+    /// Where a checked push is written, and by which bound.
+    fn target(&self, checked: &CheckedPush) -> PushTarget {
+        PushTarget {
+            server: checked.server.name.clone(),
+            labels: checked.labels.clone(),
+            live_hours: checked.live.clone(),
+            oldest_day: Hour(*checked.accepted_hours.start()).day(),
+            // Applying a partition: the entry decided the bound, for all owners alike.
+            max_series: match self.applying {
+                true => usize::MAX,
+                false => self.limits.max_series_per_server,
+            },
+            keep_labels: self.applying,
+        }
     }
 
     /// Cluster mode: checks each snapshot as [`Self::push_inner`] does, publishes those
@@ -625,13 +669,18 @@ impl CollectorService {
     /// carried) and ledger; every node's apply loop applies it again.
     async fn publish(
         &self,
-        cluster: &crate::cluster::Cluster,
-        server: &v1::Server,
-        labels: Vec<(String, String)>,
-        live: &[Hour],
+        cluster: &Arc<crate::cluster::Cluster>,
+        checked: CheckedPush,
         snapshots: Vec<v1::Snapshot>,
-        accepted_hours: &std::ops::RangeInclusive<u32>,
     ) -> Result<v1::PushResponse, Status> {
+        let CheckedPush {
+            server,
+            labels,
+            accepted_hours,
+            live,
+            ..
+        } = checked;
+        let (server, accepted_hours) = (&server, &accepted_hours);
         let (mut results, valid, originals) =
             self.check_for_cluster(cluster, server, snapshots, accepted_hours);
         let (valid, refusals) = self
@@ -717,9 +766,9 @@ impl CollectorService {
         let max_series = self.limits.max_series_per_server;
         tokio::task::spawn_blocking(move || {
             let target = PushTarget {
-                server: &name,
-                labels: &labels,
-                live_hours: &[],
+                server: name,
+                labels,
+                live_hours: Vec::new(),
                 oldest_day,
                 max_series,
                 keep_labels: true,
@@ -757,24 +806,29 @@ impl CollectorService {
     /// publish timeout (the push is in the stream; a retry gets its answer).
     async fn answer_from_owners(
         &self,
-        cluster: &crate::cluster::Cluster,
+        cluster: &Arc<crate::cluster::Cluster>,
         server: &str,
         sequences: &std::collections::BTreeMap<u32, u64>,
         sent: Vec<Valid>,
         results: &mut [v1::SnapshotResult],
     ) -> Result<(), Status> {
-        // The live message first: this node's next check of the server's series bound
-        // then counts this push's series.
+        // This node's apply of the live message (its next check of the server's series
+        // bound then counts this push's series) and the owners' answers, at once.
         let timeout = cluster.config().publish_timeout;
-        if let Some(&live) = sequences.get(&crate::cluster::LIVE)
-            && !cluster
-                .wait_applied(crate::cluster::LIVE, live, timeout)
-                .await
-        {
-            return Err(Status::unavailable(format!(
-                "cluster: this node has not yet applied the stream up to its own publish (sequence {live}) within cluster.publish_timeout; the push is in the stream, retry it for its answer"
-            )));
-        }
+        let live = async {
+            match sequences.get(&crate::cluster::LIVE) {
+                Some(&live)
+                    if !cluster
+                        .wait_applied(crate::cluster::LIVE, live, timeout)
+                        .await =>
+                {
+                    Err(Status::unavailable(format!(
+                        "cluster: this node has not yet applied the stream up to its own publish (sequence {live}) within cluster.publish_timeout; the push is in the stream, retry it for its answer"
+                    )))
+                }
+                _ => Ok(()),
+            }
+        };
         let keys: Vec<HeldKey> = sent
             .iter()
             .map(|v| HeldKey {
@@ -783,7 +837,10 @@ impl CollectorService {
                 epoch: v.epoch,
             })
             .collect();
-        let held = crate::cluster::held(cluster, &self.store, server, keys, sequences).await?;
+        let held = crate::cluster::held(cluster, &self.store, server, keys, sequences);
+        let (live, held) = tokio::join!(live, held);
+        live?;
+        let held = held?;
         // Applied up to the publish, yet not held at its version: the owner refused it
         // or will retry it. Nothing of the push is acknowledged; the retry gets the answer.
         if let Some(v) = sent

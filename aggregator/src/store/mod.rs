@@ -461,6 +461,20 @@ pub trait Store: Send + Sync + 'static {
         self.put_push(Some((server, hours)), &[]).map(drop)
     }
 
+    /// Runs `writes` (this store's writes, on this thread) as one group made durable by
+    /// one sync at its end instead of one per write: when this returns `Ok`, everything
+    /// `writes` wrote is as durable as a synced write makes it; when it returns an error,
+    /// any of it may be lost to a crash. A write group is for work that answers no one
+    /// before it ends (cluster mode's apply of a batch of messages, acknowledged after);
+    /// every other write syncs by itself. An error of `writes` is returned as is, after
+    /// the sync of what it wrote.
+    fn write_group(
+        &self,
+        writes: &mut dyn FnMut() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        writes()
+    }
+
     /// Cluster mode: this store's [`StreamPosition`] in `subject` of the cluster's stream
     /// (a partition's number, or `u32::MAX` for the live subject); `None` while none was
     /// recorded.

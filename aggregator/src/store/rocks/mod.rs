@@ -164,6 +164,11 @@ pub struct RocksStore {
     cache: Cache,
     cache_capacity: usize,
     write_options: WriteOptions,
+    /// The writes of a [`Store::write_group`]: not synced one by one.
+    group_write_options: WriteOptions,
+    /// Whether writes are synced ([`StoreOptions::sync_writes`]); a write group syncs at
+    /// its end only then.
+    sync_writes: bool,
     write_stripes: Vec<Mutex<()>>,
     // Serialises id allocation and label updates of the dictionaries, whose
     // check-then-insert must not interleave.
@@ -240,12 +245,17 @@ impl RocksStore {
 
         let mut write_options = WriteOptions::default();
         write_options.set_sync(options.sync_writes);
+        // A write group's writes reach the WAL file unsynced; the group syncs it once.
+        let mut group_write_options = WriteOptions::default();
+        group_write_options.set_sync(false);
         let store = RocksStore {
             db,
             dir,
             cache,
             cache_capacity: options.block_cache_bytes,
             write_options,
+            group_write_options,
+            sync_writes: options.sync_writes,
             write_stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             meta_lock: Mutex::new(()),
             next_mark: AtomicU64::new(
@@ -372,9 +382,11 @@ impl RocksStore {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        self.db
-            .write_opt(batch, &self.write_options)
-            .map_err(engine_error)
+        let options = match IN_WRITE_GROUP.get() {
+            true => &self.group_write_options,
+            false => &self.write_options,
+        };
+        self.db.write_opt(batch, options).map_err(engine_error)
     }
 
     /// Writes the schema version into a new store, or checks the one of an existing store.
@@ -668,9 +680,42 @@ impl Drop for Retention<'_> {
     }
 }
 
+thread_local! {
+    /// Whether this thread runs a [`Store::write_group`] of a [`RocksStore`]: its writes
+    /// are then not synced one by one.
+    static IN_WRITE_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Ends a write group on this thread however the group ends (a panic too).
+struct GroupEnd;
+
+impl Drop for GroupEnd {
+    fn drop(&mut self) {
+        IN_WRITE_GROUP.set(false);
+    }
+}
+
 impl Store for RocksStore {
     fn hour_cache(&self) -> Option<&HourCache> {
         Some(&self.hour_cache)
+    }
+
+    fn write_group(
+        &self,
+        writes: &mut dyn FnMut() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let outer = IN_WRITE_GROUP.replace(true);
+        let result = {
+            let _end = (!outer).then_some(GroupEnd);
+            writes()
+        };
+        // A group inside a group is synced by the outer one.
+        if !outer && self.sync_writes {
+            // RocksDB syncs every WAL file not yet synced, those a memtable switch
+            // closed during the group included.
+            self.db.flush_wal(true).map_err(engine_error)?;
+        }
+        result
     }
 
     fn put_push(
