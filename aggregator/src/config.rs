@@ -47,6 +47,10 @@ use thiserror::Error;
 
 use crate::store::StoreOptions;
 
+mod cluster;
+pub use cluster::ClusterConfig;
+pub(crate) use cluster::server_addrs;
+
 const SECOND: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
@@ -74,7 +78,7 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// Cluster mode on NATS JetStream (module [`crate::cluster`]); a single aggregator
     /// without it.
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// `[rollup]`: the background builder of daily rollups.

@@ -337,8 +337,8 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
     // Incomplete and no node could give what is missing: apply what is there, and try
     // the copy again later.
     let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
-    let heartbeat = pull_heartbeat(config);
-    let (quiet, stall) = (quiet(config), stall(config));
+    let heartbeat = config.pull_heartbeat();
+    let (quiet, stall) = (config.quiet(), config.stall());
     let pulls = consumer
         .stream()
         .heartbeat(heartbeat)
@@ -624,35 +624,6 @@ async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applie
         tracing::error!(partition = p, error = %e, "a task applying cluster messages failed; retrying them");
         vec![Applied::Retry; batch.len()]
     })
-}
-
-/// The pull requests' heartbeat. A connection that stops delivering shows as missed
-/// heartbeats well before a message could age out of the stream unseen (a quarter of
-/// max_age, 2 to 10 s, for two): the consumer is then opened again, which checks what the
-/// stream dropped meanwhile.
-fn pull_heartbeat(config: &super::ClusterConfig) -> Duration {
-    (config.max_age / 8).clamp(Duration::from_secs(1), Duration::from_secs(5))
-}
-
-/// Nothing received for this long, a consume loop asks its consumer what it delivered
-/// ([`idle`]): four pull heartbeats, and at most a quarter of max_age, so that a quiet
-/// subject's position follows the stream closely enough.
-fn quiet(config: &super::ClusterConfig) -> Duration {
-    (pull_heartbeat(config) * 4).min(config.max_age / 4)
-}
-
-/// A consume loop not asking for messages this long (one message retried in place after
-/// a store failure, a process frozen or starved) stalls its consumer: it looks at nothing
-/// meanwhile, and what the stream drops before it looks again it would look past without
-/// a gap in its deliveries. A stalled consumer vouches for nothing more.
-fn stall(config: &super::ClusterConfig) -> Duration {
-    config.max_age / 4
-}
-
-/// The longest a running consume loop goes without showing it runs (its quiet time, and
-/// a stall): longer, its consumer vouches for nothing ([`super::barrier::caught_up`]).
-pub(crate) fn unchecked(config: &super::ClusterConfig) -> Duration {
-    quiet(config) + stall(config)
 }
 
 /// The consume loop of `p` received nothing for a while: asks its consumer what it

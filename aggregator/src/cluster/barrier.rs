@@ -285,8 +285,7 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
         // A loop that has not run for longer than it may (a frozen process) has a
         // consumer that looked at nothing meanwhile, and may since have looked past what
         // the stream dropped: it vouches for nothing until the loop has seen to it.
-        let running =
-            cluster.barrier().not_running_for(p) <= super::apply::unchecked(cluster.config());
+        let running = cluster.barrier().not_running_for(p) <= cluster.config().unchecked();
         if let Vouched::All { at } = verdict
             && info.num_pending == 0
             && running
