@@ -25,6 +25,16 @@
 //! `cargo bench --bench cluster -- single cluster-3` runs only the setups named.
 //! The NATS server is the pinned binary `scripts/nats-server` fetches (cached in
 //! `~/.cache/hourglass`).
+//!
+//! Two more measurements put the cluster beside its engine: **engine**, JetStream alone
+//! on the same NATS servers (the bytes an entry publishes for one push, in the entry's
+//! shape and as one message, with the same concurrency: the ceiling the cluster is held
+//! to), and, for cluster-1, a wiped node applying the whole stream against a bare drain
+//! of the same messages. Each cluster setup also pushes at half its saturated rate for
+//! the latency below saturation.
+//!
+//! `HOURGLASS_BENCH_BIN=/path/to/hourglass` runs that build's aggregators instead of the
+//! one built with the bench: alternate a saved build and the new one to compare them.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
@@ -69,7 +79,7 @@ const FULL: Sizes = Sizes {
     load: Duration::from_secs(30),
     queries: 50,
     partitions: 64,
-    setups: &["single", "cluster-1", "cluster-3"],
+    setups: &["single", "engine", "cluster-1", "cluster-3"],
     settle: Duration::from_secs(1),
 };
 
@@ -80,7 +90,7 @@ const SMOKE: Sizes = Sizes {
     load: Duration::from_secs(2),
     queries: 5,
     partitions: 8,
-    setups: &["single", "cluster-1"],
+    setups: &["single", "engine", "cluster-1"],
     settle: Duration::from_millis(300),
 };
 
@@ -335,7 +345,12 @@ impl Node {
     fn start(dir: &Path, name: &str, config: Option<&str>) -> Node {
         use std::os::unix::process::CommandExt;
         let data = dir.join(name);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        // Another build's binary, to compare two builds in turn on the same machine.
+        let binary = std::env::var_os("HOURGLASS_BENCH_BIN").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_hourglass")),
+            PathBuf::from,
+        );
+        let mut command = Command::new(binary);
         command.arg0("hourglass-aggregator").args([
             "--listen",
             "127.0.0.1:0",
@@ -514,16 +529,20 @@ struct Load {
     sketch_bytes_per_push: u64,
 }
 
-/// `sizes.clients` clients push to `urls` round-robin for `sizes.load`.
+/// `sizes.clients` clients push to `urls` round-robin for `sizes.load`: each as fast as
+/// it is answered, or, with `pace`, at most that many pushes/s in all (each client
+/// starts its pushes at fixed times), to measure latency below saturation.
 async fn load(
     sizes: &Sizes,
     urls: &[String],
     sketches: &Arc<Vec<Vec<Vec<Bytes>>>>,
     hour: u32,
+    pace: Option<f64>,
 ) -> Load {
     let mut tasks = Vec::new();
     let started = Instant::now();
     let deadline = started + sizes.load;
+    let clients_n = sizes.clients;
     for client in 0..sizes.clients {
         let sketches = sketches.clone();
         let urls = urls.to_vec();
@@ -534,7 +553,17 @@ async fn load(
             }
             let mut out = Load::default();
             let mut version = 0u64;
+            // Each client's share of the pace, its first push offset from the others'.
+            let interval = pace.map(|rate| Duration::from_secs_f64(clients_n as f64 / rate));
             while Instant::now() < deadline {
+                if let Some(interval) = interval {
+                    let offset = interval.mul_f64(client as f64 / clients_n as f64);
+                    tokio::time::sleep_until((started + offset + interval * version as u32).into())
+                        .await;
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                }
                 version += 1;
                 let target = (client + version as usize) % clients.len();
                 let mut request =
@@ -660,6 +689,299 @@ async fn queries(sizes: &Sizes, nodes: &[Node], hour: u32, load_end: Instant) ->
     }
 }
 
+/// The engine's ceiling for the same load, with no hourglass in the way: `clients`
+/// concurrent publishers on 3 connections (one per would-be entry node), each "push" the
+/// bytes an entry publishes for one push, sent as `shape` says and acknowledged by
+/// JetStream, on a stream like the cluster's (3 replicas, file storage, the same NATS
+/// servers) for `sizes.load`. Returns the pushes/s and the sorted latencies, seconds.
+async fn engine_publish(
+    nats: &Nats,
+    sizes: &Sizes,
+    stream: &str,
+    shape: &PushShape,
+) -> (f64, Vec<f64>) {
+    let urls = nats.urls();
+    let first = async_nats::connect(urls[0].as_str())
+        .await
+        .expect("connect to NATS");
+    let js = async_nats::jetstream::new(first);
+    let prefix = stream.to_lowercase();
+    let config = async_nats::jetstream::stream::Config {
+        name: stream.to_string(),
+        subjects: vec![format!("{prefix}.>")],
+        num_replicas: 3,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        max_age: Duration::from_secs(7 * 86_400),
+        ..Default::default()
+    };
+    // The servers may still be electing JetStream's leader.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = js.create_stream(config.clone()).await {
+        assert!(Instant::now() < deadline, "create the engine stream: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut connections = Vec::new();
+    for i in 0..3 {
+        let client = async_nats::connect(&urls[i % urls.len()])
+            .await
+            .expect("connect to NATS");
+        connections.push(async_nats::jetstream::new(client));
+    }
+    let started = Instant::now();
+    let deadline = started + sizes.load;
+    let mut tasks = Vec::new();
+    for client in 0..sizes.clients {
+        let js = connections[client % connections.len()].clone();
+        let (prefix, shape) = (prefix.clone(), shape.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                n += 1;
+                let t = Instant::now();
+                let mut acks = Vec::new();
+                for (k, bytes) in shape.partitions.iter().enumerate() {
+                    let subject = format!("{prefix}.p.{}", (client * 7 + n + k) % 64);
+                    let payload = Bytes::from(vec![0x5au8; *bytes]);
+                    acks.push(js.publish(subject, payload).await.expect("publish"));
+                }
+                let mut ok = true;
+                for ack in acks {
+                    ok &= ack.await.is_ok();
+                }
+                if shape.live > 0 {
+                    let payload = Bytes::from(vec![0x5au8; shape.live]);
+                    match js.publish(format!("{prefix}.live"), payload).await {
+                        Ok(ack) => ok &= ack.await.is_ok(),
+                        Err(_) => ok = false,
+                    }
+                }
+                if ok {
+                    latencies.push(t.elapsed().as_secs_f64());
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("publisher"));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    (latencies.len() as f64 / seconds, latencies)
+}
+
+/// How an entry publishes one push: the payload bytes of each partition's message, sent
+/// at once, and then of the live message (0: none).
+#[derive(Clone, Debug)]
+struct PushShape {
+    partitions: Vec<usize>,
+    live: usize,
+}
+
+impl PushShape {
+    /// The push of client 0 as the cluster's entry splits it (one message per partition
+    /// its series fall in, then the live message), or all its bytes as one message.
+    fn of(sketches: &[Vec<Bytes>], partitions: u32, one_message: bool) -> PushShape {
+        use prost::Message;
+        let request = push_request(sketches, 0, 500_000, 1);
+        if one_message {
+            return PushShape {
+                partitions: vec![request.encoded_len()],
+                live: 0,
+            };
+        }
+        let mut by_partition: BTreeMap<u32, usize> = BTreeMap::new();
+        for s in &request.snapshots {
+            let series = s.series.as_ref().expect("series");
+            let name = hourglass_aggregator::store::SeriesName::new(
+                series.metric.clone(),
+                series
+                    .tags
+                    .iter()
+                    .map(|t| (t.key.clone(), t.value.clone()))
+                    .collect(),
+                hourglass_sketch::Kind::Distinct,
+            );
+            let p = hourglass_aggregator::cluster::partition(&name, partitions);
+            let server = 16; // the server's name and field tags
+            *by_partition.entry(p).or_insert(server) += s.encoded_len() + 3;
+        }
+        PushShape {
+            partitions: by_partition.into_values().collect(),
+            // The server, live hours and the series index (names, no sketches).
+            live: request
+                .snapshots
+                .iter()
+                .map(|s| s.series.as_ref().map_or(0, |x| x.encoded_len()) + 12)
+                .sum::<usize>()
+                + 24,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.partitions.iter().sum::<usize>() + self.live
+    }
+}
+
+/// Runs the engine baselines and prints them; returns the pushes/s of the entry's shape
+/// and of one message per push.
+fn run_engine(
+    sizes: &Sizes,
+    nats: &Nats,
+    sketches: &Arc<Vec<Vec<Vec<Bytes>>>>,
+    rt: &tokio::runtime::Runtime,
+) -> (f64, f64) {
+    println!();
+    println!(
+        "== engine: JetStream alone on the same 3 NATS servers (3 replicas, file storage, sync_interval always), {} concurrent publishers, {:.1} s each",
+        sizes.clients,
+        sizes.load.as_secs_f64()
+    );
+    let mut rates = Vec::new();
+    for (name, one) in [("entry's shape", false), ("one message", true)] {
+        let shape = PushShape::of(&sketches[0], sizes.partitions, one);
+        let before = nats.cpu();
+        let stream = format!("BENCH_ENGINE_{}", if one { "ONE" } else { "SHAPE" });
+        let (rate, latencies) = rt.block_on(engine_publish(nats, sizes, &stream, &shape));
+        let cpu: f64 = nats.cpu().iter().zip(&before).map(|(a, b)| a - b).sum();
+        println!(
+            "   {name}: {} message(s) of {} B in all per push{}: {rate:.1} pushes/s, latency p50 {:.1} ms, p99 {:.1} ms; NATS CPU {:.2} ms per push",
+            shape.partitions.len() + usize::from(shape.live > 0),
+            shape.bytes(),
+            if shape.live > 0 {
+                " (partitions at once, then the live message)"
+            } else {
+                ""
+            },
+            quantile(&latencies, 0.5) * 1e3,
+            quantile(&latencies, 0.99) * 1e3,
+            cpu / (latencies.len().max(1) as f64) * 1e3,
+        );
+        rates.push(rate);
+    }
+    (rates[0], rates[1])
+}
+
+/// The push latency p99 (seconds) of the same clients pushing at `rate` pushes/s in all.
+fn paced_latency(
+    sizes: &Sizes,
+    urls: &[String],
+    sketches: &Arc<Vec<Vec<Vec<Bytes>>>>,
+    hour: u32,
+    rate: f64,
+    rt: &tokio::runtime::Runtime,
+) -> f64 {
+    let paced = rt.block_on(load(sizes, urls, sketches, hour, Some(rate.max(1.0))));
+    let p99 = quantile(&paced.latencies, 0.99);
+    println!(
+        "   paced at half that rate ({:.1} pushes/s asked, {:.1} answered): push latency p50 {:.1} ms, p99 {:.1} ms, errors {:?}",
+        rate,
+        paced.pushes as f64 / paced.seconds,
+        quantile(&paced.latencies, 0.5) * 1e3,
+        p99 * 1e3,
+        paced.errors,
+    );
+    p99
+}
+
+/// How fast a node applies the stream, against a bare drain of the same messages: the
+/// node (`node`, the only one) is stopped, its data dir wiped, and started again, so that
+/// it applies the whole stream (every partition and the live subject) through new
+/// consumers; then 65 bare consumers (one per subject, like the node's: durable, pull,
+/// explicit acks, the stream's replicas) drain the same messages with a plain ack each.
+/// Both are timed from their start to the last message applied or received, consumer
+/// creation included. Returns both rates, messages/s.
+fn catch_up(
+    sizes: &Sizes,
+    dir: &Path,
+    node: Node,
+    config: &str,
+    nats: &Nats,
+    stream: &str,
+    rt: &tokio::runtime::Runtime,
+) -> (f64, f64) {
+    let data = node.data.clone();
+    let name = data
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("node name")
+        .to_string();
+    drop(node);
+    std::fs::remove_dir_all(&data).expect("wipe the node's data dir");
+    let (messages, _, _) = nats.stream(stream).expect("the stream's state");
+    let started = Instant::now();
+    let node = Node::start(dir, &name, Some(config));
+    wait_ready(std::slice::from_ref(&node), sizes.partitions);
+    wait_until(
+        "the node to apply the stream",
+        Duration::from_secs(300),
+        || metric(&node.metrics(), "cluster_pending") == 0.0,
+    );
+    let applied = started.elapsed().as_secs_f64();
+    drop(node);
+    let started = Instant::now();
+    let drained = rt.block_on(bare_drain(nats, stream, sizes.partitions));
+    let drain = started.elapsed().as_secs_f64();
+    let (apply_rate, drain_rate) = (messages as f64 / applied, drained as f64 / drain);
+    println!(
+        "   a wiped node applies the whole stream ({messages} messages, 1 node owning every partition): {applied:.1} s, {apply_rate:.0} messages/s; a bare drain of the same ({drained} messages, plain acks): {drain:.1} s, {drain_rate:.0} messages/s; the node at {:.0}% of the drain",
+        100.0 * apply_rate / drain_rate
+    );
+    (apply_rate, drain_rate)
+}
+
+/// Drains every subject of `stream` (its partitions and live subject) through one new
+/// durable pull consumer each, acknowledging each message with a plain ack as it comes;
+/// returns the messages received.
+async fn bare_drain(nats: &Nats, stream: &str, partitions: u32) -> u64 {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use tokio_stream::StreamExt;
+    let client = async_nats::connect(nats.urls()[0].as_str())
+        .await
+        .expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream(stream).await.expect("the stream");
+    let prefix = stream.cached_info().config.name.to_lowercase();
+    let subjects: Vec<String> = (0..partitions)
+        .map(|p| format!("{prefix}.p.{p}"))
+        .chain([format!("{prefix}.live")])
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, subject) in subjects.into_iter().enumerate() {
+        let stream = stream.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+                .create_consumer(pull::Config {
+                    durable_name: Some(format!("bare-drain-{i}")),
+                    filter_subject: subject,
+                    ack_policy: AckPolicy::Explicit,
+                    max_ack_pending: 256,
+                    ..Default::default()
+                })
+                .await
+                .expect("a consumer");
+            let left = consumer.info().await.expect("its info").num_pending;
+            let mut messages = consumer.messages().await.expect("its messages");
+            let mut received = 0u64;
+            while received < left {
+                let Some(Ok(message)) = messages.next().await else {
+                    break;
+                };
+                let _ = message.ack().await;
+                received += 1;
+            }
+            received
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("a drain");
+    }
+    total
+}
+
 /// What one setup measured, for the ratios at the end.
 struct Summary {
     name: &'static str,
@@ -669,6 +991,11 @@ struct Summary {
     /// Aggregators' and NATS servers' CPU seconds during the load.
     cpu: f64,
     pushes: u64,
+    /// Push latency p99 at half the saturated rate, seconds (cluster setups).
+    paced_p99: f64,
+    /// Messages/s a wiped node applied from the stream, and a bare drain of the same
+    /// messages (cluster-1).
+    apply_rate: (f64, f64),
 }
 
 fn run_setup(
@@ -701,7 +1028,7 @@ fn run_setup(
     let cpu_before: Vec<f64> = nodes.iter().map(Node::cpu).collect();
     let nats_before = nats.map(Nats::cpu).unwrap_or_default();
     let bench_before = cpu_seconds(std::process::id());
-    let load = rt.block_on(load(sizes, &urls, sketches, hour));
+    let load = rt.block_on(load(sizes, &urls, sketches, hour, None));
     let load_end = Instant::now();
     let cpu_load: Vec<f64> = nodes
         .iter()
@@ -869,7 +1196,19 @@ fn run_setup(
     if !same {
         println!("   WARNING: {name}: the nodes answer differently: {estimates:?}");
     }
+    let mut paced_p99 = f64::NAN;
+    let mut apply_rate = (f64::NAN, f64::NAN);
+    if let Some(nats) = nats {
+        paced_p99 = paced_latency(sizes, &urls, sketches, hour, pps / 2.0, rt);
+        if nodes.len() == 1 {
+            let node = nodes.into_iter().next().expect("one node");
+            let config = cluster_config(nats, &format!("{name}-agg-1"), &stream, sizes.partitions);
+            apply_rate = catch_up(sizes, &dir, node, &config, nats, &stream, rt);
+        }
+    }
     Summary {
+        paced_p99,
+        apply_rate,
         name,
         pushes_per_second: pps,
         push_p50: quantile(&load.latencies, 0.5),
@@ -913,12 +1252,16 @@ fn main() {
     if runs("single") {
         summaries.push(run_setup("single", sizes, &dir, None, 1, &sketches, &rt));
     }
-    if runs("cluster-1") || runs("cluster-3") {
+    let mut engine = None;
+    if runs("engine") || runs("cluster-1") || runs("cluster-3") {
         match nats_server_binary() {
             Some(binary) => {
                 let nats_dir = dir.join("nats");
                 std::fs::create_dir_all(&nats_dir).expect("nats dir");
                 let nats = Nats::start(&binary, &nats_dir);
+                if runs("engine") {
+                    engine = Some(run_engine(sizes, &nats, &sketches, &rt));
+                }
                 for (name, n) in [("cluster-1", 1), ("cluster-3", 3)] {
                     if runs(name) {
                         summaries.push(run_setup(
@@ -953,6 +1296,34 @@ fn main() {
                 s.push_p50 / base.push_p50,
                 s.query_p50 / base.query_p50,
                 (s.cpu / s.pushes as f64) / (base.cpu / base.pushes as f64),
+            );
+        }
+    }
+    for s in summaries.iter().filter(|s| s.paced_p99.is_finite()) {
+        println!(
+            "   {}: push latency p99 at half its saturated rate {:.1} ms",
+            s.name,
+            s.paced_p99 * 1e3
+        );
+    }
+    for s in summaries.iter().filter(|s| s.apply_rate.0.is_finite()) {
+        println!(
+            "   {}: applies at {:.0}% of a bare drain of its consumers ({:.0} against {:.0} messages/s)",
+            s.name,
+            100.0 * s.apply_rate.0 / s.apply_rate.1,
+            s.apply_rate.0,
+            s.apply_rate.1
+        );
+    }
+    if let Some((shape, one)) = engine {
+        println!();
+        println!("ratios to the engine (JetStream alone, same bytes per push, same concurrency):");
+        for s in summaries.iter().filter(|s| s.name != "single") {
+            println!(
+                "   {}: {:.0}% of the entry's shape ({shape:.1} pushes/s), {:.0}% of one message per push ({one:.1} pushes/s)",
+                s.name,
+                100.0 * s.pushes_per_second / shape,
+                100.0 * s.pushes_per_second / one,
             );
         }
     }
