@@ -586,6 +586,7 @@ async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]
             tokio::time::sleep(delay * u32::try_from(rest.len()).unwrap_or(u32::MAX)).await;
         }
         let applied = apply_batch(work, p, rest).await;
+        // It stops at the first message to retry: those after it are retried with it.
         let retry = applied.iter().position(|o| *o == Applied::Retry);
         outcomes.extend(applied.into_iter().take(retry.unwrap_or(usize::MAX)));
         if retry.is_none() {
@@ -610,7 +611,16 @@ async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applie
     let applied = tokio::task::spawn_blocking(move || {
         let mut outcomes = Vec::with_capacity(messages.len());
         let synced = work.applier.store().write_group(&mut || {
-            outcomes.extend(messages.iter().map(|m| apply_one(&work, p, m)));
+            // Up to the first the store could not take: the rest are applied after it,
+            // in order (a later live message must not set a server's labels before an
+            // earlier one does).
+            for m in &messages {
+                let outcome = apply_one(&work, p, m);
+                outcomes.push(outcome);
+                if outcome == Applied::Retry {
+                    break;
+                }
+            }
             Ok(())
         });
         if let Err(e) = synced {

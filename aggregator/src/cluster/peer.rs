@@ -309,7 +309,16 @@ async fn held_by_node(
                 .into_iter()
                 .map(|v| (v > 0).then_some(v))
                 .collect();
-            return split(&ask.partitions, held);
+            let mut answers = split(&ask.partitions, held);
+            for (p, answer) in &mut answers {
+                if reply.unanswered.contains(p) {
+                    *answer = Err(format!(
+                        "not ready for partition {p}, or not applied up to {} in time",
+                        at(*p)
+                    ));
+                }
+            }
+            return answers;
         }
         Ok(reply) => format!(
             "answered {} versions for {} snapshots",
@@ -509,15 +518,24 @@ impl Peer for PeerService {
         request: Request<v1::HeldRequest>,
     ) -> Result<Response<v1::HeldResponse>, Status> {
         let request = request.into_inner();
-        self.check_ready(request.wait_for.keys().copied())?;
+        let count = self.cluster.config().partitions;
+        if let Some(p) = request.wait_for.keys().find(|&&p| p >= count) {
+            return Err(Status::invalid_argument(format!(
+                "partition {p} is not below the cluster's {count} partitions"
+            )));
+        }
         let timeout = Duration::from_millis(u64::from(request.timeout_ms))
             .min(self.cluster.config().publish_timeout);
+        // Each partition on its own: one this node is not ready for, or has not applied
+        // far enough in time, leaves the others answered (another owner answers it).
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut unanswered = Vec::new();
         for (&p, &at) in &request.wait_for {
-            if !self.cluster.wait_applied(p, at, timeout).await {
-                return Err(Status::unavailable(format!(
-                    "node {} did not apply partition {p} up to {at} within {timeout:?}",
-                    self.cluster.members().me()
-                )));
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !self.cluster.members().is_ready_here(p)
+                || !self.cluster.wait_applied(p, at, left).await
+            {
+                unanswered.push(p);
             }
         }
         let mut keys = Vec::with_capacity(request.snapshots.len());
@@ -533,6 +551,7 @@ impl Peer for PeerService {
         let held = local_held(&self.store, &request.server, keys).await?;
         Ok(Response::new(v1::HeldResponse {
             held: held.into_iter().map(|h| h.unwrap_or(0)).collect(),
+            unanswered,
         }))
     }
 

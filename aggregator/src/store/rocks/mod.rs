@@ -706,7 +706,9 @@ impl Store for RocksStore {
     ) -> Result<(), StoreError> {
         let outer = IN_WRITE_GROUP.replace(true);
         let result = {
-            let _end = (!outer).then_some(GroupEnd);
+            // Not `then_some`: it would make (and at once drop) a GroupEnd inside a group,
+            // ending the outer group's flag.
+            let _end = if outer { None } else { Some(GroupEnd) };
             writes()
         };
         // A group inside a group is synced by the outer one.
