@@ -1140,6 +1140,167 @@ fn is_retryable(code: tonic::Code) -> bool {
 mod tests {
     use super::*;
 
+    /// A JetStream client that never connects: enough to hold deliveries in a test.
+    async fn context() -> async_nats::jetstream::Context {
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("127.0.0.1:1")
+            .await
+            .unwrap();
+        async_nats::jetstream::new(client)
+    }
+
+    /// Delivery `consumer_sequence` of a partition's consumer, the message at stream
+    /// `stream_sequence`; `None` for a message without its position (no reply subject).
+    fn delivery(
+        context: &async_nats::jetstream::Context,
+        position: Option<(u64, u64)>,
+    ) -> async_nats::jetstream::Message {
+        let reply = position.map(|(consumer_sequence, stream_sequence)| {
+            format!(
+                "$JS.ACK.hourglass.apply-agg-1-p0.1.{stream_sequence}.{consumer_sequence}.1700000000000000000.0"
+            )
+            .into()
+        });
+        async_nats::jetstream::Message {
+            message: async_nats::Message {
+                subject: "hourglass.p.0".into(),
+                reply,
+                payload: Default::default(),
+                headers: None,
+                status: None,
+                description: None,
+                length: 0,
+            },
+            context: context.clone(),
+        }
+    }
+
+    /// A stream of what a pull consumer has already received: every item ready at once
+    /// (`tokio_stream::iter` yields to the runtime every 32 items; a pull stream's buffer
+    /// does not).
+    struct Received(
+        std::collections::VecDeque<
+            Result<
+                async_nats::jetstream::Message,
+                async_nats::jetstream::consumer::pull::MessagesError,
+            >,
+        >,
+    );
+
+    impl tokio_stream::Stream for Received {
+        type Item = Result<
+            async_nats::jetstream::Message,
+            async_nats::jetstream::consumer::pull::MessagesError,
+        >;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            std::task::Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    fn sequences(batch: &[Delivery]) -> Vec<(u64, u64)> {
+        batch
+            .iter()
+            .map(|d| (d.consumer_sequence, d.stream_sequence))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn in_sequence_keeps_the_deliveries_before_a_gap_and_none_after() {
+        let c = context().await;
+        let messages = [(5, 50), (6, 52), (8, 60), (9, 61)]
+            .map(|p| delivery(&c, Some(p)))
+            .into();
+        let (batch, gap) = in_sequence(messages, 4);
+        assert_eq!(sequences(&batch), [(5, 50), (6, 52)]);
+        assert_eq!(
+            gap.as_deref(),
+            Some("deliveries 7 to 7 were lost on the way")
+        );
+        // A gap before the first: nothing.
+        let (batch, gap) = in_sequence(vec![delivery(&c, Some((6, 50)))], 4);
+        assert!(batch.is_empty() && gap.is_some());
+        // A redelivery of one already applied is not the next delivery either.
+        let (batch, gap) = in_sequence(vec![delivery(&c, Some((4, 49)))], 4);
+        assert!(batch.is_empty() && gap.is_some());
+    }
+
+    #[tokio::test]
+    async fn in_sequence_stops_at_a_message_without_its_position() {
+        let c = context().await;
+        let messages = vec![
+            delivery(&c, Some((1, 10))),
+            delivery(&c, None),
+            delivery(&c, Some((3, 12))),
+        ];
+        let (batch, why) = in_sequence(messages, 0);
+        assert_eq!(sequences(&batch), [(1, 10)]);
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.starts_with("a message without its position")),
+            "{why:?}"
+        );
+        // All in order: all, and nothing ends the batch.
+        let messages = (1..=3).map(|i| delivery(&c, Some((i, 10 + i)))).collect();
+        let (batch, why) = in_sequence(messages, 0);
+        assert_eq!(sequences(&batch), [(1, 11), (2, 12), (3, 13)]);
+        assert!(why.is_none());
+    }
+
+    #[tokio::test]
+    async fn ready_messages_takes_at_most_a_batch_and_leaves_the_rest_in_the_stream() {
+        use tokio_stream::StreamExt;
+        let c = context().await;
+        let mut stream = Received(
+            (1..=MAX_BATCH as u64 + 10)
+                .map(|i| Ok(delivery(&c, Some((i, i)))))
+                .collect(),
+        );
+        let first = stream.next().await.unwrap().unwrap();
+        let (messages, ended) = ready_messages(first, &mut stream);
+        assert!(ended.is_none());
+        let (batch, gap) = in_sequence(messages, 0);
+        assert!(gap.is_none());
+        assert_eq!(batch.len(), MAX_BATCH);
+        assert_eq!(batch.last().unwrap().consumer_sequence, MAX_BATCH as u64);
+        // The next message is still the stream's: taken by the next batch, none lost.
+        let next = stream.next().await.unwrap().unwrap();
+        assert_eq!(next.info().unwrap().consumer_sequence, MAX_BATCH as u64 + 1);
+    }
+
+    #[tokio::test]
+    async fn ready_messages_keeps_what_came_before_the_streams_error_or_end() {
+        use async_nats::jetstream::consumer::pull::{MessagesError, MessagesErrorKind};
+        use tokio_stream::StreamExt;
+        let c = context().await;
+        let mut stream = Received(
+            [
+                Ok(delivery(&c, Some((1, 1)))),
+                Ok(delivery(&c, Some((2, 2)))),
+                Err(MessagesError::new(MessagesErrorKind::MissingHeartbeat)),
+                Ok(delivery(&c, Some((3, 3)))),
+            ]
+            .into(),
+        );
+        let first = stream.next().await.unwrap().unwrap();
+        let (messages, ended) = ready_messages(first, &mut stream);
+        assert_eq!(messages.len(), 2);
+        assert!(matches!(ended, Some(Some(_))), "the error ends the batch");
+        // What came after the error is left to the consumer opened again: not taken.
+        assert_eq!(stream.0.len(), 1);
+        let mut stream = Received([Ok(delivery(&c, Some((2, 2))))].into());
+        let (messages, ended) = ready_messages(delivery(&c, Some((1, 1))), &mut stream);
+        assert_eq!(messages.len(), 2);
+        assert!(
+            matches!(ended, Some(None)),
+            "the stream's end ends the batch"
+        );
+    }
+
     #[test]
     fn a_store_keeps_its_consumer_and_a_wiped_one_gets_a_new_one() {
         let dir = tempfile::tempdir().unwrap();

@@ -1374,6 +1374,9 @@ pub(super) mod testing {
 }
 
 #[cfg(test)]
+mod write_group_tests;
+
+#[cfg(test)]
 mod review_live_tests;
 
 #[cfg(test)]
