@@ -593,13 +593,17 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
         Some(to_x.addr().to_string()),
     );
     to_x.set_target(x.grpc.trim_start_matches("http://").parse().unwrap());
-    wait_until("three members, each ready", || {
-        [&a, &b, &x].iter().all(|n| {
-            agg_metric(*n, "cluster_members") == 3.0
-                && agg_metric(*n, "cluster_partitions_ready")
-                    == agg_metric(*n, "cluster_partitions_applying")
-        })
+    for n in [&a, &b, &x] {
+        wait_ready(n);
+    }
+    wait_until("three members", || {
+        [&a, &b, &x]
+            .iter()
+            .all(|n| agg_metric(*n, "cluster_members") == 3.0)
     });
+    for n in [&a, &b, &x] {
+        wait_ready(n);
+    }
     let metrics: Vec<String> = (0..24).map(|i| format!("m{i}")).collect();
     let names: Vec<&str> = metrics.iter().map(String::as_str).collect();
     let request = crate::util::push_of_metrics("web-1", &names);
