@@ -699,6 +699,7 @@ async fn engine_publish(
     sizes: &Sizes,
     stream: &str,
     shape: &PushShape,
+    consumers: Option<Consumers>,
 ) -> (f64, Vec<f64>) {
     let urls = nats.urls();
     let first = async_nats::connect(urls[0].as_str())
@@ -727,6 +728,12 @@ async fn engine_publish(
             .expect("connect to NATS");
         connections.push(async_nats::jetstream::new(client));
     }
+    // While it is published, the stream is drained as a node would: one consumer per
+    // subject, each message acknowledged as it comes (or not at all).
+    let drains = match consumers {
+        Some(kind) => drain_all(&js, stream, &prefix, kind).await,
+        None => Vec::new(),
+    };
     let started = Instant::now();
     let deadline = started + sizes.load;
     let mut tasks = Vec::new();
@@ -768,8 +775,71 @@ async fn engine_publish(
         latencies.extend(task.await.expect("publisher"));
     }
     let seconds = started.elapsed().as_secs_f64();
+    for drain in drains {
+        drain.abort();
+    }
     latencies.sort_by(f64::total_cmp);
     (latencies.len() as f64 / seconds, latencies)
+}
+
+/// How the engine's consumers are made: their replicas, storage and acknowledgements.
+#[derive(Clone, Copy, Debug)]
+enum Consumers {
+    /// As the cluster's: the stream's 3 replicas, file storage, a plain ack per message.
+    Replicated,
+    /// The same without acknowledgements (AckPolicy::None).
+    Unacknowledged,
+    /// One replica, file storage, a plain ack per message.
+    Single,
+    /// One replica in memory, a plain ack per message.
+    Memory,
+}
+
+/// A consumer per partition subject and the live subject of `stream`, each drained (and
+/// its messages acknowledged as `kind` says) by a task of its own until aborted.
+async fn drain_all(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    prefix: &str,
+    kind: Consumers,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use tokio_stream::StreamExt;
+    let stream = js.get_stream(stream).await.expect("the engine stream");
+    let mut tasks = Vec::new();
+    for (i, subject) in (0..64)
+        .map(|p| format!("{prefix}.p.{p}"))
+        .chain([format!("{prefix}.live")])
+        .enumerate()
+    {
+        let consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(format!("engine-drain-{i}")),
+                filter_subject: subject,
+                ack_policy: match kind {
+                    Consumers::Unacknowledged => AckPolicy::None,
+                    _ => AckPolicy::Explicit,
+                },
+                max_ack_pending: 256,
+                num_replicas: match kind {
+                    Consumers::Single | Consumers::Memory => 1,
+                    _ => 0,
+                },
+                memory_storage: matches!(kind, Consumers::Memory),
+                ..Default::default()
+            })
+            .await
+            .expect("a consumer");
+        tasks.push(tokio::spawn(async move {
+            let mut messages = consumer.messages().await.expect("its messages");
+            while let Some(Ok(message)) = messages.next().await {
+                if !matches!(kind, Consumers::Unacknowledged) {
+                    let _ = message.ack().await;
+                }
+            }
+        }));
+    }
+    tasks
 }
 
 /// How an entry publishes one push: the payload bytes of each partition's message, sent
@@ -840,11 +910,36 @@ fn run_engine(
         sizes.load.as_secs_f64()
     );
     let mut rates = Vec::new();
-    for (name, one) in [("entry's shape", false), ("one message", true)] {
+    let variants = [
+        ("entry's shape", false, None),
+        ("one message", true, None),
+        (
+            "entry's shape, drained as the cluster's consumers do (R3, ack each)",
+            false,
+            Some(Consumers::Replicated),
+        ),
+        (
+            "entry's shape, drained by R3 consumers without acks",
+            false,
+            Some(Consumers::Unacknowledged),
+        ),
+        (
+            "entry's shape, drained by R1 file consumers (ack each)",
+            false,
+            Some(Consumers::Single),
+        ),
+        (
+            "entry's shape, drained by R1 memory consumers (ack each)",
+            false,
+            Some(Consumers::Memory),
+        ),
+    ];
+    for (i, (name, one, consumers)) in variants.into_iter().enumerate() {
         let shape = PushShape::of(&sketches[0], sizes.partitions, one);
         let before = nats.cpu();
-        let stream = format!("BENCH_ENGINE_{}", if one { "ONE" } else { "SHAPE" });
-        let (rate, latencies) = rt.block_on(engine_publish(nats, sizes, &stream, &shape));
+        let stream = format!("BENCH_ENGINE_{i}");
+        let (rate, latencies) =
+            rt.block_on(engine_publish(nats, sizes, &stream, &shape, consumers));
         let cpu: f64 = nats.cpu().iter().zip(&before).map(|(a, b)| a - b).sum();
         println!(
             "   {name}: {} message(s) of {} B in all per push{}: {rate:.1} pushes/s, latency p50 {:.1} ms, p99 {:.1} ms; NATS CPU {:.2} ms per push",
