@@ -463,11 +463,7 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
     let dir = TempDir::new("cluster-cut");
     let a = node(&dir, &nats, "agg-1", "agg-1");
     let b = node(&dir, &nats, "agg-2", "agg-2");
-    let to_nats: Vec<Link> = nats
-        .urls()
-        .iter()
-        .map(|u| Link::to(Some(u.trim_start_matches("nats://").parse().unwrap())))
-        .collect();
+    let to_nats = links_to(&nats);
     let to_x = Link::to(None);
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(
         "agg-x",
@@ -578,11 +574,7 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     };
     let a = slow_to_forget("agg-1", nats.urls(), None);
     let b = slow_to_forget("agg-2", nats.urls(), None);
-    let to_nats: Vec<Link> = nats
-        .urls()
-        .iter()
-        .map(|u| Link::to(Some(u.trim_start_matches("nats://").parse().unwrap())))
-        .collect();
+    let to_nats = links_to(&nats);
     let to_x = Link::to(None);
     let x = slow_to_forget(
         "agg-x",
@@ -651,6 +643,14 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     for link in to_nats.iter().chain([&to_x]) {
         link.cut(false);
     }
+}
+
+/// A link (a proxy that can be cut) to each NATS server of `nats`.
+fn links_to(nats: &NatsCluster) -> Vec<Link> {
+    nats.urls()
+        .iter()
+        .map(|u| Link::to(Some(u.trim_start_matches("nats://").parse().unwrap())))
+        .collect()
 }
 
 /// A node that joins after the stream dropped every message (`max_age`) copies what they
