@@ -585,16 +585,20 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
         Some(to_x.addr().to_string()),
     );
     to_x.set_target(x.grpc.trim_start_matches("http://").parse().unwrap());
-    for n in [&a, &b, &x] {
-        wait_ready(n);
-    }
-    wait_until("three members", || {
-        [&a, &b, &x]
-            .iter()
-            .all(|n| agg_metric(*n, "cluster_members") == 3.0)
-    });
-    for n in [&a, &b, &x] {
-        wait_ready(n);
+    // Three nodes joining one after another hand partitions over; under the whole
+    // suite's load that has taken more than wait_until's minute.
+    let settled = Instant::now();
+    while ![&a, &b, &x].iter().all(|n| {
+        agg_metric(*n, "cluster_members") == 3.0
+            && agg_metric(*n, "cluster_partitions_applying") > 0.0
+            && agg_metric(*n, "cluster_partitions_ready")
+                == agg_metric(*n, "cluster_partitions_applying")
+    }) {
+        assert!(
+            settled.elapsed() < Duration::from_secs(240),
+            "the three nodes did not join and become ready within 240 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
     let metrics: Vec<String> = (0..24).map(|i| format!("m{i}")).collect();
     let names: Vec<&str> = metrics.iter().map(String::as_str).collect();

@@ -742,13 +742,6 @@ async fn open(
         // least: a short max_age must not remove the consumer of a quiet partition).
         inactive_threshold: config.max_age.max(MIN_INACTIVE),
         metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
-        // One replica: this node's own record, not the consumer's state, says what it
-        // applied (DESIGN §10), so a replicated consumer only paid a consensus round of
-        // its own for every delivery and acknowledgement: measured, JetStream drained by
-        // R3 consumers took 35.6 ms of NATS CPU a push against 4.9 with R1 consumers
-        // (docs/BENCHMARKS.md, "Cluster mode"). A consumer lost with its server is made
-        // again, from this node's position, as any other instance is.
-        num_replicas: 1,
         ..pull::Config::default()
     };
     let (first, instance) = stream_state(stream, config).await?;
@@ -766,26 +759,11 @@ async fn open(
     // A new consumer is of a new store (or of one whose consumer JetStream removed, idle
     // for longer than the stream keeps messages): complete if the stream never dropped a
     // message.
-    let opened = async {
-        let consumer = stream
-            .get_or_create_consumer(name, consumer_config(DeliverPolicy::All, first <= 1))
-            .await
-            .map_err(|e| e.to_string())?;
-        let info = consumer.get_info().await.map_err(|e| e.to_string())?;
-        Ok::<_, String>((consumer, info))
-    };
-    let (mut consumer, mut info) = match opened.await {
-        Ok(opened) => opened,
-        // Its one server gone or unreachable: the consumer is removed, and the next
-        // opening makes a new one on a server that answers, from this node's position.
-        Err(e) => {
-            let removed = stream.delete_consumer(name).await.map(drop);
-            return Err(format!(
-                "{e}; removing it to make it again: {}",
-                removed.map_or_else(|e| e.to_string(), |()| "removed".to_string())
-            ));
-        }
-    };
+    let mut consumer = stream
+        .get_or_create_consumer(name, consumer_config(DeliverPolicy::All, first <= 1))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut info = consumer.get_info().await.map_err(|e| e.to_string())?;
     // Its record says whether it missed messages (consumers of older versions have none),
     // and it missed those the stream dropped (max_age) after what it holds.
     let mut marked = info
@@ -795,11 +773,6 @@ async fn open(
         .is_none_or(|v| v == "true");
     let theirs = Delivered::of(&info);
     let mut verdict = vouched(&theirs, &mine);
-    // A replicated consumer of an older version is made again with one replica, from
-    // this node's own position (below), as any instance it does not follow would be.
-    if info.config.num_replicas != 1 {
-        verdict = Vouched::Behind { at: mine.applied };
-    }
     // What the consumer looked at past this store's position counts only if the stream
     // dropped none of it before the consumer reached it: one that fell behind by
     // max_age (in this process or the one before) may have looked past such messages
