@@ -111,7 +111,24 @@ impl Peers {
         message: v1::PartialRequest,
     ) -> Result<v1::PartialResponse, Status> {
         let mut client = self.client(advertise)?;
-        Ok(client.partial(self.request(message)).await?.into_inner())
+        let call = client.partial(self.request(message));
+        Ok(self.bounded(advertise, call).await?.into_inner())
+    }
+
+    /// `call` bounded here too: the deadline a request carries (`grpc-timeout`) is the
+    /// answering node's to keep, and a connection gone silent (a peer cut off) answers
+    /// nothing at all, which would hold the push or the question for ever.
+    async fn bounded<T>(
+        &self,
+        advertise: &str,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let limit = self.timeout + Duration::from_secs(2);
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(Status::unavailable(format!(
+                "peer {advertise} did not answer within {limit:?}"
+            )))
+        })
     }
 
     /// Asks the node at `advertise` for a copy (no deadline on the whole: the caller
@@ -133,7 +150,8 @@ impl Peers {
         message: v1::HeldRequest,
     ) -> Result<v1::HeldResponse, Status> {
         let mut client = self.client(advertise)?;
-        Ok(client.held(self.request(message)).await?.into_inner())
+        let call = client.held(self.request(message));
+        Ok(self.bounded(advertise, call).await?.into_inner())
     }
 }
 
