@@ -630,7 +630,9 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     let answered = runtime().block_on(async {
         let mut c = CollectorClient::new(channel(&a.grpc).await);
         let mut push = tonic::Request::new(newer);
-        push.set_timeout(Duration::from_secs(20));
+        // Well under the cut owner's bound (peer_timeout + 2 s = 62 s), with room for the
+        // whole suite's load on 2 cores (20 s was once too short in CI's container).
+        push.set_timeout(Duration::from_secs(45));
         c.push(push).await
     });
     let outcomes: Vec<v1::PushOutcome> = answered

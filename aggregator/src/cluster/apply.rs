@@ -434,17 +434,18 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         if stalled {
             cluster.distrust(p, &identity);
         }
+        for (delivery, outcome) in batch.iter().zip(&outcomes) {
+            // Before the position, so that a reader who sees the position also sees the count.
+            count(work, *outcome);
+            work.metrics.cluster_applied_at(delivery.stream_sequence);
+        }
+        // The batch's last delivery vouches for every one before it: one write of the
+        // position for the whole batch.
+        if let Some(last) = batch.last() {
+            cluster.record_delivery(p, &identity, last.consumer_sequence, last.stream_sequence);
+        }
         let mut pending = 0;
         for (delivery, outcome) in batch.iter().zip(outcomes) {
-            // After the count, so that a reader who sees the position also sees the count.
-            count(work, outcome);
-            work.metrics.cluster_applied_at(delivery.stream_sequence);
-            cluster.record_delivery(
-                p,
-                &identity,
-                delivery.consumer_sequence,
-                delivery.stream_sequence,
-            );
             // Every message of the subject still to come was published after this one.
             cluster
                 .barrier()

@@ -125,6 +125,19 @@ struct Outgoing {
     payload: Vec<u8>,
 }
 
+/// Runs `f`, which writes to the store (a RocksDB write can wait behind another thread's
+/// WAL sync or a write stall), without holding up the runtime's other tasks: on a
+/// worker of a multi-threaded runtime it hands them to another thread first. Elsewhere
+/// (a blocking thread, a single-threaded runtime, no runtime) it just runs `f`.
+pub(crate) fn off_the_async_threads<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// A stream instance's identity: its name and creation time. A stream deleted and made
 /// again under the same name starts its sequences again; its creation time tells it from
 /// the one before.
@@ -231,16 +244,19 @@ impl Cluster {
     /// ahead of the one in memory. A write that fails leaves the store's behind, which is
     /// safe (DESIGN §10); it is logged.
     fn change_position(&self, p: u32, change: impl FnOnce(&mut StreamPosition) -> bool) {
-        self.position_of(p).send_if_modified(|position| {
-            if !change(position) {
-                return false;
-            }
-            if let Some(store) = self.store.get()
-                && let Err(e) = store.put_stream_position(p, position)
-            {
-                tracing::warn!(partition = p, error = %e, "cluster: recording this node's position in the stream");
-            }
-            true
+        let watch = self.position_of(p);
+        off_the_async_threads(|| {
+            watch.send_if_modified(|position| {
+                if !change(position) {
+                    return false;
+                }
+                if let Some(store) = self.store.get()
+                    && let Err(e) = store.put_stream_position(p, position)
+                {
+                    tracing::warn!(partition = p, error = %e, "cluster: recording this node's position in the stream");
+                }
+                true
+            })
         });
     }
 
