@@ -24,7 +24,6 @@ mod review5;
 mod review6;
 mod robustness;
 mod sets;
-mod sets_review;
 mod sketch_cli;
 mod tls;
 mod ull;
