@@ -2,7 +2,6 @@
 //! added a run of one hour at a time must be exactly its events checked and inserted one
 //! by one (same counts, same rejected indexes and reasons, same sketches).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hourglass_rpc::packed;
@@ -12,7 +11,6 @@ use hourglass_sketch::format::Kind;
 
 use crate::config::Config;
 use crate::ingest_testing::{send, service, sketches};
-use crate::table::Table;
 
 /// Every sketch kind; a frequent-items summary of about 10 counters, so the order in
 /// which items reach it decides what it keeps.
@@ -238,87 +236,4 @@ async fn review_run_frequency_order_and_weights_match_one_by_one() {
         batches
     };
     same_three_ways(&config, None, make).await;
-}
-
-/// `accepted_times(hour, now)` holds exactly the times `check` puts in `hour` at
-/// `now`, for every hour it accepts: every second of the hours around now, clocks at and
-/// around hour boundaries, several max_future and lateness settings, closed hours.
-#[test]
-fn review_accepted_times_are_exactly_the_checked_times_of_the_hour() {
-    let base = 1_767_225_600i64; // an hour start
-    for (future, lateness) in [
-        (0u64, 0u64),
-        (1, 1),
-        (300, 600),
-        (3599, 3599),
-        (3600, 3600),
-        (3601, 7200),
-        (u64::MAX, 0),
-    ] {
-        let mut c = Config::default();
-        c.limits.max_future = Duration::from_secs(future);
-        c.lateness = Duration::from_secs(lateness);
-        let c = Arc::new(c);
-        for closed in [None, Some((base / 3600 - 2) as u32)] {
-            let mut table = Table::new(Arc::clone(&c), 1);
-            if let Some(h) = closed {
-                table.close_through(h);
-            }
-            for now in [base - 1, base, base + 1, base + 1800, base + 3599] {
-                let first = now / 3600 - 4;
-                for hour in first..first + 8 {
-                    let hour = hour as u32;
-                    let start = i64::from(hour) * 3600;
-                    let checked: Vec<i64> = (start..start + 3600)
-                        .filter(|&t| table.check(b"x", t, now) == Ok(hour))
-                        .collect();
-                    if checked.is_empty() {
-                        continue;
-                    }
-                    let range = table.accepted_times(hour, now);
-                    let listed: Vec<i64> = (start - 2..start + 3602)
-                        .filter(|t| range.contains(t))
-                        .collect();
-                    assert_eq!(
-                        listed, checked,
-                        "future {future} lateness {lateness} closed {closed:?} now {now} hour {hour}: {range:?}"
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// `insert_run` of a run is `insert_at` of its items in turn: every kind, weights
-/// included, a new entry and an existing one.
-#[test]
-fn review_insert_run_is_insert_at_in_turn() {
-    let c = Arc::new(config(Duration::from_secs(300), Duration::from_secs(600)));
-    let now = unix_now();
-    let hour = (now / 3600) as u32;
-    let items: Vec<(Vec<u8>, u64)> = (0..500u64)
-        .map(|i| (item((i * 7919) % 97), [0, 1, 3, 1000][(i % 4) as usize]))
-        .collect();
-    let mut stats = crate::table::IngestStats::default();
-    let mut one = Table::new(Arc::clone(&c), 1);
-    let mut run = Table::new(Arc::clone(&c), 1);
-    let id1 = one.resolve_tags("m", &[], &mut stats).unwrap();
-    let id2 = run.resolve_tags("m", &[], &mut stats).unwrap();
-    for chunk in items.chunks(123) {
-        for (it, w) in chunk {
-            one.insert_at(id1, hour, it, *w);
-        }
-        let refs: Vec<(&[u8], u64)> = chunk.iter().map(|(i, w)| (i.as_slice(), *w)).collect();
-        run.insert_run(id2, hour, &refs);
-    }
-    let enc = |t: &Table| -> Vec<Vec<u8>> {
-        t.entry("m", hour)
-            .unwrap()
-            .sketches
-            .iter()
-            .map(|s| s.encode())
-            .collect()
-    };
-    assert_eq!(enc(&run), enc(&one));
-    assert_eq!(run.live_hours(), one.live_hours());
 }
