@@ -2,9 +2,12 @@
 //! the gRPC answer of the same question (numbers identical), hour and day groups come in
 //! time order, failures carry the gRPC message with the HTTP status of its code, and the
 //! port has the gRPC port's TLS, client certificates and tokens, or is not there at all
-//! with `--http-listen off`.
+//! with `--http-listen off`. SIGTERM stops the aggregator process whatever an HTTP client
+//! of its HTTP or admin port does (the unit-level tests of the port and the dashboard are
+//! in `aggregator/src/http/`).
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::sync::Arc;
 
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
@@ -973,4 +976,52 @@ fn http_listen_off_serves_nothing() {
     assert_eq!(listening_ports(off.pid()), expected, "only gRPC and admin");
     assert!(!off.logs().contains("http listening"), "{}", off.logs());
     assert_eq!(off.terminate().code(), Some(0));
+}
+
+// ---- SIGTERM with HTTP clients connected ----
+
+/// `host:port` of a `http://host:port` URL.
+fn host(url: &str) -> &str {
+    url.strip_prefix("http://").expect("an http:// URL")
+}
+
+/// Control: an HTTP client connected but silent does not hold SIGTERM.
+#[test]
+fn sigterm_exits_with_an_idle_http_client() {
+    let dir = TempDir::new("http-sigterm-idle");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let _idle = std::net::TcpStream::connect(host(&agg.http)).expect("connect");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let status = agg.terminate();
+    assert!(status.success(), "{status:?}");
+}
+
+/// An HTTP client that sent the first line of a request and then nothing (a slow or
+/// stalled client, or anyone on the network) must not keep the aggregator from exiting
+/// on SIGTERM: `terminate` panics "still running 30 s after SIGTERM" when it does.
+#[test]
+fn sigterm_exits_despite_a_half_sent_http_request() {
+    let dir = TempDir::new("http-sigterm-half-sent");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let mut slow = std::net::TcpStream::connect(host(&agg.http)).expect("connect");
+    slow.write_all(b"GET /api/v1/servers HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let status = agg.terminate();
+    assert!(status.success(), "{status:?}");
+    drop(slow);
+}
+
+/// The same on the admin port, the other axum server.
+#[test]
+fn sigterm_exits_despite_a_half_sent_admin_request() {
+    let dir = TempDir::new("http-sigterm-half-sent-admin");
+    let agg = AggregatorProcess::start(&dir.file("agg"), &[]);
+    let mut slow = std::net::TcpStream::connect(agg.admin).expect("connect");
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let status = agg.terminate();
+    assert!(status.success(), "{status:?}");
+    drop(slow);
 }

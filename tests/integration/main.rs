@@ -7,7 +7,6 @@ mod cluster;
 mod demo;
 mod faults;
 mod http;
-mod http_review;
 mod install_deps;
 mod lag;
 mod membership_range;
