@@ -633,6 +633,3 @@ mod run_tests;
 
 #[cfg(test)]
 mod review_run_tests;
-
-#[cfg(test)]
-mod review_frames_tests;

@@ -1,6 +1,7 @@
-//! Review tests of `Entry.frames`: the frames a checkpoint keeps for the push of the same
-//! flush. A push must always send the sketches as they are at push time, with the
-//! version rules unchanged; the checkpoint must hold what it held before.
+//! The frames a checkpoint encodes and keeps (`Entry.frames`) for the push of the same
+//! flush. A push always sends the sketches as they are at push time, under the version
+//! the last successful checkpoint holds; the checkpoint holds the sketches as they were
+//! when it was written.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,7 +9,7 @@ use hourglass_rpc::proto::v1;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::format::Kind;
 
-use crate::checkpoint::{Writer, read};
+use super::{Writer, read};
 use crate::config::Config;
 use crate::table::{Key, MAX_FRAMES_KEPT, Table, lock};
 
@@ -118,7 +119,7 @@ fn fresh() -> (tempfile::TempDir, Mutex<Table>, Writer) {
 /// Two checkpoints before a push, with the sketches changed after each, and again after
 /// the second: the push sends the sketches as they are at push time.
 #[test]
-fn review_two_checkpoints_with_changes_then_push_sends_current() {
+fn two_checkpoints_with_changes_then_a_push_sends_the_current_sketches() {
     let (_dir, table, mut writer) = fresh();
     add(&table, "a", &["1", "2"]);
     add(&table, "b", &["1"]);
@@ -142,7 +143,7 @@ fn review_two_checkpoints_with_changes_then_push_sends_current() {
 /// push: the frames kept by the first are still the sketches; after a change they are
 /// not used.
 #[test]
-fn review_frames_kept_across_checkpoints_without_push() {
+fn frames_kept_across_checkpoints_without_a_push_are_current_or_unused() {
     let (_dir, table, mut writer) = fresh();
     add(&table, "a", &["1"]);
     lock(&table).assign_versions();
@@ -161,7 +162,7 @@ fn review_frames_kept_across_checkpoints_without_push() {
 /// A failed push (its snapshots thrown away) then a change: the retry sends the current
 /// sketches; without a change, the same sketches again.
 #[test]
-fn review_failed_push_then_retry_sends_current() {
+fn a_retry_after_a_failed_push_sends_the_current_sketches() {
     let (_dir, table, mut writer) = fresh();
     add(&table, "a", &["1", "2", "3"]);
     add(&table, "b", &["x"]);
@@ -189,7 +190,7 @@ fn review_failed_push_then_retry_sends_current() {
 /// A table restored from the checkpoint pushes the sketches it restored, and after a
 /// checkpoint and a change, the changed sketches; the checkpoint reads back the same.
 #[test]
-fn review_restore_from_checkpoint_then_push() {
+fn a_restored_table_pushes_what_it_restored_then_what_changed() {
     let (dir, table, mut writer) = fresh();
     add(&table, "a", &["1", "2"]);
     add(&table, "b", &["7"]);
@@ -245,7 +246,7 @@ fn review_restore_from_checkpoint_then_push() {
 /// The kept frames never exceed MAX_FRAMES_KEPT bytes between two drop_frames (the
 /// claim of `Table::encoded`).
 #[test]
-fn review_frames_kept_stay_within_max_frames_kept() {
+fn frames_kept_stay_within_max_frames_kept() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Config {
         default_kinds: vec![Kind::Membership],
@@ -281,7 +282,7 @@ fn review_frames_kept_stay_within_max_frames_kept() {
 /// The checkpoint file after frames were kept and reused (a second base over kept frames)
 /// reads back exactly the sketches held.
 #[test]
-fn review_checkpoint_over_kept_frames_holds_current_sketches() {
+fn a_base_written_over_kept_frames_holds_the_current_sketches() {
     let (dir, table, mut writer) = fresh();
     add(&table, "a", &["1"]);
     add(&table, "b", &["2"]);
