@@ -17,6 +17,13 @@ use crate::statsd::{self, Parsed};
 use crate::table::{IngestStats, Table};
 use hourglass_rpc::time::unix_now;
 
+#[cfg(test)]
+mod packed_tests;
+#[cfg(test)]
+mod run_tests;
+#[cfg(test)]
+mod testing;
+
 /// Logs at most `per_window` messages per window and then one line saying how many it
 /// held back, so a flood of bad input cannot flood the log.
 pub(crate) struct LogLimiter {

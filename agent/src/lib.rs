@@ -622,14 +622,3 @@ mod tests {
         );
     }
 }
-
-#[cfg(test)]
-mod ingest_testing;
-#[cfg(test)]
-mod review_packed_tests;
-
-#[cfg(test)]
-mod run_tests;
-
-#[cfg(test)]
-mod review_run_tests;

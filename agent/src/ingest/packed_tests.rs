@@ -1,4 +1,4 @@
-//! Review tests of `SeriesBatch.packed_items` at the agent's `Ingest.Send`: a packed batch
+//! `SeriesBatch.packed_items` at the agent's `Ingest.Send`: a packed batch
 //! is the same events as the `items` batch, refused events are numbered across events and
 //! batches, every event is either accepted or counted refused, and a malformed packed
 //! field refuses its batch.
@@ -11,13 +11,13 @@ use hourglass_rpc::proto::v1::ingest_server::Ingest;
 use hourglass_rpc::time::unix_now;
 use tonic::Request;
 
+use super::testing::{self, send, sketches};
 use crate::config::Config;
 use crate::ingest::IngestService;
-use crate::ingest_testing::{self, send, sketches};
 use crate::table::Table;
 
 fn service(config: Config) -> (IngestService, Arc<Mutex<Table>>) {
-    ingest_testing::service(&config, None)
+    testing::service(&config, None)
 }
 
 fn batch(metric: &str) -> v1::SeriesBatch {
@@ -43,7 +43,7 @@ fn listed(reply: &v1::IngestResponse) -> Vec<u32> {
 /// reasons included) and the same sketches, with per-item times and weights, an empty
 /// item and an item over `max_item_len`.
 #[tokio::test]
-async fn review_packed_batch_is_the_items_batch() {
+async fn a_packed_batch_is_the_items_batch() {
     let now = unix_now();
     let hour = (now / 3600) as u32;
     let long = vec![b'x'; 100_000];
@@ -92,7 +92,7 @@ async fn review_packed_batch_is_the_items_batch() {
 /// faulty packed field refuses its events up to and including the cut item, and later
 /// batches are numbered after them; every event is accepted or counted refused.
 #[tokio::test]
-async fn review_indexes_number_across_events_and_batches() {
+async fn refused_indexes_number_across_events_and_batches() {
     let (service, _) = service(Config::default());
     // Cut inside the length of item 2 (a varint continuation byte at the end).
     let mut cut_in_length = packed::pack([&b"p"[..], b"q"]);
@@ -133,7 +133,7 @@ async fn review_indexes_number_across_events_and_batches() {
 /// `limits.max_events_per_request` counts packed items: a request one over is refused
 /// whole, one at the limit is taken.
 #[tokio::test]
-async fn review_max_events_counts_packed_items() {
+async fn max_events_per_request_counts_packed_items() {
     let mut config = Config::default();
     config.limits.max_events_per_request = 4;
     let (service, _) = service(config);
@@ -163,7 +163,7 @@ async fn review_max_events_counts_packed_items() {
 /// Here `0x81, 0x80 × 8, 0x02` is 1 + 2^64, read as 1, so the batch's item `z` is
 /// accepted from a malformed field.
 #[tokio::test]
-async fn review_overlong_varint_length_is_refused() {
+async fn an_overlong_varint_length_refuses_its_batch() {
     let mut field = vec![0x81];
     field.extend([0x80; 8]);
     field.push(0x02);

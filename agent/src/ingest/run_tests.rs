@@ -1,6 +1,11 @@
-//! Review tests of `ingest::Run` / `Table::insert_run` / `Table::accepted_times`: a batch
-//! added a run of one hour at a time must be exactly its events checked and inserted one
-//! by one (same counts, same rejected indexes and reasons, same sketches).
+//! A batch's events are added a run of one hour at a time (`ingest::Run`): the result must
+//! be exactly that of adding them one by one, as single events are. Batches in the
+//! `items` form and the `packed_items` form and the same events one by one give the same
+//! reply (counts, rejected indexes and reasons) and the same sketches: random batches
+//! over several hours, interleaved, with refused events of every kind (empty, too long,
+//! too far ahead, too late, in a closed hour), times at every edge of the check, per-item
+//! weights, every sketch kind, and a frequent-items summary small enough that the order
+//! of its items decides what it keeps.
 
 use std::time::Duration;
 
@@ -9,8 +14,20 @@ use hourglass_rpc::proto::v1;
 use hourglass_rpc::time::unix_now;
 use hourglass_sketch::format::Kind;
 
+use super::testing::{send, service, sketches};
 use crate::config::Config;
-use crate::ingest_testing::{send, service, sketches};
+
+/// xorshift64*: a fixed seed gives the same batches every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
 
 /// Every sketch kind; a frequent-items summary of about 10 counters, so the order in
 /// which items reach it decides what it keeps.
@@ -123,7 +140,7 @@ fn item(i: u64) -> Vec<u8> {
 /// second and the next hour's first, 0 (now), negative times and the extremes; items of
 /// exactly max_item_len and one more, and empty ones; weights 0, 1 and large.
 #[tokio::test]
-async fn review_run_edges_match_one_by_one() {
+async fn runs_at_every_edge_of_the_check_match_one_by_one() {
     let max_item_len = Config::default().limits.max_item_len;
     for (future, lateness) in [
         (300, 600),
@@ -205,17 +222,12 @@ async fn review_run_edges_match_one_by_one() {
 /// alternate in runs of different lengths, with weights: what each hour's summary keeps
 /// depends on the order its items arrive in, which must stay that of the events.
 #[tokio::test]
-async fn review_run_frequency_order_and_weights_match_one_by_one() {
+async fn frequency_order_and_weights_of_runs_match_one_by_one() {
     let config = config(Duration::from_secs(300), Duration::from_secs(3600 * 3));
     let make = |now: i64| -> Vec<Vec<Ev>> {
         let hour = now / 3600;
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: u64| {
-            seed ^= seed >> 12;
-            seed ^= seed << 25;
-            seed ^= seed >> 27;
-            seed.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-        };
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut next = |n: u64| rng.below(n);
         let mut batches = Vec::new();
         for _ in 0..4 {
             let mut b = Vec::new();
@@ -236,4 +248,67 @@ async fn review_run_frequency_order_and_weights_match_one_by_one() {
         batches
     };
     same_three_ways(&config, None, make).await;
+}
+
+/// When an event of a random batch happens, relative to the clock of the round.
+#[derive(Clone, Copy)]
+enum When {
+    /// No time: now.
+    Now,
+    /// Two hours ahead: too far.
+    TooFarAhead,
+    /// This second of the hour this many hours from the current one.
+    InHour(i64, i64),
+}
+
+/// Random batches, 40 rounds: each a run of events whose hour changes now and then, over a
+/// closed hour, three open ones (this hour and the two before) and the next one, which is
+/// accepted only up to limits.max_future ahead of the clock; some items empty or too long.
+#[tokio::test]
+async fn a_batch_added_in_runs_is_the_same_as_its_events_one_by_one() {
+    let config = Config {
+        default_kinds: vec![Kind::Distinct, Kind::Frequency, Kind::Membership],
+        ..Config::default()
+    };
+    let long = vec![b'x'; config.limits.max_item_len + 1];
+    let closed = Some((unix_now() / 3600 - 3) as u32);
+    let mut rng = Rng(0x05EE_D0F0_5EED);
+    for _round in 0..40 {
+        let n = 1 + rng.below(300) as usize;
+        let mut events: Vec<(Vec<u8>, When, u64)> = Vec::with_capacity(n);
+        let mut dh = -(rng.below(3) as i64);
+        for _ in 0..n {
+            // Runs: the hour changes now and then, not at every event.
+            if rng.below(8) == 0 {
+                dh = 1 - rng.below(5) as i64;
+            }
+            let when = match rng.below(20) {
+                0 => When::Now,
+                1 => When::TooFarAhead,
+                _ => When::InHour(dh, rng.below(3600) as i64),
+            };
+            let item = match rng.below(30) {
+                0 => Vec::new(),
+                1 => long.clone(),
+                _ => format!("user-{}", rng.below(500)).into_bytes(),
+            };
+            events.push((item, when, rng.below(4)));
+        }
+        let make = |now: i64| -> Vec<Vec<Ev>> {
+            let hour = now / 3600;
+            let batch = events
+                .iter()
+                .map(|(item, when, weight)| {
+                    let time = match *when {
+                        When::Now => 0,
+                        When::TooFarAhead => now + 3600 * 2,
+                        When::InHour(dh, second) => (hour + dh) * 3600 + second,
+                    };
+                    (item.clone(), time, *weight)
+                })
+                .collect();
+            vec![batch]
+        };
+        same_three_ways(&config, closed, make).await;
+    }
 }
