@@ -54,8 +54,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::Estimate;
 use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::estimate::Estimate;
 use crate::format::{Kind, decode_frame, encode_frame};
 use crate::hll::Hll;
 use crate::ull::Ull;

@@ -70,9 +70,9 @@ pub enum DecodeError {
     #[error("expected a {expected} sketch, found a {found} sketch")]
     WrongKind {
         /// The kind asked for.
-        expected: crate::format::Kind,
+        expected: crate::kind::Kind,
         /// The kind in the frame.
-        found: crate::format::Kind,
+        found: crate::kind::Kind,
     },
 }
 
@@ -83,9 +83,9 @@ pub enum MergeError {
     #[error("cannot merge a {right} sketch into a {left} sketch")]
     KindMismatch {
         /// The kind merged into.
-        left: crate::format::Kind,
+        left: crate::kind::Kind,
         /// The kind merged from.
-        right: crate::format::Kind,
+        right: crate::kind::Kind,
     },
     /// A parameter that must match differs.
     #[error("cannot merge: {parameter} differs ({right} cannot merge into {left})")]

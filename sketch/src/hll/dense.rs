@@ -5,23 +5,15 @@
 //! store and lets merge compile to a vector `max` over the two slices; the six-bit packing
 //! is paid only when a sketch is encoded or decoded.
 
-/// The register (index and value) at `precision` that `hash` sets: the top `precision`
-/// bits pick the register, and the value is one more than the number of leading zeros in
-/// the remaining `64 − precision` bits (all zero counts as `64 − precision`), so values
-/// run `1..=65 − precision` and fit in six bits.
+use crate::common::registers::{self, rank_of_low_bits};
+pub(super) use registers::{empty, histogram};
+
+/// The register (index and value) at `precision` that `hash` sets
+/// ([`registers::position`]): values run `1..=65 − precision` and fit in six bits.
 #[inline]
 pub(super) fn position(hash: u64, precision: u8) -> (usize, u8) {
-    let p = u32::from(precision);
-    let index = (hash >> (64 - p)) as usize;
-    // A sentinel bit just below the rank's bits caps the leading zeros at 64 − p without
-    // a compare: the same value as `min(lz, 64 − p)`, one instruction shorter.
-    let rank = ((hash << p) | (1 << (p - 1))).leading_zeros() + 1;
+    let (index, rank) = registers::position(hash, precision);
     (index, rank as u8)
-}
-
-/// Empty registers for `precision`.
-pub(super) fn empty(precision: u8) -> Box<[u8]> {
-    vec![0; 1 << precision].into_boxed_slice()
 }
 
 /// `dst[i] = max(dst[i], src[i])`: the union of two sketches of the same precision.
@@ -36,61 +28,24 @@ pub(super) fn max_into(dst: &mut [u8], src: &[u8]) {
 /// Folds registers of a higher precision into `dst` (taking maxima), exactly: `dst` ends
 /// up as if every item behind `src` had been inserted at `dst`'s precision.
 ///
-/// `src.len()` must be `dst.len()` times a power of two (both are powers of two). Register
-/// `i` of `src` lands in `i >> d`, where `d` is the number of dropped index bits. At the
-/// lower precision those `d` bits `low` come first in the rank's bit string: if any is set,
-/// they alone decide the rank (`leading zeros of low within d bits + 1`, whatever the
-/// register held); if all are zero, the rank is `d` plus the register's own value.
+/// At the lower precision the `d` dropped index bits `low` come first in the rank's bit
+/// string ([`registers::fold_into`]): if any is set, they alone decide the rank, whatever
+/// the register held; if all are zero, the rank is `d` plus the register's own value.
 pub(super) fn fold_into(dst: &mut [u8], src: &[u8]) {
-    // A `src` shorter than `dst` never reaches here; `max(1)` keeps even that from
-    // panicking in `chunks_exact`.
-    let group = (src.len() / dst.len().max(1)).max(1);
-    let dropped = group.trailing_zeros();
-    if dropped == 0 {
-        max_into(dst, src);
-        return;
-    }
-    for (target, registers) in dst.iter_mut().zip(src.chunks_exact(group)) {
-        let Some((&first, rest)) = registers.split_first() else {
-            continue;
+    registers::fold_into(dst, src, max_into, |target, group, dropped| {
+        let Some((&first, rest)) = group.split_first() else {
+            return target;
         };
-        let mut best = *target;
+        let mut best = target;
         if first != 0 {
             best = best.max(dropped as u8 + first);
         }
         // The smallest non-zero `low` has the most leading zeros, hence the largest rank.
         if let Some(offset) = rest.iter().position(|&r| r != 0) {
-            let low = offset + 1;
-            let bit_length = usize::BITS - low.leading_zeros();
-            best = best.max((dropped - bit_length + 1) as u8);
+            best = best.max(rank_of_low_bits(offset as u32 + 1, dropped) as u8);
         }
-        *target = best;
-    }
-}
-
-/// `histogram[k]` = the number of registers holding `k`.
-///
-/// Four sub-histograms break the dependency between consecutive increments of the same
-/// counter, which is what limits a single-histogram loop; indexing a 256-entry table by a
-/// `u8` needs no bounds check.
-pub(super) fn histogram(registers: &[u8]) -> [u32; 64] {
-    let mut parts = [[0u32; 256]; 4];
-    let mut quads = registers.chunks_exact(4);
-    for quad in &mut quads {
-        for (part, &r) in parts.iter_mut().zip(quad) {
-            part[usize::from(r)] += 1;
-        }
-    }
-    for &r in quads.remainder() {
-        parts[0][usize::from(r)] += 1;
-    }
-    let mut out = [0u32; 64];
-    for part in &parts {
-        for (total, &n) in out.iter_mut().zip(part) {
-            *total += n;
-        }
-    }
-    out
+        best
+    })
 }
 
 /// Appends the registers packed six bits each, register `i` in bits `6i..6i+6` of the
@@ -201,14 +156,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn position_extremes() {
-        assert_eq!(position(0, 4), (0, 61));
-        assert_eq!(position(u64::MAX, 4), (15, 1));
-        assert_eq!(position(1, 18), (0, 46));
-        assert_eq!(position(0, 18), (0, 47));
-    }
-
-    #[test]
     fn pack_round_trips_and_is_lsb_first() {
         let registers: Vec<u8> = (0..64u8).map(|i| i % 62).collect();
         let mut bytes = Vec::new();
@@ -247,14 +194,5 @@ mod tests {
         pack(&[1, 2, 3, 61], &mut bytes);
         // 1 | 2<<6 | 3<<12 | 61<<18
         assert_eq!(bytes, [0x81, 0x30, 0xf4]);
-    }
-
-    #[test]
-    fn histogram_counts_every_register() {
-        let registers: Vec<u8> = (0..1001u32).map(|i| (i % 7) as u8).collect();
-        let h = histogram(&registers);
-        assert_eq!(h.iter().sum::<u32>(), 1001);
-        assert_eq!(h[0], 143);
-        assert_eq!(h[6], 143);
     }
 }

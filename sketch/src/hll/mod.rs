@@ -74,20 +74,23 @@ mod dense;
 mod estimate;
 mod sparse;
 
-use crate::Estimate;
+use crate::common::body::{self, invalid};
+use crate::common::cache::EstimateCache;
+use crate::common::{self, check_fold, check_precision};
 use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::estimate::Estimate;
 use crate::format::{BodyReader, Kind, decode_frame, encode_frame};
 use sparse::SparseList;
 
 /// The smallest precision: 16 registers.
-pub const MIN_PRECISION: u8 = 4;
+pub const MIN_PRECISION: u8 = common::MIN_PRECISION;
 /// The largest precision: 262,144 registers, 192 KiB encoded.
-pub const MAX_PRECISION: u8 = 18;
+pub const MAX_PRECISION: u8 = common::MAX_PRECISION;
 /// The precision of [`Hll::default`]: 16,384 registers, 0.81% standard error, 12 KiB
 /// encoded.
 pub const DEFAULT_PRECISION: u8 = 14;
 /// The precision of the virtual sketch behind sparse entries; part of the format.
-pub const SPARSE_PRECISION: u8 = 25;
+pub const SPARSE_PRECISION: u8 = common::sparse::SPARSE_PRECISION;
 
 /// Representation byte of a sparse body.
 const REPRESENTATION_SPARSE: u8 = 0;
@@ -106,52 +109,6 @@ pub struct Hll {
     /// for its estimate once or more, and the register pass is the estimate's whole cost.
     cached: EstimateCache,
 }
-
-/// A point estimate remembered across calls, cleared whenever the registers change.
-/// Atomic so that `&Hll` stays shareable between threads; never part of equality.
-#[derive(Debug)]
-struct EstimateCache(std::sync::atomic::AtomicU64);
-
-/// No estimate is cached: a NaN pattern no estimate produces.
-const NOT_CACHED: u64 = u64::MAX;
-
-impl EstimateCache {
-    fn empty() -> EstimateCache {
-        EstimateCache(std::sync::atomic::AtomicU64::new(NOT_CACHED))
-    }
-
-    fn get(&self) -> Option<f64> {
-        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
-            NOT_CACHED => None,
-            bits => Some(f64::from_bits(bits)),
-        }
-    }
-
-    fn set(&self, estimate: f64) {
-        self.0
-            .store(estimate.to_bits(), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn clear(&mut self) {
-        *self.0.get_mut() = NOT_CACHED;
-    }
-}
-
-impl Clone for EstimateCache {
-    /// A clone starts without a cached estimate: clones are made to be changed (merged
-    /// into), and an empty cache is always correct.
-    fn clone(&self) -> Self {
-        EstimateCache::empty()
-    }
-}
-
-impl PartialEq for EstimateCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for EstimateCache {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Repr {
@@ -174,22 +131,6 @@ fn inverse_sqrt_power_of_two(m: u64) -> f64 {
 /// The most sparse entries a sketch of `precision` holds before it turns dense.
 fn sparse_limit(precision: u8) -> usize {
     3 * (1usize << precision) / 16
-}
-
-fn check_precision(precision: u8) -> Result<(), ParameterError> {
-    if (MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
-        Ok(())
-    } else {
-        Err(ParameterError::new(
-            "precision",
-            precision,
-            format!("must be between {MIN_PRECISION} and {MAX_PRECISION}"),
-        ))
-    }
-}
-
-fn invalid(field: &'static str, reason: String) -> DecodeError {
-    DecodeError::Invalid { field, reason }
 }
 
 impl Hll {
@@ -271,17 +212,7 @@ impl Hll {
     /// The sketch of the same items at a lower (or equal) precision. Exact: the result
     /// equals a sketch built at `precision` from the start.
     pub fn fold_to(&self, precision: u8) -> Result<Hll, ParameterError> {
-        check_precision(precision)?;
-        if precision > self.precision {
-            return Err(ParameterError::new(
-                "precision",
-                precision,
-                format!(
-                    "a sketch of precision {} only folds down, to between {MIN_PRECISION} and {}",
-                    self.precision, self.precision
-                ),
-            ));
-        }
+        check_fold(self.precision, precision)?;
         Ok(match &self.repr {
             Repr::Sparse(entries) => {
                 Hll::from_sorted_entries(precision, entries.canonical().into_owned())
@@ -300,14 +231,7 @@ impl Hll {
             Repr::Sparse(entries) => (sparse::SPARSE_REGISTERS, entries.len() as f64),
             Repr::Dense(_) => (1u64 << self.precision, 0.0),
         };
-        let estimate = match self.cached.get() {
-            Some(estimate) => estimate,
-            None => {
-                let estimate = self.raw_estimate();
-                self.cached.set(estimate);
-                estimate
-            }
-        };
+        let estimate = self.cached.get_or_compute(|| self.raw_estimate());
         // 1.04/√m is the asymptotic error of HyperLogLog with m registers. It overstates
         // the error in both regimes where we use it: a sparse sketch holds at most
         // 3·2^18/16 items in 2^25 registers, where the estimate is close to linear
@@ -366,23 +290,13 @@ impl Hll {
 
     /// Appends the body (without the frame) to `out`.
     pub(crate) fn encode_body(&self, out: &mut Vec<u8>) {
-        out.push(self.precision);
-        out.push(SPARSE_PRECISION);
         match &self.repr {
             Repr::Sparse(entries) => {
-                out.push(REPRESENTATION_SPARSE);
-                out.push(0);
-                let entries = entries.canonical();
-                out.reserve(4 + 4 * entries.len());
-                // At most 3·2^18/16 entries: fits a u32.
-                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-                for entry in entries.iter() {
-                    out.extend_from_slice(&entry.to_le_bytes());
-                }
+                body::write_header(out, self.precision, REPRESENTATION_SPARSE);
+                body::write_tokens(out, &entries.canonical());
             }
             Repr::Dense(registers) => {
-                out.push(REPRESENTATION_DENSE);
-                out.push(0);
+                body::write_header(out, self.precision, REPRESENTATION_DENSE);
                 dense::pack(registers, out);
             }
         }
@@ -427,34 +341,11 @@ impl Hll {
 
 /// The header of a body: precision and representation, each checked.
 fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
-    {
-        let precision = reader.u8("precision")?;
-        if !(MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
-            return Err(invalid(
-                "precision",
-                format!("{precision} is outside {MIN_PRECISION}..={MAX_PRECISION}"),
-            ));
-        }
-        let sparse_precision = reader.u8("sparse precision")?;
-        if sparse_precision != SPARSE_PRECISION {
-            return Err(invalid(
-                "sparse precision",
-                format!("{sparse_precision}, but format version 1 fixes it at {SPARSE_PRECISION}"),
-            ));
-        }
-        let representation = reader.u8("representation")?;
-        let reserved = reader.u8("reserved")?;
-        if reserved != 0 {
-            return Err(invalid("reserved", format!("{reserved}, must be 0")));
-        }
-        match representation {
-            REPRESENTATION_SPARSE | REPRESENTATION_DENSE => Ok((precision, representation)),
-            other => Err(invalid(
-                "representation",
-                format!("{other}, expected 0 (sparse) or 1 (dense)"),
-            )),
-        }
-    }
+    body::read_header(
+        reader,
+        [REPRESENTATION_SPARSE, REPRESENTATION_DENSE],
+        "0 (sparse) or 1 (dense)",
+    )
 }
 
 impl Hll {

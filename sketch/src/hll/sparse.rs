@@ -15,60 +15,20 @@
 //! switches to dense at exactly the same point whatever the merge schedule. Equality and
 //! encoding see only the canonical list, the sorted union of both.
 
-use super::SPARSE_PRECISION;
+use crate::common::sparse;
+pub(super) use sparse::{MAX_SPARSE_RANK, SPARSE_REGISTERS, index_of, rank_of};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-/// Bits of an entry that hold the rank.
-const RANK_BITS: u32 = 6;
-/// Mask of the rank bits of an entry.
-const RANK_MASK: u32 = (1 << RANK_BITS) - 1;
-/// The largest rank at the sparse precision: 64 − 25 + 1.
-pub(super) const MAX_SPARSE_RANK: u32 = 65 - SPARSE_PRECISION as u32;
-/// One more than the largest sparse register index.
-pub(super) const SPARSE_REGISTERS: u64 = 1 << SPARSE_PRECISION;
+/// The sparse entry of a hash: its token ([`sparse::token_of_hash`]).
+pub(super) use sparse::token_of_hash as entry_of_hash;
 
-/// The sparse entry of a hash: top 25 bits as the index, leading zeros of the rest + 1 as
-/// the rank (capped so that an all-zero remainder gets the largest rank, 40).
-#[inline]
-pub(super) fn entry_of_hash(hash: u64) -> u32 {
-    let sp = u32::from(SPARSE_PRECISION);
-    let index = (hash >> (64 - sp)) as u32;
-    let rank = (hash << sp).leading_zeros().min(64 - sp) + 1;
-    index << RANK_BITS | rank
-}
-
-/// The register index at the sparse precision.
-#[inline]
-pub(super) fn index_of(entry: u32) -> u32 {
-    entry >> RANK_BITS
-}
-
-/// The rank, `1..=40` in a valid entry.
-#[inline]
-pub(super) fn rank_of(entry: u32) -> u32 {
-    entry & RANK_MASK
-}
-
-/// The dense register (index and value) at `precision` that the hash behind `entry` sets.
-///
-/// The dense index is the top `precision` bits of the sparse index. The dense rank counts
-/// the leading zeros of the hash after its top `precision` bits; the first `25 − precision`
-/// of those bits are the low bits of the sparse index, so if they are not all zero they
-/// alone decide the rank, and if they are, the rank continues into the sparse rank. This
-/// is exactly what a direct dense insert of the same hash computes (tested).
+/// The dense register (index and value) at `precision` that the hash behind `entry` sets
+/// ([`sparse::dense_position`]).
 #[inline]
 pub(super) fn dense_position(entry: u32, precision: u8) -> (usize, u8) {
-    let dropped = u32::from(SPARSE_PRECISION - precision);
-    let index = index_of(entry);
-    let low = index & ((1 << dropped) - 1);
-    let rank = if low != 0 {
-        // Leading zeros of `low` counted within its `dropped` bits.
-        low.leading_zeros() - (u32::BITS - dropped) + 1
-    } else {
-        dropped + rank_of(entry)
-    };
-    ((index >> dropped) as usize, rank as u8)
+    let (index, rank) = sparse::dense_position(entry, precision);
+    (index, rank as u8)
 }
 
 /// The sorted union of two canonical entry lists, keeping the larger rank of an index in
@@ -185,14 +145,6 @@ impl Eq for SparseList {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entry_layout() {
-        assert_eq!(entry_of_hash(0), 40);
-        assert_eq!(entry_of_hash(u64::MAX), ((1 << 25) - 1) << 6 | 1);
-        assert_eq!(entry_of_hash(1 << 39), 1 << 6 | 40);
-        assert_eq!(entry_of_hash(1 << 38), 1);
-    }
 
     #[test]
     fn union_keeps_max_rank_per_index() {

@@ -98,8 +98,8 @@
 mod likelihood;
 
 use crate::error::MergeError;
+use crate::estimate::{Estimate, Z95};
 use crate::hll::{Hll, SPARSE_PRECISION};
-use crate::{Estimate, Z95};
 use likelihood::{JointHistograms, Matrix, Vector};
 
 /// The relative standard error of the intersection at and above which it is declared

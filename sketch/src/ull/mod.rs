@@ -85,8 +85,11 @@ mod estimate;
 mod registers;
 mod sparse;
 
-use crate::Estimate;
+use crate::common::body::{self, invalid};
+use crate::common::cache::EstimateCache;
+use crate::common::{self, check_fold, check_precision};
 use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::estimate::Estimate;
 use crate::format::BodyReader;
 use crate::hll::Hll;
 use sparse::SparseTokens;
@@ -94,15 +97,15 @@ use sparse::SparseTokens;
 pub use estimate::MEMORY_VARIANCE_PRODUCT;
 
 /// The smallest precision: 16 registers.
-pub const MIN_PRECISION: u8 = crate::hll::MIN_PRECISION;
+pub const MIN_PRECISION: u8 = common::MIN_PRECISION;
 /// The largest precision: 262,144 registers, 256 KiB.
-pub const MAX_PRECISION: u8 = crate::hll::MAX_PRECISION;
+pub const MAX_PRECISION: u8 = common::MAX_PRECISION;
 /// The precision of [`Ull::default`]: 8,192 registers, 0.84% standard error in 8 KiB
 /// dense, about HyperLogLog's default error (0.81% at its precision 14) in two thirds of
 /// its 12 KiB.
 pub const DEFAULT_PRECISION: u8 = 13;
 /// The precision of the virtual sketch behind sparse tokens; part of the format.
-pub const SPARSE_PRECISION: u8 = crate::hll::SPARSE_PRECISION;
+pub const SPARSE_PRECISION: u8 = common::sparse::SPARSE_PRECISION;
 
 /// Representation byte of a sparse body (HyperLogLog's are 0 and 1).
 const REPRESENTATION_SPARSE: u8 = 2;
@@ -127,71 +130,10 @@ enum Repr {
     Dense(Box<[u8]>),
 }
 
-/// A point estimate remembered across calls, cleared whenever the state changes. Atomic
-/// so that `&Ull` stays shareable between threads; never part of equality.
-#[derive(Debug)]
-struct EstimateCache(std::sync::atomic::AtomicU64);
-
-/// No estimate is cached: a NaN pattern no estimate produces.
-const NOT_CACHED: u64 = u64::MAX;
-
-impl EstimateCache {
-    fn empty() -> EstimateCache {
-        EstimateCache(std::sync::atomic::AtomicU64::new(NOT_CACHED))
-    }
-
-    fn get(&self) -> Option<f64> {
-        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
-            NOT_CACHED => None,
-            bits => Some(f64::from_bits(bits)),
-        }
-    }
-
-    fn set(&self, estimate: f64) {
-        self.0
-            .store(estimate.to_bits(), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn clear(&mut self) {
-        *self.0.get_mut() = NOT_CACHED;
-    }
-}
-
-impl Clone for EstimateCache {
-    /// A clone starts without a cached estimate, which is always correct.
-    fn clone(&self) -> Self {
-        EstimateCache::empty()
-    }
-}
-
-impl PartialEq for EstimateCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for EstimateCache {}
-
 /// The most occupied sparse indices a sketch of `precision` holds before it turns dense:
 /// `m/4`, where four bytes per token reach the `m` bytes of the registers.
 fn sparse_limit(precision: u8) -> usize {
     (1usize << precision) / 4
-}
-
-fn check_precision(precision: u8) -> Result<(), ParameterError> {
-    if (MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
-        Ok(())
-    } else {
-        Err(ParameterError::new(
-            "precision",
-            precision,
-            format!("must be between {MIN_PRECISION} and {MAX_PRECISION}"),
-        ))
-    }
-}
-
-fn invalid(field: &'static str, reason: String) -> DecodeError {
-    DecodeError::Invalid { field, reason }
 }
 
 impl Ull {
@@ -306,17 +248,7 @@ impl Ull {
     /// The sketch of the same items at a lower (or equal) precision. Exact: the result
     /// equals a sketch built at `precision` from the start.
     pub fn fold_to(&self, precision: u8) -> Result<Ull, ParameterError> {
-        check_precision(precision)?;
-        if precision > self.precision {
-            return Err(ParameterError::new(
-                "precision",
-                precision,
-                format!(
-                    "a sketch of precision {} only folds down, to between {MIN_PRECISION} and {}",
-                    self.precision, self.precision
-                ),
-            ));
-        }
+        check_fold(self.precision, precision)?;
         Ok(match &self.repr {
             Repr::Sparse(tokens) => Ull::from_canonical(precision, tokens.canonical().into_owned()),
             Repr::Dense(_) => Ull {
@@ -333,14 +265,7 @@ impl Ull {
             Repr::Sparse(tokens) => (sparse::SPARSE_REGISTERS, tokens.indices() as f64),
             Repr::Dense(_) => (1u64 << self.precision, 0.0),
         };
-        let estimate = match self.cached.get() {
-            Some(estimate) => estimate,
-            None => {
-                let estimate = self.raw_estimate();
-                self.cached.set(estimate);
-                estimate
-            }
-        };
+        let estimate = self.cached.get_or_compute(|| self.raw_estimate());
         // 0.761/√m is the asymptotic error of the ML estimate; below a few m items (and
         // always while sparse) the true error is smaller, so the interval is conservative
         // there.
@@ -397,23 +322,13 @@ impl Ull {
     /// Appends the body (docs/FORMAT.md, representations 2 and 3 of the distinct kind) to
     /// `out`.
     pub fn encode_body(&self, out: &mut Vec<u8>) {
-        out.push(self.precision);
-        out.push(SPARSE_PRECISION);
         match &self.repr {
             Repr::Sparse(tokens) => {
-                out.push(REPRESENTATION_SPARSE);
-                out.push(0);
-                let tokens = tokens.canonical();
-                out.reserve(4 + 4 * tokens.len());
-                // At most 3·2^18/4 tokens: fits a u32.
-                out.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
-                for token in tokens.iter() {
-                    out.extend_from_slice(&token.to_le_bytes());
-                }
+                body::write_header(out, self.precision, REPRESENTATION_SPARSE);
+                body::write_tokens(out, &tokens.canonical());
             }
             Repr::Dense(registers) => {
-                out.push(REPRESENTATION_DENSE);
-                out.push(0);
+                body::write_header(out, self.precision, REPRESENTATION_DENSE);
                 out.extend_from_slice(registers);
             }
         }
@@ -494,32 +409,11 @@ impl Ull {
 
 /// The header of a body: precision and representation, each checked.
 fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
-    let precision = reader.u8("precision")?;
-    if !(MIN_PRECISION..=MAX_PRECISION).contains(&precision) {
-        return Err(invalid(
-            "precision",
-            format!("{precision} is outside {MIN_PRECISION}..={MAX_PRECISION}"),
-        ));
-    }
-    let sparse_precision = reader.u8("sparse precision")?;
-    if sparse_precision != SPARSE_PRECISION {
-        return Err(invalid(
-            "sparse precision",
-            format!("{sparse_precision}, but format version 1 fixes it at {SPARSE_PRECISION}"),
-        ));
-    }
-    let representation = reader.u8("representation")?;
-    let reserved = reader.u8("reserved")?;
-    if reserved != 0 {
-        return Err(invalid("reserved", format!("{reserved}, must be 0")));
-    }
-    match representation {
-        REPRESENTATION_SPARSE | REPRESENTATION_DENSE => Ok((precision, representation)),
-        other => Err(invalid(
-            "representation",
-            format!("{other}, expected 2 (UltraLogLog sparse) or 3 (UltraLogLog dense)"),
-        )),
-    }
+    body::read_header(
+        reader,
+        [REPRESENTATION_SPARSE, REPRESENTATION_DENSE],
+        "2 (UltraLogLog sparse) or 3 (UltraLogLog dense)",
+    )
 }
 
 fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTokens, DecodeError> {

@@ -22,16 +22,8 @@
 //! every (register, value) pair built at compile time, and a merge is branch-free byte
 //! arithmetic that vectorizes; both are tested against the bitmap rule exhaustively.
 
-/// The register index and update value at `precision` that `hash` sets; the same as
-/// HyperLogLog's register index and rank.
-#[inline]
-pub(super) fn position(hash: u64, precision: u8) -> (usize, u32) {
-    let p = u32::from(precision);
-    let index = (hash >> (64 - p)) as usize;
-    // A sentinel bit caps the leading zeros at 64 − p without a compare.
-    let value = ((hash << p) | (1 << (p - 1))).leading_zeros() + 1;
-    (index, value)
-}
+use crate::common::registers::{self, rank_of_low_bits};
+pub(super) use registers::{empty, histogram, position};
 
 /// The bitmap of remembered update values of register `r`.
 #[inline]
@@ -107,11 +99,6 @@ pub(super) fn merge(a: u8, b: u8) -> u8 {
     hi | (extra & mask(lo != 0))
 }
 
-/// Empty registers for `precision`.
-pub(super) fn empty(precision: u8) -> Box<[u8]> {
-    vec![0; 1 << precision].into_boxed_slice()
-}
-
 /// `dst[i] = merge(dst[i], src[i])`: the union of two sketches of the same precision.
 pub(super) fn merge_into(dst: &mut [u8], src: &[u8]) {
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -122,56 +109,23 @@ pub(super) fn merge_into(dst: &mut [u8], src: &[u8]) {
 /// Folds registers of a higher precision into `dst`, exactly: `dst` ends up as if every
 /// item behind `src` had been inserted at `dst`'s precision.
 ///
-/// `src.len()` is `dst.len()` times `2^d`. Register `i` of `src` lands in `i >> d`. If the
-/// `d` dropped bits `low = i mod 2^d` are not all zero, they alone decide the update value
-/// of every hash behind the register (the leading zeros of `low` within `d` bits, plus
-/// one), whatever the register held; if they are all zero, each update value grows by `d`,
+/// If the `d` dropped bits `low` of a register's index ([`registers::fold_into`]) are not
+/// all zero, they alone decide the update value of every hash behind the register,
+/// whatever the register held; if they are all zero, each update value grows by `d`,
 /// which shifts the register's whole bitmap.
 pub(super) fn fold_into(dst: &mut [u8], src: &[u8]) {
-    let group = (src.len() / dst.len().max(1)).max(1);
-    let dropped = group.trailing_zeros();
-    if dropped == 0 {
-        merge_into(dst, src);
-        return;
-    }
-    for (target, registers) in dst.iter_mut().zip(src.chunks_exact(group)) {
-        let Some((&first, rest)) = registers.split_first() else {
-            continue;
+    registers::fold_into(dst, src, merge_into, |target, group, dropped| {
+        let Some((&first, rest)) = group.split_first() else {
+            return target;
         };
-        let mut bitmap = to_bitmap(*target) | to_bitmap(first) << dropped;
+        let mut bitmap = to_bitmap(target) | to_bitmap(first) << dropped;
         for (offset, &r) in rest.iter().enumerate() {
             if r != 0 {
-                let low = offset + 1;
-                let bit_length = usize::BITS - low.leading_zeros();
-                bitmap |= 1 << (dropped - bit_length + 1);
+                bitmap |= 1 << rank_of_low_bits(offset as u32 + 1, dropped);
             }
         }
-        *target = from_bitmap(bitmap);
-    }
-}
-
-/// `histogram[r]` = the number of registers holding `r`.
-///
-/// Four sub-histograms break the dependency between consecutive increments of the same
-/// counter.
-pub(super) fn histogram(registers: &[u8]) -> [u32; 256] {
-    let mut parts = [[0u32; 256]; 4];
-    let mut quads = registers.chunks_exact(4);
-    for quad in &mut quads {
-        for (part, &r) in parts.iter_mut().zip(quad) {
-            part[usize::from(r)] += 1;
-        }
-    }
-    for &r in quads.remainder() {
-        parts[0][usize::from(r)] += 1;
-    }
-    let mut out = parts[0];
-    for part in &parts[1..] {
-        for (total, &n) in out.iter_mut().zip(part) {
-            *total += n;
-        }
-    }
-    out
+        from_bitmap(bitmap)
+    })
 }
 
 /// Whether `r` is a register value some set of hashes produces at `precision`.
@@ -286,14 +240,6 @@ mod tests {
     }
 
     #[test]
-    fn position_matches_the_hll_rank() {
-        assert_eq!(position(0, 4), (0, 61));
-        assert_eq!(position(u64::MAX, 4), (15, 1));
-        assert_eq!(position(1, 18), (0, 46));
-        assert_eq!(position(0, 18), (0, 47));
-    }
-
-    #[test]
     fn the_fast_check_refuses_exactly_what_is_valid_refuses() {
         for precision in super::super::MIN_PRECISION..=super::super::MAX_PRECISION {
             for r in 0..=255u8 {
@@ -302,14 +248,5 @@ mod tests {
                 assert_eq!(found, want, "register {r} at precision {precision}");
             }
         }
-    }
-
-    #[test]
-    fn histogram_counts_every_register() {
-        let registers: Vec<u8> = (0..1001u32).map(|i| (i % 7) as u8).collect();
-        let h = histogram(&registers);
-        assert_eq!(h.iter().sum::<u32>(), 1001);
-        assert_eq!(h[0], 143);
-        assert_eq!(h[6], 143);
     }
 }

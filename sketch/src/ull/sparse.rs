@@ -18,23 +18,11 @@
 //! indices, which either layout knows.
 
 use super::{SPARSE_PRECISION, registers};
+use crate::common::sparse::RANK_BITS;
+pub(super) use crate::common::sparse::{
+    MAX_SPARSE_RANK, SPARSE_REGISTERS, dense_position, index_of, rank_of, token_of_hash,
+};
 use std::borrow::Cow;
-
-/// Bits of a token that hold the rank.
-const RANK_BITS: u32 = 6;
-/// The largest rank at the sparse precision: 64 − 25 + 1.
-pub(super) const MAX_SPARSE_RANK: u32 = 65 - SPARSE_PRECISION as u32;
-/// One more than the largest sparse index.
-pub(super) const SPARSE_REGISTERS: u64 = 1 << SPARSE_PRECISION;
-
-/// The token of a hash.
-#[inline]
-pub(super) fn token_of_hash(hash: u64) -> u32 {
-    let sp = u32::from(SPARSE_PRECISION);
-    let index = (hash >> (64 - sp)) as u32;
-    let rank = (hash << sp).leading_zeros().min(64 - sp) + 1;
-    index << RANK_BITS | rank
-}
 
 /// A hash whose token is `token`: the index in the top 25 bits, then `rank − 1` zeros and
 /// a one (nothing for the largest rank).
@@ -46,35 +34,6 @@ pub(super) fn hash_of_token(token: u32) -> u64 {
     } else {
         index | 1 << (MAX_SPARSE_RANK - 1 - rank)
     }
-}
-
-/// The index at the sparse precision.
-#[inline]
-pub(super) fn index_of(token: u32) -> u32 {
-    token >> RANK_BITS
-}
-
-/// The rank, `1..=40` in a valid token.
-#[inline]
-pub(super) fn rank_of(token: u32) -> u32 {
-    token & ((1 << RANK_BITS) - 1)
-}
-
-/// The register index and update value at `precision` of the hash behind `token`: the
-/// dense index is the top `precision` bits of the sparse index; the `25 − precision` bits
-/// below them come first in the update value's bit string, so if any is set they decide it
-/// alone, and if not it continues into the sparse rank.
-#[inline]
-pub(super) fn dense_position(token: u32, precision: u8) -> (usize, u32) {
-    let dropped = u32::from(SPARSE_PRECISION - precision);
-    let index = index_of(token);
-    let low = index & ((1 << dropped) - 1);
-    let value = if low != 0 {
-        low.leading_zeros() - (u32::BITS - dropped) + 1
-    } else {
-        dropped + rank_of(token)
-    };
-    ((index >> dropped) as usize, value)
 }
 
 /// Whether a token of rank `rank` is still remembered in a group whose largest rank is
@@ -470,14 +429,6 @@ impl Eq for SparseTokens {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_layout_matches_hll_entries() {
-        assert_eq!(token_of_hash(0), 40);
-        assert_eq!(token_of_hash(u64::MAX), ((1 << 25) - 1) << 6 | 1);
-        assert_eq!(token_of_hash(1 << 39), 1 << 6 | 40);
-        assert_eq!(token_of_hash(1 << 38), 1);
-    }
 
     #[test]
     fn hash_of_token_inverts_token_of_hash() {
