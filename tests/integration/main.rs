@@ -20,7 +20,6 @@ mod review2;
 mod review3;
 mod review4;
 mod review5;
-mod review6;
 mod robustness;
 mod sets;
 mod sketch_cli;

@@ -437,6 +437,142 @@ fn get_json(agg: &InProcessAggregator, path: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
 }
 
+// ---- An empty side ----
+
+/// Set questions over ULL rows where one side selects nothing: the empty side is the
+/// empty set, and neither |A|, the union, the intersection nor a retention cell may
+/// depend on the sketch the aggregator stands in for it with (an empty ULL at p = 18).
+#[tokio::test]
+async fn set_questions_with_an_empty_side_answer_for_the_empty_set() {
+    use crate::ull::{
+        distinct, estimate_figures as expected, figures, row, sketch_at, union_if_any,
+    };
+    use hourglass_sketch::distinct::{Distinct, DistinctForm};
+    let dir = TempDir::new("sets-empty-side");
+    let agg = InProcessAggregator::start(&dir.file("data"));
+    let (mut collector, mut query) = clients(&agg).await;
+    let h0 = this_hour() - 10;
+    // visitors: ULL 13 rows, dense and sparse; h0+2..h0+4 and h0+6..h0+8 hold nothing.
+    let rows = [
+        (h0, sketch_at(DistinctForm::Ull, 13, 0..6000)),
+        (h0 + 1, sketch_at(DistinctForm::Ull, 13, 5000..5300)),
+        (h0 + 4, sketch_at(DistinctForm::Ull, 13, 100..1900)),
+        (h0 + 5, sketch_at(DistinctForm::Hll, 14, 1800..2000)),
+    ];
+    let r = push(
+        &mut collector,
+        server("web-1", &[]),
+        rows.iter().map(|(h, s)| row(*h, s)).collect(),
+        (h0..h0 + 8).collect(),
+    )
+    .await;
+    assert_eq!(outcomes(&r), vec![v1::PushOutcome::Stored; rows.len()]);
+    let of = |hours: std::ops::Range<u32>| {
+        union_if_any(
+            rows.iter()
+                .filter(|(h, _)| hours.contains(h))
+                .map(|(_, s)| s),
+        )
+    };
+    let empty_hll = || Hll::new(hourglass_sketch::hll::MAX_PRECISION).unwrap();
+    for (a_hours, b_hours) in [
+        (h0..h0 + 2, h0 + 2..h0 + 4),
+        (h0 + 2..h0 + 4, h0..h0 + 2),
+        (h0 + 4..h0 + 6, h0 + 6..h0 + 8),
+        (h0 + 1..h0 + 2, h0 + 2..h0 + 3),
+    ] {
+        let answer = query
+            .overlap(v1::OverlapRequest {
+                a: Some(selector("visitors", a_hours.clone(), &[])),
+                b: Some(selector("visitors", b_hours.clone(), &[])),
+            })
+            .await
+            .expect("overlap")
+            .into_inner()
+            .answer
+            .expect("answer");
+        let (a, b) = (of(a_hours.clone()), of(b_hours.clone()));
+        let what = format!("a {:?} b {:?}", a_hours, b_hours);
+        let zero = (0.0, 0.0, 0.0, 0.0);
+        let (a_hll, b_hll) = (
+            a.as_ref().map_or_else(empty_hll, Distinct::to_hll),
+            b.as_ref().map_or_else(empty_hll, Distinct::to_hll),
+        );
+        let joint = estimate_pair(&a_hll, &b_hll).expect("joint");
+        assert_eq!(
+            figures(answer.a.as_ref().unwrap()),
+            a.as_ref().map_or(zero, |a| expected(&a.estimate())),
+            "|A|, {what}"
+        );
+        assert_eq!(
+            figures(answer.b.as_ref().unwrap()),
+            b.as_ref().map_or(zero, |b| expected(&b.estimate())),
+            "|B|, {what}"
+        );
+        assert_eq!(
+            figures(answer.union.as_ref().unwrap()),
+            expected(&joint.union),
+            "∪, {what}"
+        );
+        assert_eq!(
+            figures(answer.intersection.as_ref().unwrap()),
+            expected(&joint.intersection),
+            "∩, {what}"
+        );
+        assert_eq!(
+            figures(answer.intersection.as_ref().unwrap()),
+            zero,
+            "∩ of an empty side, {what}"
+        );
+        assert_eq!(answer.naive_intersection, 0.0, "naive ∩, {what}");
+        // The one non-empty side's figures equal the distinct question's.
+        let one = if a.is_some() {
+            a_hours.clone()
+        } else {
+            b_hours.clone()
+        };
+        let d = distinct(&mut query, one, &[]).await;
+        let side = if a.is_some() { &answer.a } else { &answer.b };
+        assert_eq!(figures(side.as_ref().unwrap()), figures(&d), "{what}");
+    }
+    // Retention over two-hour periods: [ULL], [nothing], [ULL ∪ HLL], [nothing].
+    let retention = query
+        .retention(v1::RetentionRequest {
+            selector: Some(selector("visitors", h0..h0 + 8, &[])),
+            period_hours: 2,
+        })
+        .await
+        .expect("retention")
+        .into_inner();
+    let periods: Vec<Option<Distinct>> = (0..4).map(|i| of(h0 + 2 * i..h0 + 2 * i + 2)).collect();
+    for (i, (p, want)) in retention.periods.iter().zip(&periods).enumerate() {
+        assert_eq!(
+            figures(p.distinct.as_ref().unwrap()),
+            want.as_ref()
+                .map_or((0.0, 0.0, 0.0, 0.0), |w| expected(&w.estimate())),
+            "period {i}"
+        );
+    }
+    let hlls: Vec<Hll> = periods
+        .iter()
+        .map(|p| p.as_ref().map_or_else(empty_hll, Distinct::to_hll))
+        .collect();
+    for row in &retention.rows {
+        for cell in &row.cells {
+            let joint = estimate_pair(&hlls[row.cohort as usize], &hlls[cell.period as usize])
+                .expect("joint");
+            assert_eq!(
+                figures(cell.returned.as_ref().unwrap()),
+                expected(&joint.intersection),
+                "cohort {} period {}",
+                row.cohort,
+                cell.period
+            );
+        }
+    }
+    agg.stop().await;
+}
+
 // ---- A saturated side ----
 
 /// Every register at its largest value (valid in the format).

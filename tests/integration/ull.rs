@@ -1,14 +1,16 @@
 //! UltraLogLog as a form of the distinct kind, end to end: rows of both forms pushed over
-//! gRPC into an aggregator on RocksDB, answered from hourly rows, after a restart and
-//! from day rollups, against the sketches computed here; and an agent configured with
-//! `distinct_form` shipping the form it was told, through a switch of form mid-series.
+//! gRPC into an aggregator on RocksDB, answered from hourly rows, after a restart, from
+//! day rollups (alone, and with hourly rows at a range's edges, precisions mixed) and
+//! from a cluster's partial merges, against the sketches computed here; and an agent
+//! configured with `distinct_form` shipping the form it was told, through a switch of
+//! form mid-series.
 //!
 //! The merge rule under test (docs/FORMAT.md, "Merging the two forms"): a range that holds
 //! any HyperLogLog row answers as the HyperLogLog of the union, with HyperLogLog's error;
 //! a range of UltraLogLog rows only answers with UltraLogLog's smaller error.
 
 use crate::agent::{export, fast_config, ingest, wait_shipped};
-use crate::aggregator::{clients, outcomes, push, server};
+use crate::aggregator::{clients, outcomes, push, server, tag};
 use crate::background::{day, metric, push_all, start as start_with_rollups, two_passes};
 use crate::util::{AgentProcess, InProcessAggregator, TempDir, snapshot, this_hour};
 use hourglass_rpc::proto::v1::{self, query_client::QueryClient};
@@ -24,7 +26,11 @@ fn sketch_of(form: DistinctForm, users: std::ops::Range<u32>) -> Distinct {
 }
 
 /// The distinct sketch of `form` at `precision` of users `range`.
-fn sketch_at(form: DistinctForm, precision: u8, users: std::ops::Range<u32>) -> Distinct {
+pub(crate) fn sketch_at(
+    form: DistinctForm,
+    precision: u8,
+    users: std::ops::Range<u32>,
+) -> Distinct {
     let mut sketch = Distinct::new(form, precision).expect("a valid precision");
     for user in users {
         sketch.insert(format!("user{user}").as_bytes());
@@ -42,8 +48,14 @@ fn union_of<'a>(parts: impl IntoIterator<Item = &'a Distinct>) -> Distinct {
     union
 }
 
+/// The merge of `parts`, or `None` when there are none (the empty set).
+pub(crate) fn union_if_any<'a>(parts: impl IntoIterator<Item = &'a Distinct>) -> Option<Distinct> {
+    let mut parts = parts.into_iter().peekable();
+    parts.peek().is_some().then(|| union_of(parts))
+}
+
 /// A distinct snapshot of `visitors` at `hour`.
-fn row(hour: u32, sketch: &Distinct) -> v1::Snapshot {
+pub(crate) fn row(hour: u32, sketch: &Distinct) -> v1::Snapshot {
     snapshot(
         "visitors",
         hour,
@@ -51,6 +63,13 @@ fn row(hour: u32, sketch: &Distinct) -> v1::Snapshot {
         v1::SketchKind::Distinct,
         sketch.encode(),
     )
+}
+
+/// [`row`] of the series `visitors{tags}`.
+fn tagged_row(tags: &[(&str, &str)], hour: u32, sketch: &Distinct) -> v1::Snapshot {
+    let mut s = row(hour, sketch);
+    s.series.as_mut().unwrap().tags = tags.iter().map(|(k, v)| tag(k, v)).collect();
+    s
 }
 
 fn selector(hours: std::ops::Range<u32>, servers: &[&str]) -> Option<v1::Selector> {
@@ -65,7 +84,7 @@ fn selector(hours: std::ops::Range<u32>, servers: &[&str]) -> Option<v1::Selecto
     })
 }
 
-async fn distinct(
+pub(crate) async fn distinct(
     query: &mut QueryClient<Channel>,
     hours: std::ops::Range<u32>,
     servers: &[&str],
@@ -95,6 +114,16 @@ async fn exported(query: &mut QueryClient<Channel>, hours: std::ops::Range<u32>)
         .expect("a sketch")
         .data;
     Distinct::decode(&bytes).expect("a distinct sketch")
+}
+
+/// The four figures of a distinct answer.
+pub(crate) fn figures(a: &v1::DistinctAnswer) -> (f64, f64, f64, f64) {
+    (a.estimate, a.std_error, a.lower95, a.upper95)
+}
+
+/// The four figures of `e`, as an answer carries them.
+pub(crate) fn estimate_figures(e: &Estimate) -> (f64, f64, f64, f64) {
+    (e.estimate, e.std_error, e.lower95, e.upper95)
 }
 
 /// `answer` is exactly `expected`: the same merge, the same estimator, bit for bit.
@@ -367,6 +396,72 @@ async fn rollups_of_mixed_days_follow_the_merge_rule() {
     agg.stop().await;
 }
 
+/// Three days of one server's rows, HLL 14 then ULL 13 with a stretch of ULL 12, some
+/// hours empty: whole days come from rollups and the partial days at either end from hourly
+/// rows, in one range. The answer must be the flat merge of every hourly row in it.
+#[tokio::test]
+async fn rollup_days_and_hourly_edges_of_mixed_forms_and_precisions_answer_the_flat_merge() {
+    use DistinctForm::{Hll as H, Ull as U};
+    let dir = TempDir::new("ull-mixed-rollups");
+    let agg = start_with_rollups(&dir, "35d", "");
+    let (mut collector, mut query) = clients(&agg).await;
+    let first = day(5);
+    let mut rows = Vec::new();
+    for t in 0..72u32 {
+        let (form, p) = match t {
+            t if t < 20 => (H, 14),
+            t if (30..34).contains(&t) => (U, 12),
+            t if (50..52).contains(&t) => (H, 14),
+            _ => (U, 13),
+        };
+        let n = [0u32, 30, 900, 1700, 2500, 6000][(t as usize * 5) % 6];
+        if n == 0 {
+            continue;
+        }
+        rows.push((first + t, sketch_at(form, p, t * 1000..t * 1000 + n)));
+    }
+    push_all(
+        &mut collector,
+        "web-1",
+        rows.iter().map(|(h, s)| row(*h, s)).collect(),
+        (first..first + 72).collect(),
+    )
+    .await;
+    two_passes(&agg);
+    for hours in [
+        first..first + 72,
+        first + 5..first + 72,
+        first + 5..first + 60,
+        first + 24..first + 48,
+        first + 21..first + 50,
+        first + 30..first + 34,
+        first + 40..first + 70,
+    ] {
+        let want = union_if_any(
+            rows.iter()
+                .filter(|(h, _)| hours.contains(h))
+                .map(|(_, s)| s),
+        )
+        .expect("rows in range");
+        let answer = distinct(&mut query, hours.clone(), &[]).await;
+        assert_eq!(
+            figures(&answer),
+            estimate_figures(&want.estimate()),
+            "hours {}..{} of day(5)",
+            hours.start - first,
+            hours.end - first
+        );
+        assert_eq!(
+            exported(&mut query, hours.clone()).await,
+            want,
+            "hours {}..{}",
+            hours.start - first,
+            hours.end - first
+        );
+    }
+    agg.stop().await;
+}
+
 /// An agent told `distinct_form = "ull"` ships UltraLogLog rows, and one told `"hll"`
 /// HyperLogLog rows. The same agent switched from `"hll"` to `"ull"` (a restart on its
 /// checkpoint) keeps the hour it had open as HyperLogLog, keeps new hours as UltraLogLog,
@@ -469,4 +564,155 @@ async fn an_agent_ships_the_form_it_is_configured_with() {
     assert_answers(&answer, &across.estimate(), "across the switch");
     assert!(agent.terminate().success());
     agg.stop().await;
+}
+
+// ---- Cluster mode: partial merges of mixed forms ----
+
+/// Series of one metric in every partition, in both forms and three precisions,
+/// pushed to one node of three: every node's answer (its own partitions merged with
+/// the others' partials) is the merge computed here, in its form.
+#[test]
+fn cluster_partials_of_mixed_forms_answer_as_one_merge() {
+    use crate::faults::{agg_metric, wait_until};
+    use crate::nats::NatsCluster;
+    use crate::natsfaults::{PARTITIONS, node, ready};
+    use crate::util::{channel, runtime};
+    use std::time::Duration;
+
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("ull-cluster");
+    let start = |name: &str| {
+        node(&dir, nats.urls(), name, |c| {
+            c.member_ttl = Duration::from_secs(6)
+        })
+    };
+    let nodes = [start("agg-1"), start("agg-2"), start("agg-3")];
+    let all: Vec<&InProcessAggregator> = nodes.iter().collect();
+    let settled = || {
+        all.iter()
+            .all(|&n| agg_metric(n, "cluster_members") as usize == all.len() && ready(n))
+    };
+    wait_until(
+        "three members, each owning part of the partitions",
+        &settled,
+    );
+    // Some node answers for only part of the partitions: its answers merge partials.
+    assert!(
+        all.iter()
+            .any(|&n| agg_metric(n, "cluster_partitions_applying") < f64::from(PARTITIONS)),
+        "every node applies every partition: no partial would be asked for"
+    );
+    let rt = runtime();
+    let h0 = this_hour() - 3;
+    let mut rows = Vec::new();
+    for shard in 0..16u32 {
+        let (form, p) = match shard % 4 {
+            0 => (DistinctForm::Hll, 14),
+            1 | 2 => (DistinctForm::Ull, 13),
+            _ => (DistinctForm::Ull, 12),
+        };
+        for hour in 0..2u32 {
+            let start = shard * 3000 + hour * 1000;
+            rows.push((
+                shard,
+                h0 + hour,
+                sketch_at(form, p, start..start + 400 + 300 * shard),
+            ));
+        }
+    }
+    let request = v1::PushRequest {
+        server: server("web-1", &[]),
+        snapshots: rows
+            .iter()
+            .map(|(shard, hour, s)| {
+                let ull = if s.form() == DistinctForm::Ull {
+                    "yes"
+                } else {
+                    "no"
+                };
+                let p = s.precision().to_string();
+                tagged_row(
+                    &[("p", &p), ("shard", &shard.to_string()), ("ull", ull)],
+                    *hour,
+                    s,
+                )
+            })
+            .collect(),
+        live_hours: vec![h0, h0 + 1],
+    };
+    let outcomes = rt.block_on(async {
+        let mut c = v1::collector_client::CollectorClient::new(channel(&nodes[0].grpc).await);
+        loop {
+            match c.push(request.clone()).await {
+                Ok(r) => break outcomes(&r.into_inner().results),
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(s) => panic!("push refused: {s}"),
+            }
+        }
+    });
+    assert_eq!(outcomes, vec![v1::PushOutcome::Stored; rows.len()]);
+    wait_until("every node applied the push", &settled);
+    std::thread::sleep(Duration::from_secs(1));
+    // (name, tag filter, which series `s` the filter selects)
+    type Case<'a> = (
+        &'a str,
+        Option<(&'a str, &'a str)>,
+        Box<dyn Fn(u32) -> bool>,
+    );
+    let cases: Vec<Case> = vec![
+        ("all", None, Box::new(|_| true)),
+        ("ull only", Some(("ull", "yes")), Box::new(|s| s % 4 != 0)),
+        (
+            "ull 13 only",
+            Some(("p", "13")),
+            Box::new(|s| s % 4 == 1 || s % 4 == 2),
+        ),
+    ];
+    for (what, filter, pick) in &cases {
+        let want = union_if_any(rows.iter().filter(|(s, ..)| pick(*s)).map(|(.., s)| s)).unwrap();
+        for (i, n) in nodes.iter().enumerate() {
+            let (answer, export) = rt.block_on(async {
+                let mut q = QueryClient::new(channel(&n.grpc).await);
+                let mut sel = selector(h0..h0 + 2, &[]).unwrap();
+                if let Some((k, v)) = filter {
+                    sel.tags = vec![tag(k, v)];
+                }
+                let answer = q
+                    .distinct(v1::DistinctRequest {
+                        selector: Some(sel.clone()),
+                    })
+                    .await
+                    .expect("distinct")
+                    .into_inner();
+                let export = q
+                    .export(v1::ExportRequest {
+                        selector: Some(sel),
+                        kind: v1::SketchKind::Distinct as i32,
+                    })
+                    .await
+                    .expect("export")
+                    .into_inner();
+                (answer, export)
+            });
+            let coverage = answer.coverage.expect("coverage");
+            assert!(
+                coverage.missing_partitions.is_empty(),
+                "{what}, node {i}: {coverage:?}"
+            );
+            assert_eq!(
+                figures(&answer.answer.expect("answer")),
+                estimate_figures(&want.estimate()),
+                "{what}, node {i}"
+            );
+            let got = Distinct::decode(&export.sketch.expect("a sketch").data).unwrap();
+            assert_eq!(got, want, "{what}, node {i}");
+        }
+    }
+    rt.block_on(async {
+        for n in nodes {
+            n.stop().await;
+        }
+    });
 }
