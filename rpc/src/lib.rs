@@ -44,6 +44,3 @@ pub fn json_figure(x: f64) -> f64 {
 pub fn is_unbounded(x: f64) -> bool {
     x >= f64::MAX
 }
-
-#[cfg(test)]
-mod review_codec_tests;

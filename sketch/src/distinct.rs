@@ -342,6 +342,3 @@ fn unknown_representation(body: &[u8], representation: u8) -> DecodeError {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod review_tests;

@@ -86,8 +86,6 @@ pub mod frequency;
 pub mod frequent;
 pub mod hll;
 pub mod membership;
-#[cfg(test)]
-mod membership_review_tests;
 pub mod overlap;
 pub mod ull;
 

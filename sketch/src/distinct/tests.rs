@@ -7,6 +7,8 @@ use crate::hll::MAX_PRECISION;
 use crate::test_support::{apply, mutation};
 use proptest::prelude::*;
 
+mod shipped_merges;
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

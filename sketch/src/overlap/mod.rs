@@ -426,6 +426,4 @@ where
 }
 
 #[cfg(test)]
-mod review_tests;
-#[cfg(test)]
 mod tests;

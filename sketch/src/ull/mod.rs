@@ -553,9 +553,3 @@ impl Default for Ull {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod review_sparse_tests;
-
-#[cfg(test)]
-mod review_insert_all_tests;

@@ -7,6 +7,9 @@ use crate::hash::item_hash;
 use crate::test_support::{apply, mutation};
 use proptest::prelude::*;
 
+mod insert_all;
+mod sparse_rule;
+
 /// A sketch of the items `i.to_le_bytes()` for each `i`.
 fn sketch_of(precision: u8, items: impl IntoIterator<Item = u64>) -> Ull {
     let mut sketch = Ull::new(precision).unwrap();
