@@ -2,13 +2,15 @@
 //! gap in their consumer sequences, yet the stream drops (max_age) messages they have not
 //! delivered yet, and a consumer looks past what is gone. The node must not take what
 //! its consumers looked at as applied then: it answers right, names what it lacks, or
-//! refuses, and it copies what it missed from a node that has it (DESIGN §10).
+//! refuses, and it copies what it missed from a node that has it (DESIGN §10). The same
+//! holds for a ready node whose link to NATS stalls for longer than `max_age`.
 
 use std::time::{Duration, Instant};
 
 use crate::faults::{agg_metric, wait_until};
 use crate::nats::NatsCluster;
 use crate::natsfaults::*;
+use crate::netcut::Link;
 use crate::util::{TempDir, runtime};
 use hourglass_aggregator::cluster::ClusterConfig;
 use hourglass_rpc::proto::v1;
@@ -164,5 +166,128 @@ fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_del
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+    drop(rt);
+}
+
+/// A node that is ready for its partitions stays ready for as long as its consumers run:
+/// `complete` is decided only when a consumer opens (`apply.rs`, `open`). A node whose
+/// connection to NATS goes silent longer than `max_age` (here a cut link: the NATS
+/// cluster itself stays healthy, as when one host's network stalls) comes back to a stream
+/// that dropped messages it never applied; its consumers skip them (JetStream delivers
+/// what is still there), and a node that took the consumer's `delivered` as applied would
+/// answer without them, naming no missing partition. (Stopping a NATS server instead,
+/// SIGSTOP, stalls JetStream itself for its leader elections; with a `max_age` shorter
+/// than that, messages age out before any node reads them: no node could answer.)
+#[test]
+fn a_ready_node_that_stalls_past_max_age_never_answers_without_what_the_stream_dropped() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("lag-stall-max-age");
+    let urls = nats.urls();
+    let tweak = |c: &mut ClusterConfig| {
+        c.max_age = Duration::from_secs(3);
+        // agg-2 stays a member (and an owner) throughout its stall.
+        c.member_ttl = Duration::from_secs(30);
+    };
+    let link = Link::to(Some(urls[2].trim_start_matches("nats://").parse().unwrap()));
+    let a = node(&dir, vec![urls[0].clone(), urls[1].clone()], "agg-1", tweak);
+    let b = node(
+        &dir,
+        vec![format!("nats://{}", link.addr())],
+        "agg-2",
+        tweak,
+    );
+    wait_until("two members, both ready", || {
+        agg_metric(&a, "cluster_members") == 2.0
+            && agg_metric(&b, "cluster_members") == 2.0
+            && ready(&a)
+            && ready(&b)
+    });
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    use v1::PushOutcome::Stored;
+    assert_eq!(
+        rt.block_on(push_until_answered(
+            &a.grpc,
+            push("before", hour, 1, 0..100)
+        )),
+        vec![Stored]
+    );
+    wait_until("agg-2 to hold the first push", || {
+        let (want, got) = rt.block_on(async {
+            (
+                export_all(&a.grpc, hour).await,
+                export_all(&b.grpc, hour).await,
+            )
+        });
+        matches!((want, got), (Ok(w), Ok(g)) if w == g)
+    });
+    // agg-2's link to NATS goes silent; a push is acknowledged meanwhile, and the stream
+    // drops it (max_age) before the link comes back.
+    link.cut(true);
+    assert_eq!(
+        rt.block_on(push_until_answered(
+            &a.grpc,
+            push("during", hour, 1, 1000..3000)
+        )),
+        vec![Stored]
+    );
+    wait_until("the stream to drop every message", || {
+        nats.stream_messages("HOURGLASS") == Some(0)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    link.cut(false);
+    let (want, _) = rt
+        .block_on(export_all(&a.grpc, hour))
+        .expect("agg-1 answers");
+    // agg-2 may refuse for a while (deliveries it lost come back after ACK_WAIT, 60 s);
+    // the first answer it gives must be right or name what it lacks.
+    let resumed = Instant::now();
+    let answer = loop {
+        let answer = rt.block_on(export_all(&b.grpc, hour));
+        match &answer {
+            Err(s)
+                if s.code() == tonic::Code::Unavailable
+                    && resumed.elapsed() < Duration::from_secs(150) =>
+            {
+                std::thread::sleep(Duration::from_millis(500))
+            }
+            _ => break answer,
+        }
+    };
+    let after = resumed.elapsed();
+    // How long it stays wrong (past ACK_WAIT, 60 s, anything delivered to it and lost
+    // has come back).
+    let mut wrong_for = Duration::ZERO;
+    let later = loop {
+        let later = rt.block_on(export_all(&b.grpc, hour));
+        if resumed.elapsed() > Duration::from_secs(65)
+            || matches!(&later, Ok((got, _)) if *got == want)
+        {
+            break later;
+        }
+        wrong_for = resumed.elapsed();
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let honest = |answer: &Result<(Vec<u8>, u32), tonic::Status>| match answer {
+        Ok((got, missing)) => *got == want || *missing > 0,
+        Err(s) => s.code() == tonic::Code::Unavailable,
+    };
+    let show = |answer: &Result<(Vec<u8>, u32), tonic::Status>| match answer {
+        Ok((got, missing)) => format!(
+            "same bytes as agg-1: {}, partitions_missing = {missing}",
+            *got == want
+        ),
+        Err(s) => format!("refused: {s}"),
+    };
+    assert!(
+        honest(&answer) && honest(&later),
+        "agg-2 answers without the acknowledged push visits{{page=during}} that the stream \
+         dropped while its link to NATS was silent: {after:?} after the link came back ({}), still wrong \
+         {wrong_for:?} after, then ({}); it says it is ready for {} of {} partitions: a silently wrong answer",
+        show(&answer),
+        show(&later),
+        agg_metric(&b, "cluster_partitions_ready"),
+        agg_metric(&b, "cluster_partitions_applying"),
+    );
     drop(rt);
 }

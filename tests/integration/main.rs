@@ -15,7 +15,6 @@ mod nats;
 mod natsfaults;
 mod netcut;
 mod otel;
-mod review;
 mod review2;
 mod review3;
 mod review4;
