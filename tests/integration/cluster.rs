@@ -17,6 +17,7 @@ use crate::faults::{
     wait_shipped, wait_until,
 };
 use crate::nats::NatsCluster;
+use crate::natsfaults::right_or_honest;
 use crate::netcut::Link;
 use crate::util::{
     AggregatorAddrs, AggregatorProcess, InProcessAggregator, TempDir, channel, free_port, runtime,
@@ -24,6 +25,10 @@ use crate::util::{
 use hourglass_rpc::proto::v1::{
     self, collector_client::CollectorClient, query_client::QueryClient,
 };
+
+mod barrier;
+mod completeness;
+mod remade_stream;
 
 /// Few partitions keep the tests' stream small; the rule is the same for 64.
 const PARTITIONS: u32 = 8;
@@ -1273,16 +1278,6 @@ async fn try_review_export(
         r.sketch.map(|s| s.data.to_vec()).unwrap_or_default(),
         r.coverage.map_or(0, |c| c.partitions_missing),
     ))
-}
-
-/// Whether `answer` is `want`, or says honestly that it is not: partitions missing, or a
-/// refusal to answer (UNAVAILABLE: the node cannot confirm it applied what was
-/// acknowledged).
-fn right_or_honest(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> bool {
-    match answer {
-        Ok((got, missing)) => got == want || *missing > 0,
-        Err(s) => s.code() == tonic::Code::Unavailable,
-    }
 }
 
 /// The owners of each partition, as the node at `grpc` sees them.

@@ -1,11 +1,9 @@
-//! Faults in the NATS protocol for the cluster's review tests (review2.rs, review3.rs):
-//! a TCP proxy in front of one NATS server that passes the protocol message by message
-//! and drops chosen ones (acknowledgements, membership renewals, one consumer's
-//! deliveries, publications carrying a given text) while the connection stays healthy, as
-//! around a reconnect or a NATS leader election; and the JetStream, node, push and export
-//! helpers those tests share.
-
-#![allow(dead_code)]
+//! Faults in the NATS protocol for the cluster's tests: a TCP proxy in front of one NATS
+//! server that passes the protocol message by message and drops chosen ones
+//! (acknowledgements, membership renewals, one consumer's deliveries, publications
+//! carrying a given text) while the connection stays healthy, as around a reconnect or a
+//! NATS leader election; and the JetStream, node, push, export and answer helpers those
+//! tests share.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -37,8 +35,8 @@ pub(crate) struct Drops {
     /// Server → client: deliveries (messages whose reply is `$JS.ACK.…`) of the consumer
     /// whose name ends with this suffix.
     deliveries_of: Mutex<Option<String>>,
-    /// Client → server (review3): publications whose payload contains this text (here,
-    /// a consumer update that marks the store incomplete).
+    /// Client → server: publications whose payload contains this text (a consumer update
+    /// that marks the store incomplete, say).
     payloads_with: Mutex<Option<String>>,
 }
 
@@ -482,5 +480,15 @@ pub(crate) fn describe(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u
             want.len()
         ),
         Err(s) => format!("refused: {:?} {}", s.code(), s.message()),
+    }
+}
+
+/// Whether `answer` is `want`, or says honestly that it is not: partitions missing, or a
+/// refusal to answer (UNAVAILABLE: the node cannot confirm it applied what was
+/// acknowledged).
+pub(crate) fn right_or_honest(answer: &Result<(Vec<u8>, u32), tonic::Status>, want: &[u8]) -> bool {
+    match answer {
+        Ok((got, missing)) => got == want || *missing > 0,
+        Err(s) => s.code() == tonic::Code::Unavailable,
     }
 }

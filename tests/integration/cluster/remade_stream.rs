@@ -1,14 +1,116 @@
-//! Review 5 of cluster mode (DESIGN §10): each test demonstrates a suspected defect and
-//! fails while it is there. The NATS, node, push and export helpers are `natsfaults.rs`.
-
-#![allow(dead_code)]
+//! A stream deleted and made again (an operator recreating it, NATS's JetStream storage
+//! lost; a node starting finds none and makes it, `engine.rs`): its sequences start again
+//! at 1, so a node's positions in the old stream vouch for nothing in the new one, and
+//! what the old stream's live messages required of a partition is not required in the
+//! new one.
+//!
+//! Where a test's doc tells how a node answered wrongly under its faults, that is what the
+//! test keeps out: it fails if the node does so again.
 
 use std::time::{Duration, Instant};
 
-use crate::faults::wait_until;
+use crate::faults::{agg_metric, wait_until};
 use crate::nats::NatsCluster;
 use crate::natsfaults::*;
 use crate::util::{TempDir, runtime};
+use hourglass_rpc::proto::v1;
+
+/// A node's position is a stream sequence, kept in its store (`cluster/position/`), but
+/// nothing records *which stream* it is a position in. When the stream is deleted and
+/// made again (an operator recreating it, NATS's JetStream storage lost; a node starting
+/// finds none and makes it, `engine.rs`), its sequences start again at 1: the node's
+/// consumers are gone, `open` meets a new instance (`Other`) and makes it again from the
+/// old position plus one (apply.rs, `DeliverPolicy::ByStartSequence { held + 1 }`), so
+/// every message of the new stream up to the old position is never applied, while the
+/// old position, the completeness check (`held + 1 >= first`) and the read barrier
+/// (`wait_applied`) all pass: the node is ready and answers without them.
+#[test]
+fn a_position_in_a_deleted_stream_is_not_trusted_in_the_stream_made_again() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("remade-stream-position");
+    let urls = nats.urls();
+    let a = node(&dir, vec![urls[0].clone()], "agg-1", |_| {});
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    use v1::PushOutcome::Stored;
+    let page = "new-stream";
+    let p = partition_of(page);
+    let subject = format!("hourglass.p.{p}");
+    let live = "hourglass.live".to_string();
+    // The first stream: pushes to every partition, the last one to p, so that agg-1's
+    // positions in p and in the live subject are well past what the new stream will hold.
+    for i in 0..12 {
+        let filler = page_where(i % PARTITIONS, true, page);
+        assert_eq!(
+            rt.block_on(push_until_answered(&a.grpc, push(&filler, hour, 1, 0..10))),
+            vec![Stored]
+        );
+    }
+    let old_p = page_where(p, true, page);
+    assert_eq!(
+        rt.block_on(push_until_answered(&a.grpc, push(&old_p, hour, 1, 0..10))),
+        vec![Stored]
+    );
+    let old_last = stream_state(&urls[1]).2;
+    let old_p_seq = last_of_subject(&urls[1], &subject).expect("p's message");
+    wait_until("agg-1 to apply the first stream", || {
+        consumer_state(&urls[1], &consumer_of(&dir, "agg-1", p))
+            .is_some_and(|(delivered, _, pending, _)| delivered >= old_p_seq && pending == 0)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    rt.block_on(a.stop());
+
+    // The stream is deleted; a new node makes it again, and a push goes into it.
+    let deleted = js_api(&urls[1], &format!("$JS.API.STREAM.DELETE.{STREAM}"), "")
+        .expect("delete the stream");
+    assert_eq!(deleted["success"].as_bool(), Some(true), "{deleted}");
+    let b = node(
+        &dir,
+        vec![urls[1].clone(), urls[2].clone()],
+        "agg-2",
+        |_| {},
+    );
+    assert_eq!(
+        rt.block_on(push_until_answered(&b.grpc, push(page, hour, 1, 0..2000))),
+        vec![Stored]
+    );
+    let new_seq = last_of_subject(&urls[1], &subject).expect("M in the new stream");
+    let new_live = last_of_subject(&urls[1], &live).unwrap_or(0);
+    assert!(
+        new_seq < old_p_seq && new_live < old_last,
+        "premise (not the defect): the new stream's sequences ({new_seq}, live {new_live}) are \
+         below the old ones ({old_p_seq}, last {old_last})"
+    );
+    let (want, missing) = rt
+        .block_on(export(&b.grpc, page, hour))
+        .expect("agg-2 answers");
+    assert!(!want.is_empty() && missing == 0, "agg-2 holds M");
+
+    // agg-1 starts again on its store.
+    let a = node(&dir, vec![urls[0].clone()], "agg-1", |_| {});
+    wait_until("two members, both ready", || {
+        agg_metric(&a, "cluster_members") == 2.0
+            && agg_metric(&b, "cluster_members") == 2.0
+            && ready(&a)
+            && ready(&b)
+    });
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        let answer = rt.block_on(export(&a.grpc, page, hour));
+        answers.push(describe(&answer, &want));
+        assert!(
+            right_or_honest(&answer, &want),
+            "agg-1, restarted after the stream was deleted and made again, answers without \
+             the acknowledged push M (new stream sequence {new_seq}; its position in p from \
+             the old stream is {old_p_seq}, live {old_last}), naming nothing missing: it is {}; \
+             answers so far: {answers:?}",
+            readiness(&a),
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(rt);
+}
 
 /// Read-barrier requirements are now kept per stream instance (`barrier::Required`), and
 /// a partition named by live messages of another instance than the one its position
@@ -24,9 +126,9 @@ use crate::util::{TempDir, runtime};
 /// made again with the same configuration, no push since. The node should answer p
 /// completely once its consumers run on the new stream.
 #[test]
-fn review5_a_node_answers_again_after_the_stream_is_made_again_without_a_new_push() {
+fn a_node_answers_again_after_the_stream_is_made_again_without_a_new_push() {
     let nats = NatsCluster::start(3);
-    let dir = TempDir::new("review5-remade-stream");
+    let dir = TempDir::new("remade-stream-no-push");
     let urls = nats.urls();
     let a = node(&dir, vec![urls[0].clone()], "agg-1", |_| {});
     let hour = crate::util::this_hour();
