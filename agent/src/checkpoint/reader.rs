@@ -7,7 +7,7 @@ use std::path::Path;
 use hourglass_rpc::series::Series;
 use hourglass_sketch::Sketch;
 
-use super::*;
+use super::format::*;
 use crate::table::Entry;
 
 /// Reads the checkpoint of `data_dir`, its base and the log after it: `Ok(None)` if there
@@ -201,17 +201,6 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<SavedEntry, CheckpointError> {
         hour,
         entry,
     })
-}
-
-/// One (series, hour) entry as a checkpoint holds it.
-#[derive(Debug)]
-pub struct SavedEntry {
-    /// The series.
-    pub series: Series,
-    /// The hour.
-    pub(crate) hour: u32,
-    /// Its sketches, version and acknowledgement.
-    pub entry: Entry,
 }
 
 /// Decodes a checkpoint's bytes.

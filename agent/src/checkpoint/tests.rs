@@ -1,11 +1,13 @@
 //! The checkpoint written and read back: round trips, the log and its compaction, torn
 //! and damaged files, leftovers of an interrupted write.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use hourglass_sketch::Sketch;
 use proptest::prelude::*;
 
+use super::format::*;
 use super::reader::apply_log;
 use super::*;
 use crate::config::Config;

@@ -11,8 +11,28 @@ use bytes::Bytes;
 use hourglass_rpc::series::Series;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::*;
+use super::format::*;
 use crate::table::{Entry, Key, Table};
+
+/// The prefix of the temporary files a checkpoint is written to before the rename.
+const TMP_PREFIX: &str = "checkpoint.tmp-";
+
+/// Removes the temporary files a checkpoint writer left when the agent was killed
+/// mid-write; returns how many. Only for a data dir this process holds the lock of: no
+/// writer of another agent can be using them.
+pub(crate) fn remove_leftovers(data_dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(data_dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|n| n.starts_with(TMP_PREFIX)) && entry.file_type()?.is_file()
+        {
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
 
 /// Hashes and counts what passes through to the file.
 struct Hashing<W: Write> {

@@ -37,8 +37,6 @@ use crate::config::{Config, PushCompression};
 use crate::metrics::{KindLabel, Metrics, OutcomeLabel, ReasonLabel};
 use crate::table::{Dropped, Table};
 
-pub(crate) use self::push::PushError;
-
 /// Ships the table's sketches to one aggregator.
 pub(crate) struct Shipper {
     table: Arc<Mutex<Table>>,
@@ -177,17 +175,7 @@ impl Shipper {
         // goes, with only the versions the last successful one holds (`Table::unacked`):
         // retries of what the aggregator lacks go on, new versions wait.
         let pushed = if push {
-            let result = match push_limit {
-                Some(limit) => tokio::time::timeout(limit, self.push_all())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(PushError::Rpc(tonic::Status::deadline_exceeded(format!(
-                            "the final flush's push took longer than {limit:?}"
-                        ))))
-                    }),
-                None => self.push_all().await,
-            };
-            match result {
+            match self.push_within(push_limit).await {
                 Ok(()) => {
                     self.failures = 0;
                     self.next_push = Instant::now();

@@ -1,7 +1,7 @@
 //! Pushing: what the aggregator lacks goes in batches bounded in bytes and snapshots,
 //! with the live hours riding along, and each reply is applied to the table.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hourglass_rpc::proto::v1;
 use hourglass_rpc::time::unix_now;
@@ -28,6 +28,20 @@ pub(crate) enum PushError {
 }
 
 impl Shipper {
+    /// [`Shipper::push_all`], given up after `limit` if there is one (the final flush's).
+    pub(super) async fn push_within(&mut self, limit: Option<Duration>) -> Result<(), PushError> {
+        match limit {
+            Some(limit) => tokio::time::timeout(limit, self.push_all())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PushError::Rpc(tonic::Status::deadline_exceeded(format!(
+                        "the final flush's push took longer than {limit:?}"
+                    ))))
+                }),
+            None => self.push_all().await,
+        }
+    }
+
     /// Pushes every unacknowledged entry in batches bounded in bytes, and the live hours.
     ///
     /// Live hours ride with the snapshot batches, at most `live_chunk` a push, and those
@@ -35,7 +49,7 @@ impl Shipper {
     /// is sent again as two, so that a bound only one part breaks (the aggregator's
     /// `limits.max_live_hours_per_push`, say) never drops the other part: snapshots are
     /// dropped only when a push of snapshots alone is refused for good.
-    pub(super) async fn push_all(&mut self) -> Result<(), PushError> {
+    async fn push_all(&mut self) -> Result<(), PushError> {
         let (keys, live) = {
             let t = crate::table::lock(&self.table);
             (t.unacked(), t.live_hours())

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use hourglass_rpc::time::SECONDS_PER_HOUR;
 use hourglass_sketch::Sketch;
 
-use super::{Key, Table};
+use super::state::{Key, Table};
 
 /// A Bloom filter more than half full, as the table reports it for the admin port.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,7 +226,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::IngestStats;
+    use crate::table::reject::IngestStats;
     use crate::table::testing::{NOW, add, hour, table};
 
     #[test]

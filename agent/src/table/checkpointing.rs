@@ -3,24 +3,7 @@
 
 use hourglass_rpc::series::Series;
 
-use super::{Entry, Key, Table};
-
-/// What the checkpoint holds of an entry, so that a checkpoint writes only the entries
-/// that changed since the last one, and a push sends only versions a checkpoint holds.
-///
-/// Changes are stamped with the table's checkpoint generation; a checkpoint taken at
-/// generation `g` holds every change stamped `g` or earlier of the entries it wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Saved {
-    /// The version the last successful checkpoint holds (0: none does).
-    pub durable: u64,
-    /// The generation of the last change of the sketches.
-    pub(crate) content: u64,
-    /// The generation of the last change of the version, acknowledgement or dirty flag.
-    pub(crate) meta: u64,
-    /// The generation through which a successful checkpoint holds this entry.
-    pub(crate) through: u64,
-}
+use super::state::{Entry, Key, Saved, Table};
 
 impl Entry {
     /// Whether a checkpoint must write this entry again: its sketches (`Some(true)`), or

@@ -6,7 +6,7 @@ use hourglass_rpc::proto::v1;
 use hourglass_rpc::series::Series;
 use hourglass_sketch::Sketch;
 
-use super::{Entry, Key, Table};
+use super::state::{Entry, Key, Table};
 
 /// One entry a push carries, as the table encodes a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,28 +6,9 @@ use std::sync::Arc;
 use hourglass_rpc::proto::v1;
 use hourglass_rpc::series::Series;
 
-use super::{IngestStats, Reject, Table};
+use super::reject::{IngestStats, Reject};
+use super::state::{Alias, SeriesSlot, Table};
 use crate::config::MetricSpec;
-
-/// A series the table holds.
-#[derive(Debug)]
-pub(crate) struct SeriesSlot {
-    /// The series.
-    pub(crate) series: Series,
-    /// Its wire form, built once.
-    pub(crate) wire: v1::Series,
-    /// What it keeps.
-    pub(crate) spec: Arc<MetricSpec>,
-    /// Its open hours.
-    pub(crate) hours: u32,
-}
-
-/// How a raw spelling resolves: the series and how many tags it drops.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Alias {
-    id: u64,
-    dropped_tags: u32,
-}
 
 /// Raw spellings longer than this are resolved every time instead of remembered, so a
 /// sender of huge tag lists cannot fill memory with cache keys.

@@ -4,7 +4,8 @@
 use hourglass_rpc::time::SECONDS_PER_HOUR;
 use hourglass_sketch::Sketch;
 
-use super::{Entry, Key, Reject, Table};
+use super::reject::Reject;
+use super::state::{Entry, Key, Table};
 
 impl Table {
     /// Checks an event's time against the open hours: its hour, or why not.
@@ -140,7 +141,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::table::IngestStats;
+    use crate::table::reject::IngestStats;
     use crate::table::testing::{NOW, add, hour, table};
 
     #[test]

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use hourglass_sketch::format::Kind;
 
-use super::{IngestStats, Reject, Table};
+use super::reject::{IngestStats, Reject};
+use super::state::Table;
 use crate::config::Config;
 
 /// The clock of the tests: some hour of 2025.

@@ -1,7 +1,7 @@
 //! Versions, acknowledgements and live hours: what the aggregator holds of each entry,
 //! and the hours the agent was up in that it has not yet declared.
 
-use super::{Key, Table};
+use super::state::{Key, Table};
 
 /// The most hours kept in the set of live hours not yet reported (about 14 months).
 const MAX_LIVE_HOURS: usize = 10_000;
@@ -106,7 +106,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::IngestStats;
+    use crate::table::reject::IngestStats;
     use crate::table::testing::{NOW, add, hour, table};
 
     #[test]
