@@ -45,6 +45,27 @@ fn config(max_future: Duration, lateness: Duration) -> Config {
 /// One event of a test: item, time, weight.
 type Ev = (Vec<u8>, i64, u64);
 
+/// A batch of metric "m" of `events`, its items in the `packed_items` form or the `items`
+/// form.
+fn batch(events: &[Ev], packed_form: bool) -> v1::SeriesBatch {
+    v1::SeriesBatch {
+        metric: "m".into(),
+        items: if packed_form {
+            vec![]
+        } else {
+            events.iter().map(|e| e.0.clone().into()).collect()
+        },
+        packed_items: if packed_form {
+            packed::pack(events.iter().map(|e| e.0.as_slice())).into()
+        } else {
+            Default::default()
+        },
+        times_unix_seconds: events.iter().map(|e| e.1).collect(),
+        weights: events.iter().map(|e| e.2).collect(),
+        ..Default::default()
+    }
+}
+
 /// Sends `batches` (each a list of events of metric "m") three ways — as `items`
 /// batches, as `packed_items` batches, and as single events — to fresh agents, all in
 /// one request each, and asserts the same replies and sketches. Retries while the clock
@@ -62,22 +83,6 @@ async fn same_three_ways(
         let (by_items, items_table) = service(config, closed);
         let (by_packed, packed_table) = service(config, closed);
         let (by_event, event_table) = service(config, closed);
-        let batch = |b: &Vec<Ev>, packed_form: bool| v1::SeriesBatch {
-            metric: "m".into(),
-            items: if packed_form {
-                vec![]
-            } else {
-                b.iter().map(|e| e.0.clone().into()).collect()
-            },
-            packed_items: if packed_form {
-                packed::pack(b.iter().map(|e| e.0.as_slice())).into()
-            } else {
-                Default::default()
-            },
-            times_unix_seconds: b.iter().map(|e| e.1).collect(),
-            weights: b.iter().map(|e| e.2).collect(),
-            ..Default::default()
-        };
         let a = send(
             &by_items,
             v1::IngestRequest {
