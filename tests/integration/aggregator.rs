@@ -747,13 +747,13 @@ fn a_bad_config_file_fails_naming_the_field() {
 /// recorded the server's name by then: the "push refused" line names the server.
 #[tokio::test]
 async fn a_push_refused_for_its_labels_is_logged_with_the_server_name() {
-    let dir = TempDir::new("agg-review-labels");
+    let dir = TempDir::new("agg-refused-labels");
     let agg = AggregatorProcess::start(&dir.file("data"), &[]);
     let (mut collector, _) = clients(&agg).await;
     let h = recent_hour();
     let status = collector
         .push(v1::PushRequest {
-            server: server("web-review-7", &[("a", "1"), ("a", "2")]),
+            server: server("web-labels-7", &[("a", "1"), ("a", "2")]),
             snapshots: vec![snapshot(
                 "visitors",
                 h,
@@ -779,7 +779,7 @@ async fn a_push_refused_for_its_labels_is_logged_with_the_server_name() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     assert!(
-        line.contains("web-review-7"),
+        line.contains("web-labels-7"),
         "the refusal does not name the server: {line}"
     );
 }

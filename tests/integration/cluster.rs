@@ -969,7 +969,8 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
     );
     // Every guard against applying past what the stream dropped unseen is timed from
     // cluster.max_age: a node configured for longer than the stream keeps would trust
-    // what its consumers looked past (review 4 proved a wrong answer that way).
+    // what its consumers looked past (such a node answered NOT_FOUND for an acknowledged
+    // series).
     let e = start("agg-5", &|c| c.max_age = Duration::from_secs(60));
     assert!(
         e.contains("max_age 604800s") && e.contains("60s (cluster.max_age)"),
@@ -1171,12 +1172,14 @@ fn a_failed_publish_leaves_no_series_in_the_ledger() {
     );
 }
 
-// ---- Review of d2c3394: wrong answers and silent loss ----
+// ---- Wrong answers and silent loss ----
 //
-// Each test below demonstrates a suspected defect: it fails on d2c3394.
+// Each test below sets up faults under which a node answered wrongly (stale rows as
+// complete, an answer without an acknowledged push, labels that depend on the order of
+// independent consumers): it fails if the node does so again.
 
 /// [`node`] on the NATS servers `urls`, with `tweak` applied to its `[cluster]`.
-fn review_node(
+fn node_on(
     dir: &TempDir,
     urls: Vec<String>,
     name: &str,
@@ -1198,7 +1201,7 @@ fn review_node(
 }
 
 /// A distinct snapshot of `metric{tags}` at `hour` holding `items`.
-fn review_snapshot(
+fn distinct_snapshot(
     metric: &str,
     tags: &[(&str, &str)],
     hour: u32,
@@ -1217,7 +1220,7 @@ fn review_snapshot(
 }
 
 /// The partition of the distinct series `metric{tags}`.
-fn review_partition(metric: &str, tags: &[(&str, &str)]) -> u32 {
+fn partition_of_series(metric: &str, tags: &[(&str, &str)]) -> u32 {
     let tags = tags
         .iter()
         .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
@@ -1234,19 +1237,19 @@ fn review_partition(metric: &str, tags: &[(&str, &str)]) -> u32 {
 
 /// The distinct Export of `metric` over `hour` from every server with `labels`: its
 /// bytes and how many partitions it says it lacks.
-async fn review_export(
+async fn export_distinct(
     grpc: &str,
     metric: &str,
     hour: u32,
     labels: &[(&str, &str)],
 ) -> (Vec<u8>, u32) {
-    try_review_export(grpc, metric, hour, labels)
+    try_export_distinct(grpc, metric, hour, labels)
         .await
         .unwrap_or_else(|s| panic!("export {metric} from {grpc}: {s}"))
 }
 
-/// [`review_export`], or the node's refusal.
-async fn try_review_export(
+/// [`export_distinct`], or the node's refusal.
+async fn try_export_distinct(
     grpc: &str,
     metric: &str,
     hour: u32,
@@ -1300,14 +1303,14 @@ async fn owners_seen_by(grpc: &str) -> Vec<Vec<String>> {
 #[test]
 fn a_node_cut_off_from_nats_never_answers_stale_rows_as_complete() {
     let nats = NatsCluster::start(3);
-    let dir = TempDir::new("review-cutoff");
+    let dir = TempDir::new("cluster-cutoff");
     let urls = nats.urls();
     // The default member_ttl is 10 s; 30 s leaves room for a stream leader election.
     let ttl = Duration::from_secs(30);
-    let x = review_node(&dir, vec![urls[0].clone()], "agg-x", "agg-x", |c| {
+    let x = node_on(&dir, vec![urls[0].clone()], "agg-x", "agg-x", |c| {
         c.member_ttl = ttl
     });
-    let y = review_node(
+    let y = node_on(
         &dir,
         vec![urls[1].clone(), urls[2].clone()],
         "agg-y",
@@ -1322,7 +1325,7 @@ fn a_node_cut_off_from_nats_never_answers_stale_rows_as_complete() {
     let rt = runtime();
     let push = |version, items| v1::PushRequest {
         server: web1(),
-        snapshots: vec![review_snapshot("visits", &[], hour, version, items)],
+        snapshots: vec![distinct_snapshot("visits", &[], hour, version, items)],
         live_hours: vec![hour],
     };
     use v1::PushOutcome::Stored;
@@ -1338,8 +1341,8 @@ fn a_node_cut_off_from_nats_never_answers_stale_rows_as_complete() {
         rt.block_on(push_until_answered(&y, push(2, 0..5000))),
         vec![Stored]
     );
-    let (want, _) = rt.block_on(review_export(&y.grpc, "visits", hour, &[]));
-    let answer = rt.block_on(try_review_export(&x.grpc, "visits", hour, &[]));
+    let (want, _) = rt.block_on(export_distinct(&y.grpc, "visits", hour, &[]));
+    let answer = rt.block_on(try_export_distinct(&x.grpc, "visits", hour, &[]));
     let after = cut.elapsed();
     nats.pause(0, false);
     assert!(
@@ -1358,7 +1361,7 @@ fn a_node_cut_off_from_nats_never_answers_stale_rows_as_complete() {
 #[test]
 fn a_restarted_owner_answers_only_once_its_unacknowledged_messages_are_applied() {
     let nats = NatsCluster::start(3);
-    let dir = TempDir::new("review-inflight");
+    let dir = TempDir::new("cluster-inflight");
     let listen = format!("127.0.0.1:{}", free_port());
     let config = config_file(&dir, &nats, "agg-1");
     let args = ["--config", config.as_str()];
@@ -1393,7 +1396,7 @@ fn a_restarted_owner_answers_only_once_its_unacknowledged_messages_are_applied()
                                 .map(|j| {
                                     let n = (i * 16 + j).to_string();
                                     let first = (i * 16 + j) * 10;
-                                    review_snapshot(
+                                    distinct_snapshot(
                                         "visits",
                                         &[("n", &n)],
                                         hour,
@@ -1429,8 +1432,8 @@ fn a_restarted_owner_answers_only_once_its_unacknowledged_messages_are_applied()
         agg_metric(&x, "cluster_pending") == 0.0
     });
     let rt = runtime();
-    let (want, _) = rt.block_on(review_export(&y.grpc, "visits", hour, &[]));
-    let answer = rt.block_on(try_review_export(&x.grpc, "visits", hour, &[]));
+    let (want, _) = rt.block_on(export_distinct(&y.grpc, "visits", hour, &[]));
+    let answer = rt.block_on(try_export_distinct(&x.grpc, "visits", hour, &[]));
     let answered = restarted.elapsed();
     assert!(
         right_or_honest(&answer, &want),
@@ -1449,7 +1452,7 @@ fn a_restarted_owner_answers_only_once_its_unacknowledged_messages_are_applied()
 #[test]
 fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partitions() {
     let nats = NatsCluster::start(3);
-    let dir = TempDir::new("review-live-lag");
+    let dir = TempDir::new("cluster-live-lag");
     let a = node(&dir, &nats, "agg-1", "agg-1");
     let b = node(&dir, &nats, "agg-2", "agg-2");
     let c = node(&dir, &nats, "agg-3", "agg-3");
@@ -1468,16 +1471,22 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
     // A series agg-3 owns and knows before it stops.
     let old = (0..)
         .map(|i| format!("old{i}"))
-        .find(|t| !not_c.contains(&review_partition("visits", &[("page", t)])))
+        .find(|t| !not_c.contains(&partition_of_series("visits", &[("page", t)])))
         .unwrap();
     let probe = (0..)
         .map(|i| format!("probe{i}"))
-        .find(|t| not_c.contains(&review_partition("visits", &[("page", t)])))
+        .find(|t| not_c.contains(&partition_of_series("visits", &[("page", t)])))
         .unwrap();
     use v1::PushOutcome::Stored;
     let one = |tag: &str, items| v1::PushRequest {
         server: web1(),
-        snapshots: vec![review_snapshot("visits", &[("page", tag)], hour, 1, items)],
+        snapshots: vec![distinct_snapshot(
+            "visits",
+            &[("page", tag)],
+            hour,
+            1,
+            items,
+        )],
         live_hours: vec![hour],
     };
     assert_eq!(
@@ -1490,7 +1499,7 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
     // agg-3 does not own), then the probe.
     let fillers: Vec<String> = (0..)
         .map(|i| format!("f{i}"))
-        .filter(|t| not_c.contains(&review_partition("filler", &[("n", t)])))
+        .filter(|t| not_c.contains(&partition_of_series("filler", &[("n", t)])))
         .take(20_000)
         .collect();
     rt.block_on(async {
@@ -1507,7 +1516,7 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
                     }),
                     snapshots: chunk
                         .iter()
-                        .map(|t| review_snapshot("filler", &[("n", t)], hour, 1, 0..3))
+                        .map(|t| distinct_snapshot("filler", &[("n", t)], hour, 1, 0..3))
                         .collect(),
                     live_hours: vec![hour],
                 };
@@ -1526,15 +1535,15 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
         vec![Stored]
     );
     let c = node(&dir, &nats, "agg-3", "agg-3");
-    let (want, _) = rt.block_on(review_export(&a.grpc, "visits", hour, &[]));
-    let answer = rt.block_on(try_review_export(&c.grpc, "visits", hour, &[]));
+    let (want, _) = rt.block_on(export_distinct(&a.grpc, "visits", hour, &[]));
+    let answer = rt.block_on(try_export_distinct(&c.grpc, "visits", hour, &[]));
     assert!(
         right_or_honest(&answer, &want),
         "agg-3, ready for its partitions but still applying the live subject, answers other bytes \
          than agg-1 for visits ({:?}): series visits{{page={probe}}} \
          (partition {}) was acknowledged and is missing silently",
         answer.map(|(_, missing)| format!("partitions_missing = {missing}")),
-        review_partition("visits", &[("page", &probe)])
+        partition_of_series("visits", &[("page", &probe)])
     ); // Closed before the nodes: their graceful drain waits for the clients' connections.
     drop(rt);
 }
@@ -1547,7 +1556,7 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
 #[test]
 fn server_labels_do_not_depend_on_the_order_of_independent_consumers() {
     let nats = NatsCluster::start(3);
-    let dir = TempDir::new("review-labels");
+    let dir = TempDir::new("cluster-labels");
     let a = node(&dir, &nats, "agg-1", "agg-1");
     let hour = crate::util::this_hour();
     let rt = runtime();
@@ -1567,7 +1576,7 @@ fn server_labels_do_not_depend_on_the_order_of_independent_consumers() {
             // env=new, with live hours only.
             let first = v1::PushRequest {
                 server: server(s, "old"),
-                snapshots: vec![review_snapshot(
+                snapshots: vec![distinct_snapshot(
                     "visits",
                     &[],
                     hour,
