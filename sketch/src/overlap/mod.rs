@@ -216,6 +216,23 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
     // J = λx / (λa + λb + λx); retained share R = λx / (λa + λx).
     let mut jaccard = ratio([1.0, 1.0, 1.0]);
     let mut retained = ratio([1.0, 0.0, 1.0]);
+    let verdict = judge(&mut intersection, &mut jaccard, &mut retained);
+    Ok(Overlap {
+        union: estimate([1.0, 1.0, 1.0]),
+        intersection,
+        only_a: estimate([1.0, 0.0, 0.0]),
+        only_b: estimate([0.0, 1.0, 0.0]),
+        jaccard,
+        retained,
+        verdict,
+        precision,
+    })
+}
+
+/// Whether the intersection stands apart from zero ([`Verdict::Estimable`]) or not
+/// ([`Verdict::TooSmall`]), with the lower ends of the intersection and of the shares that
+/// the verdict gives them (see the module docs).
+fn judge(intersection: &mut Estimate, jaccard: &mut Estimate, retained: &mut Estimate) -> Verdict {
     let verdict =
         if intersection.std_error > 0.0 && intersection.estimate <= Z95 * intersection.std_error {
             Verdict::TooSmall
@@ -232,27 +249,18 @@ pub fn estimate_pair(a: &Hll, b: &Hll) -> Result<Overlap, MergeError> {
         let t = intersection.estimate / intersection.std_error;
         match selective_lower_distance(t, Z95) {
             Some(below) => {
-                for e in [&mut intersection, &mut jaccard, &mut retained] {
+                for e in [&mut *intersection, &mut *jaccard, &mut *retained] {
                     e.lower95 = (e.estimate - below * e.std_error).max(0.0);
                 }
             }
             None => {
-                for e in [&mut intersection, &mut jaccard, &mut retained] {
+                for e in [&mut *intersection, &mut *jaccard, &mut *retained] {
                     e.lower95 = 0.0;
                 }
             }
         }
     }
-    Ok(Overlap {
-        union: estimate([1.0, 1.0, 1.0]),
-        intersection,
-        only_a: estimate([1.0, 0.0, 0.0]),
-        only_b: estimate([0.0, 1.0, 0.0]),
-        jaccard,
-        retained,
-        verdict,
-        precision,
-    })
+    verdict
 }
 
 /// The overlap when a sketch is saturated ([`Verdict::Saturated`]): the joint fit ends at

@@ -479,49 +479,57 @@ fn read_sparse<'a>(
         return Ok((bytes, indices));
     }
     let tokens: Vec<u32> = (0..count).map(token).collect();
+    Err(sparse_fault(&tokens, indices, precision))
+}
+
+/// What is wrong with the tokens of a sparse body that the one-pass check of
+/// [`read_sparse`] refused, `indices` their number of distinct indices: the first token at
+/// fault, or else their number.
+fn sparse_fault(tokens: &[u32], indices: usize, precision: u8) -> DecodeError {
+    let limit = sparse_limit(precision);
     for (i, &token) in tokens.iter().enumerate() {
         let (index, rank) = (sparse::index_of(token), sparse::rank_of(token));
         if u64::from(index) >= sparse::SPARSE_REGISTERS {
-            return Err(invalid(
+            return invalid(
                 "sparse token",
                 format!("token {i} has index {index}, above 2^{SPARSE_PRECISION} - 1"),
-            ));
+            );
         }
         if !(1..=sparse::MAX_SPARSE_RANK).contains(&rank) {
-            return Err(invalid(
+            return invalid(
                 "sparse token",
                 format!(
                     "token {i} has rank {rank}, outside 1..={}",
                     sparse::MAX_SPARSE_RANK
                 ),
-            ));
+            );
         }
         if i > 0 && token <= tokens[i - 1] {
-            return Err(invalid(
+            return invalid(
                 "sparse token",
                 format!(
                     "token {i} is {token:#x} after {:#x}: tokens must strictly increase",
                     tokens[i - 1]
                 ),
-            ));
+            );
         }
     }
-    if let Some(i) = sparse::first_pruned(&tokens) {
-        return Err(invalid(
+    if let Some(i) = sparse::first_pruned(tokens) {
+        return invalid(
             "sparse token",
             format!(
                 "token {i} has rank {}, three or more below the largest of index {}",
                 sparse::rank_of(tokens[i]),
                 sparse::index_of(tokens[i])
             ),
-        ));
+        );
     }
-    Err(invalid(
+    invalid(
         "sparse token count",
         format!(
             "{indices} indices, but a sketch of precision {precision} turns dense above {limit}"
         ),
-    ))
+    )
 }
 
 /// The `m` register bytes of a dense body, each checked.
