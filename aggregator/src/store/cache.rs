@@ -321,4 +321,76 @@ mod tests {
         none.put(at(1), 0, merge(1));
         assert!(none.get(&at(1), 0).is_none());
     }
+
+    /// The cache's bound counts each entry's key too, not only its sketch plus 64 bytes: the
+    /// server list (`Arc<[ServerId]>`) of a selection by name or label. Each entry keeps the
+    /// list of the query that filed it (a stale entry is removed by `get` and refiled by the
+    /// next query with that query's own list), so with a large selection and small or empty
+    /// hours the memory held would otherwise be many times `query_cache_mib`.
+    #[test]
+    fn server_lists_in_keys_count_against_capacity() {
+        let capacity = 1 << 20;
+        let cache = HourCache::new(capacity);
+        let servers_per_selection = 20_000usize;
+        let key_bytes = servers_per_selection * std::mem::size_of::<ServerId>();
+        let mut kept = Vec::new();
+        for hour in 0..64u32 {
+            // One query each, over the same 20,000 servers (a label selection).
+            let servers: Arc<[ServerId]> =
+                (0..servers_per_selection as u32).map(ServerId).collect();
+            let selection = HourSelection {
+                series: SeriesId(1),
+                hour: Hour(hour),
+                servers,
+            };
+            let g = cache.generation(SeriesId(1), Hour(hour));
+            cache.put(
+                selection.clone(),
+                g,
+                HourMerge {
+                    sketch: None,
+                    rows: 0,
+                },
+            );
+            kept.push((selection, g));
+        }
+        let held = kept
+            .iter()
+            .filter(|(s, g)| cache.get(s, *g).is_some())
+            .count();
+        let key_memory = held * key_bytes;
+        assert!(
+            key_memory <= capacity,
+            "{held} entries hold {key_memory} bytes of server lists in a cache of {capacity} bytes \
+             that reports {} bytes",
+            cache.stats().bytes
+        );
+    }
+
+    /// An older merge filed after a newer one (two queries racing across a write) replaces
+    /// it, but is never used at the newer generation: only a miss follows.
+    #[test]
+    fn an_older_merge_filed_late_is_never_used() {
+        let cache = HourCache::new(1 << 20);
+        let at = HourSelection {
+            series: SeriesId(3),
+            hour: Hour(9),
+            servers: Arc::from(vec![ServerId(1), ServerId(4)]),
+        };
+        let merge = |n: u32| HourMerge {
+            sketch: Some(sketch(n)),
+            rows: u64::from(n),
+        };
+        let old = cache.generation(SeriesId(3), Hour(9));
+        cache.written(SeriesId(3), Hour(9));
+        let new = cache.generation(SeriesId(3), Hour(9));
+        cache.written_everywhere();
+        let newest = cache.generation(SeriesId(3), Hour(9));
+        assert!(old < new && new < newest);
+        cache.put(at.clone(), newest, merge(5));
+        cache.put(at.clone(), old, merge(1));
+        assert!(cache.get(&at, newest).is_none());
+        cache.put(at.clone(), newest, merge(5));
+        assert_eq!(cache.get(&at, newest).map(|m| m.rows), Some(5));
+    }
 }

@@ -1,4 +1,4 @@
-//! Review of the hourly values' tuned ZSTD compressor (values.rs `value_compressor`:
+//! The hourly values' tuned ZSTD compressor (values.rs `value_compressor`:
 //! fast strategy, TargetLength 1000, MinMatch 7, HashLog 6, WindowLog 10, literal
 //! compression forced on): every value round-trips, old values still read, nothing
 //! stored grows beyond the raw frame.
@@ -76,7 +76,7 @@ fn frames() -> Vec<(String, Vec<u8>)> {
 /// Every value round-trips through hourly_sketch, the version in front; compressed
 /// values are strictly smaller than the raw frame and read with a plain ZSTD decoder.
 #[test]
-fn review_compressor_every_value_round_trips_and_never_grows() {
+fn every_value_round_trips_and_never_grows() {
     for (name, frame) in frames() {
         let value = hourly_value(0x0102_0304_0506_0708, &frame, true);
         assert_eq!(
@@ -105,7 +105,7 @@ fn review_compressor_every_value_round_trips_and_never_grows() {
 /// The tuned compressor is in use (its parameters accepted): a dense sketch is stored
 /// compressed, and at most as large as plain level 1 would store it (the measured gain).
 #[test]
-fn review_compressor_is_configured_and_compresses_dense_sketches() {
+fn the_tuned_compressor_is_configured_and_compresses_dense_sketches() {
     for seed in 0..4 {
         let frame = ull(13, 5000, seed);
         let value = hourly_value(1, &frame, true);
@@ -123,10 +123,10 @@ fn review_compressor_is_configured_and_compresses_dense_sketches() {
     }
 }
 
-/// Values written before the change (ZSTD level 1, and other levels and windows any
-/// build might have written) and raw values still read.
+/// Values an earlier build wrote (ZSTD level 1, and other levels and windows any build
+/// might have written) and raw values still read.
 #[test]
-fn review_compressor_old_values_still_read() {
+fn values_of_earlier_compressors_still_read() {
     for (name, frame) in frames() {
         for level in [1, 3, 19] {
             let mut value = 9u64.to_be_bytes().to_vec();
@@ -153,7 +153,7 @@ fn review_compressor_old_values_still_read() {
 /// Many values through one thread's compressor in a row (its parameters persist across
 /// compressions, and no state leaks from one value into the next).
 #[test]
-fn review_compressor_reused_context_gives_the_same_bytes() {
+fn a_reused_compressor_context_gives_the_same_bytes() {
     let frames = frames();
     let first: Vec<Vec<u8>> = frames
         .iter()

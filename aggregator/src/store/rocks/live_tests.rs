@@ -1,7 +1,9 @@
-//! Review of the in-memory live hours (live.rs, 8f3cc38): each suspicion as a test.
+//! The in-memory live hours (`live.rs`): they answer as the records in RocksDB say, at
+//! the edges of the id and hour ranges, under concurrency and after retention.
 //!
-//! The reference is the old RocksDB implementation (e813808, `old_live_hours` and
-//! `old_live_span` below, read from the same store) and the `MemoryStore`.
+//! The reference is a reading of the records themselves (`old_live_hours` and
+//! `old_live_span` below, the implementation before the cache, e813808, read from the
+//! same store) and the `MemoryStore`.
 
 use super::*;
 use crate::store::MemoryStore;
@@ -143,12 +145,12 @@ fn assert_same(store: &RocksStore, mem: &MemoryStore, server: ServerId, pts: &[u
     }
 }
 
-/// Suspicion: `with_live` bounds a server's keys with `prefix_end(server_start(..))`,
-/// which adds one to the last byte of the server id: for every server id ending in 0xff
-/// (255, 511, ... the 255th server registered) it overflows (a panic in debug builds,
-/// and in release an upper bound below the lower one: the server reads as never live).
+/// `with_live` bounds a server's keys with `prefix_end(server_start(..))`,
+/// which adds one to the last byte of the server id: for a server id ending in 0xff
+/// (255, 511, ... the 255th server registered) that must carry, not overflow (which
+/// would panic in debug builds and, in release, leave the server never live).
 #[test]
-fn review_live_server_id_ending_in_ff() {
+fn a_server_id_ending_in_ff_is_bounded_without_overflow() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let mem = MemoryStore::new();
@@ -178,11 +180,11 @@ fn review_live_server_id_ending_in_ff() {
     }
 }
 
-/// What a release build (no overflow checks) did with the same bound: `prefix_end` wrapped
-/// the last byte to 0, the upper bound fell below the seek key, and the load read no
-/// record, so server 255 was cached as never live. `prefix_end` now carries past 0xff.
+/// The same bound as a release build (no overflow checks) computes it: were the last
+/// byte wrapped to 0, the upper bound would fall below the seek key and server 255 would
+/// be cached as never live. `prefix_end` carries past 0xff.
 #[test]
-fn review_live_server_id_ending_in_ff_in_release() {
+fn a_server_id_ending_in_ff_is_live_in_a_release_build() {
     assert_eq!(prefix_end(&[1, 0xff]), vec![2]);
     assert_eq!(prefix_end(&[b'a', 0xff, 0xff]), vec![b'b']);
     assert_eq!(prefix_end(&[b'a', 7]), vec![b'a', 8]);
@@ -206,11 +208,11 @@ fn review_live_server_id_ending_in_ff_in_release() {
     );
 }
 
-/// Suspicion: `LiveMasks::span` uses `mask_span` for `live/` hours too, whose
-/// `first + 32 - leading_zeros` overflows for any hour of the last day of `u32` hours
-/// (from 4294967280); the old code only added one to the last hour.
+/// `LiveMasks::span` uses `mask_span` for `live/` hours too: its
+/// `first + 32 - leading_zeros` must not overflow for an hour of the last day of `u32`
+/// hours (from 4294967280).
 #[test]
-fn review_live_span_in_the_last_day_of_u32() {
+fn the_span_of_the_last_day_of_u32_hours_does_not_overflow() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let mem = MemoryStore::new();
@@ -234,11 +236,11 @@ fn review_live_span_in_the_last_day_of_u32() {
     );
 }
 
-/// Cleared: live/ and liveday/ records together (retention folds some days), an hour in
+/// live/ and liveday/ records together (retention folds some days), an hour in
 /// both, hour 0 of a day, ranges crossing days, empty and reversed ranges, a server never
 /// live; then writes after the load, and retention forgetting.
 #[test]
-fn review_live_matches_the_old_semantics() {
+fn live_hours_and_spans_match_the_records() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let mem = MemoryStore::new();
@@ -304,10 +306,10 @@ fn review_live_matches_the_old_semantics() {
     assert_same(&store, &mem, server, &pts, "after everything expired");
 }
 
-/// Cleared: a push that fails (a bad sketch, before anything is written) changes neither
+/// A push that fails (a bad sketch, before anything is written) changes neither
 /// the store's nor the cache's live hours; a push with an empty batch does.
 #[test]
-fn review_live_failed_push_changes_nothing() {
+fn a_failed_push_changes_no_live_hour() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let server = ServerId(1);
@@ -336,12 +338,12 @@ fn review_live_failed_push_changes_nothing() {
     );
 }
 
-/// Cleared: read-your-writes under concurrency. Writers mark hours of four servers while
+/// Read-your-writes under concurrency. Writers mark hours of four servers while
 /// readers ask and a third thread forgets the cache (as retention does) and folds days
 /// before the writers' hours: once `mark_live` returned, every later answer counts the
 /// hour, and at the end the cache equals a fresh load.
 #[test]
-fn review_live_concurrent_loads_and_writes() {
+fn live_hours_read_their_writes_under_concurrent_loads() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(open(&dir));
     let base = 500_000u32;
@@ -449,11 +451,11 @@ fn review_live_concurrent_loads_and_writes() {
 /// Memory: one entry per server asked about (never-live ones too, as empty maps), one
 /// mask per live day; retention empties it.
 #[test]
-fn review_live_memory_is_per_server_asked() {
+fn live_hours_hold_one_entry_per_server_asked() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     store.mark_live(ServerId(1), &[Hour(24), Hour(49)]).unwrap();
-    // Ids ending in 0xff are left out: they panic (review_live_server_id_ending_in_ff).
+    // Ids ending in 0xff are left out: they panic (a_server_id_ending_in_ff_is_bounded_without_overflow).
     let asked: Vec<u32> = (1..=1003).filter(|s| s & 0xff != 0xff).collect();
     assert_eq!(asked.len(), 1000);
     for &s in &asked {
@@ -482,10 +484,10 @@ fn review_live_memory_is_per_server_asked() {
 }
 
 /// Corrupt data only (no writer stores it): a `liveday/` mask with bits past hour 23.
-/// The old span took the last `liveday/` record's mask end even when a `live/` hour lay
-/// on a later day; the new one takes only the last day's merged mask.
+/// The span takes the last day's merged mask, not the last `liveday/` record's mask end
+/// (a `live/` hour may lie on a later day).
 #[test]
-fn review_live_span_with_a_mask_past_hour_23() {
+fn the_span_ignores_mask_bits_past_hour_23() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let server = ServerId(2);

@@ -1377,10 +1377,13 @@ pub(super) mod testing {
 mod write_group_tests;
 
 #[cfg(test)]
-mod review_live_tests;
+mod live_tests;
 
 #[cfg(test)]
-mod review_values_tests;
+mod values_tests;
 
 #[cfg(test)]
-mod review_compressor_tests;
+mod compressor_tests;
+
+#[cfg(test)]
+mod options_tests;

@@ -1,6 +1,6 @@
-//! Review of 58be7b8's compressed hourly values (values.rs `hourly_value` /
-//! `hourly_sketch`), the hourly column family without block compression, the WAL
-//! without compression, and the schema 1 -> 2 upgrade: each suspicion as a test.
+//! The compressed hourly values (`values.rs`: `hourly_value` / `hourly_sketch`), the
+//! hourly column family without block compression, the WAL without compression, the
+//! schema 1 -> 2 upgrade, and what a damaged value does to a rollup pass and a merge.
 
 use super::testing::{get_raw, put_raw};
 use super::*;
@@ -73,7 +73,7 @@ fn xorshift(seed: &mut u64) -> u64 {
 /// the frame (tiny, dense, incompressible), and the version in front is read without
 /// unpacking anything.
 #[test]
-fn review_values_round_trip_exactly_and_keep_the_version_in_front() {
+fn values_round_trip_exactly_and_keep_the_version_in_front() {
     let mut seed = 0x1234_5678_9ABC_DEF0u64;
     let noise: Vec<u8> = (0..20_000).map(|_| xorshift(&mut seed) as u8).collect();
     let mut hgsk_noise = b"HGSK".to_vec();
@@ -114,7 +114,7 @@ fn review_values_round_trip_exactly_and_keep_the_version_in_front() {
 /// A raw value (a build before compression, or a frame compression does not shrink)
 /// starts with the sketch magic and is returned as it is, byte for byte.
 #[test]
-fn review_values_raw_frames_are_never_taken_for_zstd() {
+fn raw_frames_are_never_taken_for_zstd() {
     for frame in [small(3), dense(4)] {
         assert!(frame.starts_with(b"HGSK"));
         let mut value = 9u64.to_be_bytes().to_vec();
@@ -126,7 +126,7 @@ fn review_values_raw_frames_are_never_taken_for_zstd() {
 /// Values hourly_value never writes, and damaged ones: an error or (for a harmless
 /// appended skippable frame) the same bytes; never a panic, never more than a sketch.
 #[test]
-fn review_values_bombs_and_odd_frames_are_refused() {
+fn bombs_and_odd_frames_are_refused() {
     let frame = dense(5);
     let good = hourly_value(3, &frame, true);
     assert!(good[8..].starts_with(&ZSTD));
@@ -197,7 +197,7 @@ fn review_values_bombs_and_odd_frames_are_refused() {
 /// Codecs are per thread: many threads compressing and reading at once get their own
 /// values back.
 #[test]
-fn review_values_codecs_are_per_thread() {
+fn codecs_are_per_thread() {
     std::thread::scope(|s| {
         for t in 0..8u64 {
             s.spawn(move || {
@@ -224,7 +224,7 @@ fn review_values_codecs_are_per_thread() {
 /// flush and reopen, and within one batch), and a store opened without compression
 /// still reads the compressed values an earlier open wrote.
 #[test]
-fn review_values_versions_and_reopen_without_compression() {
+fn versions_read_through_compression_and_a_reopen_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let k = key(1, 10, 1);
     {
@@ -273,7 +273,7 @@ fn review_values_versions_and_reopen_without_compression() {
 /// them, and still reads them after a full compaction rewrites the old SST files without
 /// block compression.
 #[test]
-fn review_values_a_schema_1_store_with_compressed_wal_and_ssts_upgrades_without_loss() {
+fn a_schema_1_store_with_compressed_wal_and_ssts_upgrades_without_loss() {
     let dir = tempfile::tempdir().unwrap();
     let flushed = key(1, 10, 1);
     let in_wal = key(1, 11, 1);
@@ -345,7 +345,7 @@ fn review_values_a_schema_1_store_with_compressed_wal_and_ssts_upgrades_without_
 /// Versions other than 1 and 2 are still refused, and the message says what it found;
 /// a version-2 store is left as it is.
 #[test]
-fn review_values_other_schema_versions_are_refused() {
+fn other_schema_versions_are_refused() {
     for found in [0u32, 3, u32::MAX] {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -404,20 +404,20 @@ fn store_with_a_damaged_day(dir: &tempfile::TempDir, compressed: bool) -> (Rocks
 
 /// background.rs's rule ("a day that does not merge stops neither later days nor
 /// retention"): a day with a row that does not read is recorded as a conflict and the
-/// pass goes on to the next day. True of a damaged raw frame (control) ...
+/// pass goes on to the next day. True of a damaged raw frame ...
 #[test]
-fn review_values_control_a_damaged_raw_row_is_a_conflict_and_the_pass_goes_on() {
+fn a_damaged_raw_row_is_a_conflict_and_the_pass_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store_with_a_damaged_day(&dir, false);
     let report = crate::rollup::build_dirty_days(&store, Day(102), 100).unwrap();
     assert_eq!((report.conflicts, report.days), (1, 1), "{report:?}");
 }
 
-/// ... but a damaged compressed value fails `scan_hourly` itself with
-/// `StoreError::BadValue`, which the rollup builder does not take for a conflict: the
-/// whole pass fails (before retention), on every pass, and no later day is ever rolled up.
+/// ... and of a damaged compressed value: it is a conflict of its day, not a failure of
+/// `scan_hourly` (`StoreError::BadValue`) that would fail the whole pass (before
+/// retention) on every pass, so that no later day were ever rolled up.
 #[test]
-fn review_values_a_damaged_compressed_row_is_a_conflict_and_the_pass_goes_on() {
+fn a_damaged_compressed_row_is_a_conflict_and_the_pass_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store_with_a_damaged_day(&dir, true);
     let report = crate::rollup::build_dirty_days(&store, Day(102), 100);
@@ -425,10 +425,10 @@ fn review_values_a_damaged_compressed_row_is_a_conflict_and_the_pass_goes_on() {
     assert_eq!((report.conflicts, report.days), (1, 1), "{report:?}");
 }
 
-/// A query that leaves out the damaged row's server never decoded that row before; now
-/// the scan fails on it anyway.
+/// A query that leaves out the damaged row's server does not decode that row, so the
+/// damage does not fail its merge.
 #[test]
-fn review_values_a_damaged_row_of_a_server_left_out_does_not_fail_the_merge() {
+fn a_damaged_row_of_a_server_left_out_does_not_fail_the_merge() {
     for compressed in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let (store, series) = store_with_a_damaged_day(&dir, compressed);
