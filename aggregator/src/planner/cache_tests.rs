@@ -1,17 +1,17 @@
-//! Review of the hour cache (`store::cache`) and of the RocksDB compression change.
+//! The planner's answers through the hour cache (`store::cache`): byte for byte the
+//! answers of the rows themselves, whatever the forms, precisions, selections, bad rows,
+//! late writes, retention and server registrations; and a RocksDB store written with
+//! the old compression answers as before.
 //!
-//! The first four tests ("Findings") failed on the change as it was handed to review (the
-//! planner keyed an all-servers merge by `None`, `RocksStore::delete_rollups_before`
-//! raised the generation only after its last fallible step, and `HourCache::put` counted
-//! no key bytes); the tree was amended while the review ran and they pass on it now. The
-//! others are regression tests of suspicions that turned out to be unfounded.
+//! Each test asks a cached store and one without a cache (`with_query_cache(0)`, or
+//! `query_cache_bytes: 0`) the same questions.
 
 use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
 use crate::store::{
-    DayConflict, DirtyDay, HourCache, HourMerge, HourSelection, MemoryStore, PutOutcome,
-    RocksStore, StoreOptions, StoredSketch, StreamPosition,
+    DayConflict, DirtyDay, HourCache, MemoryStore, PutOutcome, RocksStore, StoreOptions,
+    StoredSketch, StreamPosition,
 };
 use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use std::collections::BTreeSet;
@@ -380,16 +380,15 @@ fn push_new_server(store: &dyn Store, series: SeriesId) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Findings (failed on the change as first handed to review; pass on the amended tree)
+// Server lists and generations
 
 /// A query lists the servers, then a new server registers and pushes a (backfilled) row
 /// into an hour, then the query takes that hour's generation and reads its rows. The
-/// query's `keep` leaves the new server's row out, and it files the merge under the key
-/// "all servers" at the generation that already counts the new row. Every later query
-/// of all servers then answers without the new server's row, for as long as nothing
-/// else writes that hour.
+/// query's `keep` leaves the new server's row out; its merge is filed under its own
+/// server list, never under "all servers" at the generation that already counts the new
+/// row, so a later query of all servers answers with the new server's row.
 #[test]
-fn review_cache_all_servers_merge_filed_with_a_stale_server_list() {
+fn an_all_servers_merge_is_not_filed_with_a_stale_server_list() {
     let inner = Arc::new(MemoryStore::new());
     let rows = MemoryStore::with_query_cache(0);
     let series = one_old_server(inner.as_ref());
@@ -418,11 +417,12 @@ fn review_cache_all_servers_merge_filed_with_a_stale_server_list() {
     assert_eq!(after.plan, truth.plan);
 }
 
-/// The same defect without a race: rows stored under a server id the registry does not
-/// hold yet are left out of an all-servers merge, which is cached under key "all
-/// servers"; registering the server raises no generation, so the cached merge stays.
+/// The same without a race: rows stored under a server id the registry does not hold
+/// yet are left out of an all-servers merge; registering the server raises no
+/// generation, so that merge must be filed under its server list, which the next query's
+/// (with the new server) does not match.
 #[test]
-fn review_cache_registering_a_server_does_not_invalidate_all_servers_merges() {
+fn a_server_registered_after_its_rows_counts_in_all_servers_answers() {
     let cached = MemoryStore::new();
     let rows = MemoryStore::with_query_cache(0);
     let whole = sel(0..4);
@@ -467,12 +467,11 @@ fn rocks_options(cache_bytes: usize) -> StoreOptions {
 
 /// `RocksStore::delete_rollups_before` deletes the hourly rows before the day in one write
 /// (`delete_before(CF_HOURLY, ..)`), then goes on with fallible steps (`servers_under`,
-/// the meta batch's write) and raises the generation only after the last of them. If any
-/// of them fails (here a damaged `liveday/` key; in production e.g. ENOSPC on the second
-/// write), the rows are gone but the generation never moves: the cached hours keep
-/// answering with rows the store no longer holds, until restart.
+/// the meta batch's write). When one of them fails (here a damaged `liveday/` key; in
+/// production e.g. ENOSPC on the second write), the rows are gone, and the generation
+/// must have moved already: no cached hour answers with rows the store no longer holds.
 #[test]
-fn review_cache_rocks_failed_rollup_retention_leaves_deleted_hours_cached() {
+fn a_failed_rollup_retention_leaves_no_deleted_hour_cached() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = RocksStore::open(dir.path(), &rocks_options(64 << 20)).unwrap();
@@ -510,139 +509,14 @@ fn review_cache_rocks_failed_rollup_retention_leaves_deleted_hours_cached() {
     );
 }
 
-/// The cache's bound counts each entry's sketch plus 64 bytes, not its key: the server
-/// list (`Arc<[ServerId]>`) of a selection by name or label. Each entry keeps the list of
-/// the query that filed it (a stale entry is removed by `get` and refiled by the next
-/// query with that query's own list), so with a large selection and small or empty hours
-/// the memory held is many times `query_cache_mib`.
-#[test]
-fn review_cache_server_lists_in_keys_are_not_counted_against_capacity() {
-    let capacity = 1 << 20;
-    let cache = HourCache::new(capacity);
-    let servers_per_selection = 20_000usize;
-    let key_bytes = servers_per_selection * std::mem::size_of::<ServerId>();
-    let mut kept = Vec::new();
-    for hour in 0..64u32 {
-        // One query each, over the same 20,000 servers (a label selection).
-        let servers: Arc<[ServerId]> = (0..servers_per_selection as u32).map(ServerId).collect();
-        let selection = HourSelection {
-            series: SeriesId(1),
-            hour: Hour(hour),
-            servers,
-        };
-        let g = cache.generation(SeriesId(1), Hour(hour));
-        cache.put(
-            selection.clone(),
-            g,
-            HourMerge {
-                sketch: None,
-                rows: 0,
-            },
-        );
-        kept.push((selection, g));
-    }
-    let held = kept
-        .iter()
-        .filter(|(s, g)| cache.get(s, *g).is_some())
-        .count();
-    let key_memory = held * key_bytes;
-    assert!(
-        key_memory <= capacity,
-        "{held} entries hold {key_memory} bytes of server lists in a cache of {capacity} bytes \
-         that reports {} bytes",
-        cache.stats().bytes
-    );
-}
-
-/// What the OPTIONS file RocksDB wrote says about compression, against docs/STORAGE.md.
-/// (The reviewed change first documented "its default level for the bottommost"; with
-/// `bottommost_compression_opts` never enabled, RocksDB compresses the bottommost level
-/// with `compression_opts` (`GetCompressionOptions` in db/compaction/compaction_picker.cc),
-/// i.e. ZSTD level 1, which the docs now say.) Since the hourly values are compressed as
-/// they are written (schema version 2), the hourly column family and the WAL are not
-/// compressed again; the rollups and meta column families still are.
-#[test]
-fn review_cache_rocks_compression_is_zstd_level_1_except_hourly_and_wal() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = RocksStore::open(dir.path(), &rocks_options(0)).unwrap();
-    let mut files: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            let n: u64 = name.strip_prefix("OPTIONS-")?.parse().ok()?;
-            Some((n, name))
-        })
-        .collect();
-    files.sort();
-    let (_, latest) = files.last().expect("an OPTIONS file");
-    let text = std::fs::read_to_string(dir.path().join(latest)).unwrap();
-    drop(store);
-    let section = |cf: &str| -> String {
-        text.split(&format!("[CFOptions \"{cf}\"]"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("{cf} section"))
-            .split("\n[")
-            .next()
-            .unwrap()
-            .to_string()
-    };
-    let option = |section: &str, name: &str| -> String {
-        section
-            .lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("{name} in {section}"))
-            .to_string()
-    };
-    let field = |braces: &str, name: &str| -> String {
-        braces
-            .trim_matches(|c| c == '{' || c == '}')
-            .split(';')
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("{name} in {braces}"))
-            .to_string()
-    };
-    let hourly = section("hourly");
-    assert_eq!(option(&hourly, "compression"), "kNoCompression");
-    assert_eq!(option(&hourly, "bottommost_compression"), "kNoCompression");
-    for cf in ["rollups", "meta"] {
-        let section = section(cf);
-        assert_eq!(option(&section, "compression"), "kZSTD", "{cf}");
-        assert_eq!(option(&section, "bottommost_compression"), "kZSTD", "{cf}");
-        let general = option(&section, "compression_opts");
-        let bottom = option(&section, "bottommost_compression_opts");
-        assert_eq!(field(&general, "level"), "1", "{cf}");
-        assert_eq!(
-            field(&bottom, "enabled"),
-            "false",
-            "the bottommost level follows compression_opts"
-        );
-        assert!(
-            !section.contains("compression_per_level=kNoCompression"),
-            "no per-level override is left: {section}"
-        );
-    }
-    let db_section = text
-        .split("[DBOptions]")
-        .nth(1)
-        .unwrap()
-        .split("\n[")
-        .next()
-        .unwrap();
-    assert!(
-        db_section.contains("wal_compression=kNoCompression"),
-        "{db_section}"
-    );
-}
-
 // ---------------------------------------------------------------------------------------
-// Suspicions checked and cleared (pass; kept as regression tests)
+// Answers like the rows'
 
 /// Mixed forms, precisions, sparse and dense rows, two epochs, every kind of selection and
 /// grouping, partial days: cold, warm, after rollups and after late writes, the cached
 /// answer is the row answer byte for byte, with the same coverage and plan.
 #[test]
-fn review_cache_mixed_forms_precisions_and_selections_answer_like_rows() {
+fn mixed_forms_precisions_and_selections_answer_like_rows() {
     for seed in [7u64, 0x9e37_79b9_7f4a_7c15] {
         let cached = MemoryStore::new();
         let rows = MemoryStore::with_query_cache(0);
@@ -694,7 +568,7 @@ fn review_cache_mixed_forms_precisions_and_selections_answer_like_rows() {
 /// series: the cached path falls back to the canonical one and reports the same error,
 /// again on the next query (nothing wrong was cached for the day).
 #[test]
-fn review_cache_undecodable_and_wrong_kind_rows_fail_like_rows() {
+fn undecodable_and_wrong_kind_rows_fail_like_rows() {
     let cached = MemoryStore::new();
     let rows = MemoryStore::with_query_cache(0);
     for store in [&cached as &dyn Store, &rows] {
@@ -737,7 +611,7 @@ fn review_cache_undecodable_and_wrong_kind_rows_fail_like_rows() {
 /// rollup retention (which deletes hourly rows kept past hourly retention) and a copied
 /// day's return: the same answers, errors included.
 #[test]
-fn review_cache_rocks_store_answers_like_uncached_rocks_store_through_retention() {
+fn a_cached_rocks_store_answers_like_an_uncached_one_through_retention() {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let cached = RocksStore::open(d1.path(), &rocks_options(64 << 20)).unwrap();
     let rows = RocksStore::open(d2.path(), &rocks_options(0)).unwrap();
@@ -781,40 +655,13 @@ fn review_cache_rocks_store_answers_like_uncached_rocks_store_through_retention(
     check("a copied day");
 }
 
-/// An older merge filed after a newer one (two queries racing across a write) replaces
-/// it, but is never used at the newer generation: only a miss follows.
-#[test]
-fn review_cache_an_older_merge_filed_late_is_never_used() {
-    let cache = HourCache::new(1 << 20);
-    let at = HourSelection {
-        series: SeriesId(3),
-        hour: Hour(9),
-        servers: Arc::from(vec![ServerId(1), ServerId(4)]),
-    };
-    let merge = |n: u32| HourMerge {
-        sketch: Some(Sketch::decode(&distinct_bytes(DistinctForm::Ull, 10, n, "x")).unwrap()),
-        rows: u64::from(n),
-    };
-    let old = cache.generation(SeriesId(3), Hour(9));
-    cache.written(SeriesId(3), Hour(9));
-    let new = cache.generation(SeriesId(3), Hour(9));
-    cache.written_everywhere();
-    let newest = cache.generation(SeriesId(3), Hour(9));
-    assert!(old < new && new < newest);
-    cache.put(at.clone(), newest, merge(5));
-    cache.put(at.clone(), old, merge(1));
-    assert!(cache.get(&at, newest).is_none());
-    cache.put(at.clone(), newest, merge(5));
-    assert_eq!(cache.get(&at, newest).map(|m| m.rows), Some(5));
-}
-
 /// A store written with the old compression (uncompressed L0, LZ4 elsewhere, no WAL
 /// compression) opens with the new options and answers as before: its LZ4 SST files,
 /// its uncompressed L0 file and its uncompressed WAL are all read (LZ4 stays linked:
 /// Cargo.toml keeps the `lz4` feature; RocksDB records the compression per block and the
 /// WAL's per file).
 #[test]
-fn review_cache_rocks_reads_a_store_written_with_the_old_compression() {
+fn a_rocks_store_written_with_the_old_compression_answers_as_before() {
     let dir = tempfile::tempdir().unwrap();
     let selections = mixed_selections();
     let expected: Vec<_> = {

@@ -19,7 +19,7 @@ use hourglass_sketch::bloom::{Bloom, Health};
 use hourglass_sketch::membership::{self, FilterAnswer, RangeAnswer, SATURATED_FPR};
 
 use super::{Coverage, Merged, PlanStats, Planner, QueryError, Unit, days_of};
-use crate::keys::{DayKey, Hour, HourKey, SeriesId, ServerId};
+use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 use crate::store::SeriesName;
 
 /// One stored filter's answer for the item looked up.
@@ -166,7 +166,6 @@ impl Planner<'_> {
             if !self.merges(name) {
                 continue;
             }
-            let series = name.to_string();
             for (day, hours) in days_of(&unit.hours) {
                 let whole = hours == day.hours();
                 if self.store.is_day_expired(series_id, day)? {
@@ -187,36 +186,11 @@ impl Planner<'_> {
                         })?
                         .is_some();
                     if built {
-                        for (&server, server_name) in &names {
-                            let key = DayKey {
-                                series: series_id,
-                                day,
-                                server,
-                            };
-                            let Some(bytes) = self.store.get_rollup(key)? else {
-                                continue;
-                            };
-                            let where_ = || {
-                                format!(
-                                    "the rollup of {day} ({}), {server}",
-                                    hourglass_rpc::time::format_day(day.0)
-                                )
-                            };
-                            let filter = decode_filter(name, &bytes, where_)?;
-                            filters.push(FilterRow::of(
-                                filter,
-                                hash,
-                                server_name,
-                                day.hours().start.0,
-                                24,
-                                &series,
-                                0,
-                            ));
-                            plan.rollups += 1;
-                        }
+                        filters
+                            .extend(self.lookup_rollups(name, series_id, day, &names, hash, plan)?);
                         // Rows that came after retention expired the day (late, never
                         // rolled in: `rollup::keep_expired_day`) are filters too: a lookup
-                        // merges nothing, so reading them can only find more (review).
+                        // merges nothing, so reading them can only find more.
                         self.lookup_hours(
                             name,
                             series_id,
@@ -239,6 +213,49 @@ impl Planner<'_> {
             coverage,
             filters,
         })
+    }
+
+    /// The per-server rollups of a built `day` of `series` on the servers of `names`,
+    /// looked up.
+    fn lookup_rollups(
+        &self,
+        name: &SeriesName,
+        series_id: SeriesId,
+        day: Day,
+        names: &BTreeMap<ServerId, &str>,
+        hash: u64,
+        plan: &mut PlanStats,
+    ) -> Result<Vec<FilterRow>, QueryError> {
+        let series = name.to_string();
+        let mut filters = Vec::new();
+        for (&server, server_name) in names {
+            let key = DayKey {
+                series: series_id,
+                day,
+                server,
+            };
+            let Some(bytes) = self.store.get_rollup(key)? else {
+                continue;
+            };
+            let where_ = || {
+                format!(
+                    "the rollup of {day} ({}), {server}",
+                    hourglass_rpc::time::format_day(day.0)
+                )
+            };
+            let filter = decode_filter(name, &bytes, where_)?;
+            filters.push(FilterRow::of(
+                filter,
+                hash,
+                server_name,
+                day.hours().start.0,
+                24,
+                &series,
+                0,
+            ));
+            plan.rollups += 1;
+        }
+        Ok(filters)
     }
 
     /// The hourly rows of `series` in `hours` on the servers of `names`, looked up.

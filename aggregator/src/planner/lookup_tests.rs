@@ -1,5 +1,5 @@
-//! Review of commit 9145fe1 (membership lookups over a range): failing tests for
-//! suspected wrong answers, and checks of what was found sound.
+//! Membership lookups over a range (`lookup.rs`): which filters a lookup consults (late
+//! rows of expired days, every epoch, day rollups) and the rates it states.
 
 use super::*;
 use crate::keys::Epoch;
@@ -63,15 +63,14 @@ fn looked_up(store: &MemoryStore, sel: &Selector, item: &[u8]) -> RangeAnswer {
     combine_rows(&a.total.filters).unwrap().answer
 }
 
-/// SUSPICION: a snapshot stored into a day whose hourly rows retention deleted (the store
-/// accepts it; see planner/tests.rs `a_late_row_in_an_expired_day_...`) is a stored filter
-/// of the selection, but `lookup_unit` reads only the day's rollups once the day is
-/// expired (`continue` after the rollups), and the rollup builder never rolls late rows
-/// in (rollup.rs `keep_expired_day`). An item only in that row is answered
-/// "definitely absent" — a certainty, not "may be low" — until rollup retention deletes
-/// the row. A lookup merges nothing, so it can consult the late rows beside the rollups.
+/// A snapshot stored into a day whose hourly rows retention deleted (the store accepts
+/// it; see planner/tests.rs `a_late_row_in_an_expired_day_...`) is a stored filter of the
+/// selection, and the rollup builder never rolls late rows in (rollup.rs
+/// `keep_expired_day`): a lookup of an expired day consults its late rows beside its
+/// rollups (it merges nothing), so an item only in that row is never answered
+/// "definitely absent".
 #[test]
-fn review_lookup_a_late_row_in_an_expired_day_is_consulted() {
+fn a_late_row_in_an_expired_day_is_consulted() {
     let (store, series, server) = store_with_two_days();
     build_dirty_days(&store, Day(2), 100).unwrap();
     assert!(
@@ -106,10 +105,10 @@ fn review_lookup_a_late_row_in_an_expired_day_is_consulted() {
     );
 }
 
-/// SOUND (expected to pass): every epoch of a server-hour is its own filter; a day rollup
+/// Every epoch of a server-hour is its own filter; a day rollup
 /// answers past hourly retention; a present item is found in each.
 #[test]
-fn review_lookup_finds_each_epoch_and_each_rollup() {
+fn a_lookup_finds_each_epoch_and_each_rollup() {
     let (store, series, server) = store_with_two_days();
     let key = HourKey {
         series,
@@ -142,16 +141,16 @@ fn review_lookup_finds_each_epoch_and_each_rollup() {
     }
 }
 
-/// SUSPICION: `estimated_fpr` (the old field, documented in query.proto as "the
-/// probability that the 'maybe' answers are all wrong") is now `all_false_probability`:
-/// the chance that the *particular* filters that said "maybe" would, computed after
-/// seeing which did. Over N filters an absent item says "maybe" somewhere with
-/// probability `range_fpr` ≈ N·f, and then it says so in one filter of rate f: the answer
-/// states ≈ f, N times smaller than the rate at which absent items get `maybe_present`.
-/// Here 200 filters sized for 20% over the range: absent items come back
-/// `maybe_present` about 20% of the time, each time stating ~0.1%.
+/// `estimated_fpr` (documented in query.proto as "the probability that the 'maybe'
+/// answers are all wrong") is `range_fpr` when an item is seen, not
+/// `all_false_probability`, the chance that the *particular* filters that said "maybe"
+/// would, computed after seeing which did: over N filters an absent item says "maybe"
+/// somewhere with probability `range_fpr` ≈ N·f, and then in one filter of rate f, which
+/// would state ≈ f, N times smaller than the rate at which absent items get
+/// `maybe_present`. Here 200 filters sized for 20% over the range: absent items come back
+/// `maybe_present` about 20% of the time.
 #[test]
-fn review_lookup_estimated_fpr_is_not_understated_for_absent_items() {
+fn estimated_fpr_is_not_understated_for_absent_items() {
     let n_filters = 200u64;
     let sizing = RangeSizing::for_range(n_filters, 100, 0.2).unwrap();
     let filters: Vec<Bloom> = (0..n_filters)
@@ -177,7 +176,7 @@ fn review_lookup_estimated_fpr_is_not_understated_for_absent_items() {
         if a.maybe_present {
             maybe += 1;
             stated_sum += a.estimated_fpr;
-            // Mended: estimated_fpr is range_fpr when seen (it was all_false_probability).
+            // estimated_fpr is range_fpr when seen, not all_false_probability.
             assert_eq!(a.estimated_fpr, a.range_fpr);
         }
     }
@@ -191,13 +190,13 @@ fn review_lookup_estimated_fpr_is_not_understated_for_absent_items() {
     );
 }
 
-/// SUSPICION (service level of the sketch test `membership_review_tests`): filters of
-/// different sizes holding the same items — a metric resized by `membership_range`
-/// mid-range, or servers of different capacity — are multiplied as independent, so an
-/// item absent from both but seen in both is stated all-false with the product of their
-/// rates, while Lemire-reduced positions make their false positives nearly coincide.
+/// Filters of different sizes holding the same items (a metric resized by
+/// `membership_range` mid-range, or servers of different capacity) are not multiplied as
+/// independent: Lemire-reduced positions make their false positives nearly coincide, so
+/// an item absent from both but seen in both is not stated all-false with the product of
+/// their rates. (The same rule at the sketch's level is tested in the sketch crate.)
 #[test]
-fn review_lookup_mixed_sizes_all_false_probability_is_not_understated() {
+fn mixed_sizes_all_false_probability_is_not_understated() {
     let mut old = Bloom::new(1000, 0.05).unwrap();
     let mut new = RangeSizing::for_range(168, 1000, 0.3)
         .unwrap()

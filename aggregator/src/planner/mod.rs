@@ -224,6 +224,42 @@ pub enum QueryError {
     Store(#[from] StoreError),
 }
 
+/// `one` of each of `items`, on every core: the results in `items`' order, each as a
+/// one-thread map would give it.
+fn on_every_core<T: Sync, R: Send>(items: &[T], one: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(one).collect();
+    }
+    let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let one = &one;
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    items
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| i % threads == t)
+                        .map(|(i, d)| (i, one(d)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            for (i, result) in worker.join().expect("a day merge panicked") {
+                slots[i] = Some(result);
+            }
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| slot.expect("every day merged"))
+        .collect()
+}
+
 /// Merges `next` into `acc`, or makes it the accumulator.
 fn fold(acc: &mut Option<Sketch>, next: Sketch) -> Result<(), hourglass_sketch::MergeError> {
     match acc {
@@ -515,39 +551,7 @@ impl<'a> Planner<'a> {
             };
             // Days are independent: merge them on every core, then fold them in day
             // order, so the answer is the same bytes as a one-thread merge.
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(days.len());
-            let merged_days: Vec<Result<DaySketch, QueryError>> = if threads <= 1 {
-                days.iter().map(one_day).collect()
-            } else {
-                let mut slots: Vec<Option<Result<DaySketch, QueryError>>> =
-                    (0..days.len()).map(|_| None).collect();
-                std::thread::scope(|scope| {
-                    let workers: Vec<_> = (0..threads)
-                        .map(|t| {
-                            let days = &days;
-                            let one_day = &one_day;
-                            scope.spawn(move || {
-                                days.iter()
-                                    .enumerate()
-                                    .filter(|(i, _)| i % threads == t)
-                                    .map(|(i, d)| (i, one_day(d)))
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    for worker in workers {
-                        for (i, result) in worker.join().expect("a day merge panicked") {
-                            slots[i] = Some(result);
-                        }
-                    }
-                });
-                slots
-                    .into_iter()
-                    .map(|slot| slot.expect("every day merged"))
-                    .collect()
-            };
+            let merged_days = on_every_core(&days, one_day);
             for ((day, _), merged) in days.iter().zip(merged_days) {
                 let merged = merged?;
                 plan.rollups += merged.rollups;
@@ -969,8 +973,8 @@ fn pairs(tags: &[(String, String)]) -> String {
 }
 
 #[cfg(test)]
-mod review_cache_tests;
+mod cache_tests;
 #[cfg(test)]
-mod review_lookup_tests;
+mod lookup_tests;
 #[cfg(test)]
 mod tests;
