@@ -321,8 +321,8 @@ pub fn membership(filters: &[FilterRow]) -> Result<v1::MembershipAnswer, Status>
             // What a client reading only `estimated_fpr` needs: how often an item seen
             // nowhere gets "maybe" over this range. The all-false figure is about these
             // particular positions, after seeing which said "maybe": quoting it as the
-            // chance of being wrong understated that about as many times as there are
-            // filters (review).
+            // chance of being wrong would understate that about as many times as there
+            // are filters.
             answer.estimated_fpr = answer.range_fpr;
             answer.seen_in_count = where_.len() as u64;
             answer.seen_in = where_

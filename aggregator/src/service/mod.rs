@@ -87,29 +87,8 @@ pub async fn serve(
     .max_encoding_message_size(max_message);
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<CollectorServer<CollectorService>>()
-        .await;
-    health.set_serving::<QueryServer<QueryService>>().await;
-    // The empty name is the whole server, which clients without a service name ask about.
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-
-    // Messages tonic refuses for size never reach a handler: count and name them here.
-    let too_large = hourglass_rpc::size_limit::SizeLimitLayer::new(
-        max_message,
-        "limits.max_message_mib",
-        Arc::new(move |method: &str| {
-            metrics
-                .requests_too_large
-                .get_or_create(&crate::metrics::MethodLabel {
-                    method: method.to_string(),
-                })
-                .inc();
-        }),
-    );
-    let mut builder = hourglass_rpc::tls::server().layer(too_large);
+    report_serving(&health).await;
+    let mut builder = hourglass_rpc::tls::server().layer(size_limit(max_message, metrics));
     // Tokens guard Collector and Query; health and reflection stay open for probes.
     let push_auth = auth.clone();
     let collector = tonic::service::interceptor::InterceptedService::new(collector, move |r| {
@@ -140,6 +119,38 @@ pub async fn serve(
     hourglass_rpc::tls::serve_router(router, listener, tls, shutdown).await
 }
 
+/// Reports Collector, Query and the whole server (the empty name, which clients without
+/// a service name ask about) as serving.
+async fn report_serving(health: &tonic_health::server::HealthReporter) {
+    health
+        .set_serving::<CollectorServer<CollectorService>>()
+        .await;
+    health.set_serving::<QueryServer<QueryService>>().await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+}
+
+/// The bound of `max_message` bytes on every message. Messages tonic refuses for size
+/// never reach a handler: this layer counts and names them.
+fn size_limit(
+    max_message: usize,
+    metrics: Arc<Metrics>,
+) -> hourglass_rpc::size_limit::SizeLimitLayer {
+    hourglass_rpc::size_limit::SizeLimitLayer::new(
+        max_message,
+        "limits.max_message_mib",
+        Arc::new(move |method: &str| {
+            metrics
+                .requests_too_large
+                .get_or_create(&crate::metrics::MethodLabel {
+                    method: method.to_string(),
+                })
+                .inc();
+        }),
+    )
+}
+
 /// `router` with gRPC reflection (v1 and v1alpha) of hourglass.v1 and health. Reflection
 /// is a convenience for grpcurl and friends; a descriptor set that does not load must not
 /// keep the aggregator from serving, so it is then left out with a warning.
@@ -161,5 +172,6 @@ fn with_reflection<L: Clone>(
     }
     router
 }
+
 #[cfg(test)]
-mod review_sets_tests;
+mod sets_tests;

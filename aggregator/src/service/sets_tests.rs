@@ -1,4 +1,5 @@
-//! Review probes of `Query/Overlap` and `Query/Retention` over a memory store.
+//! The set questions of the `Query` service (`Query/Overlap`, `Query/Retention`) over a
+//! memory store: extreme ranges, saturated sides, errors and bounds.
 
 use std::sync::Arc;
 
@@ -67,7 +68,7 @@ fn saturated(precision: u8) -> Hll {
 /// A range that ends at the last hour a `u32` can name is valid for every query; cutting
 /// it into periods must not overflow `start + period_hours` (query.rs, retention_periods).
 #[tokio::test]
-async fn review_sets_retention_range_ending_at_u32_max_does_not_panic() {
+async fn a_retention_range_ending_at_u32_max_does_not_panic() {
     let store = Arc::new(MemoryStore::new());
     put(
         &store,
@@ -129,7 +130,7 @@ async fn review_sets_retention_range_ending_at_u32_max_does_not_panic() {
 /// A saturated stored sketch on one side: the answer stays numbers (the comparison figure
 /// `naive_intersection` is documented as a number that "may be negative", never NaN).
 #[tokio::test]
-async fn review_sets_overlap_with_a_saturated_side_has_no_nan() {
+async fn an_overlap_with_a_saturated_side_has_no_nan() {
     let store = Arc::new(MemoryStore::new());
     put(
         &store,
@@ -167,7 +168,7 @@ async fn review_sets_overlap_with_a_saturated_side_has_no_nan() {
 /// B = 50,000 items, A saturated: the figures that B bounds (|A ∩ B| ≤ |B|, |B \ A| ≤ |B|)
 /// must not be reported as quintillions.
 #[tokio::test]
-async fn review_sets_overlap_saturated_a_keeps_b_figures_within_b() {
+async fn an_overlap_with_a_saturated_a_keeps_b_figures_within_b() {
     let store = Arc::new(MemoryStore::new());
     put(
         &store,
@@ -210,10 +211,9 @@ async fn review_sets_overlap_saturated_a_keeps_b_figures_within_b() {
     }
 }
 
-/// Errors name the selection at fault: unknown metric, wrong kind, grouping (these pass:
-/// checked fine).
+/// Errors name the selection at fault: unknown metric, wrong kind, grouping.
 #[tokio::test]
-async fn review_sets_overlap_errors_name_the_side() {
+async fn overlap_errors_name_the_side() {
     let store = Arc::new(MemoryStore::new());
     put(
         &store,
@@ -272,9 +272,9 @@ async fn review_sets_overlap_errors_name_the_side() {
     }
 }
 
-/// 53 periods pass, 54 are refused; the last period may be shorter (passes: checked fine).
+/// 53 periods pass, 54 are refused; the last period may be shorter.
 #[tokio::test]
-async fn review_sets_retention_period_count_bounds() {
+async fn retention_period_count_bounds() {
     let store = Arc::new(MemoryStore::new());
     put(
         &store,
