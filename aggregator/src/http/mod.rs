@@ -23,15 +23,15 @@
 //! string, an unknown path and a wrong method too.
 
 pub(crate) mod api;
+pub(crate) mod error;
 pub(crate) mod server;
+pub(crate) mod state;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::connect_info::ConnectInfo;
-use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
@@ -39,21 +39,14 @@ use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::StreamExt;
-use tonic::transport::server::{Connected as TonicConnected, TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::{Connected as TonicConnected, TcpConnectInfo};
 
-use crate::auth::Auth;
-use crate::service::QueryService;
+use error::{ApiError, JSON};
+pub(crate) use state::HttpState;
+use state::Peer;
 
 /// The OpenAPI 3 document of every route this port serves.
 pub(crate) const OPENAPI: &str = include_str!("openapi.json");
-
-/// What the handlers share: the query service and the tokens that guard it.
-pub(crate) struct HttpState {
-    /// The `Query` service, as the gRPC server runs it.
-    pub(crate) query: QueryService,
-    /// The tokens and certificates that may query.
-    pub(crate) auth: Auth,
-}
 
 /// Serves the API and the dashboard on `listener` until `shutdown` completes, then
 /// finishes the requests in flight. With `tls` (the gRPC port's configuration), it
@@ -116,8 +109,6 @@ pub(crate) fn router(state: Arc<HttpState>) -> Router {
         .with_state(state)
 }
 
-/// The content type of JSON answers.
-const JSON: &str = "application/json";
 /// The content type of the dashboard page.
 const HTML: &str = "text/html; charset=utf-8";
 
@@ -152,141 +143,6 @@ async fn method_not_allowed(request: axum::extract::Request) -> Response {
         .headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     response
-}
-
-/// A failure as the API answers it: an HTTP status and `{"error": {"code", "message"}}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: String) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message,
-        }
-    }
-
-    /// A bad query string: 400, INVALID_ARGUMENT.
-    pub(crate) fn invalid(message: String) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
-    }
-}
-
-impl From<tonic::Status> for ApiError {
-    /// The HTTP status of each gRPC code; the message is the status's, unchanged.
-    fn from(status: tonic::Status) -> ApiError {
-        use tonic::Code;
-        let http = match status.code() {
-            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
-                StatusCode::BAD_REQUEST
-            }
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Code::PermissionDenied => StatusCode::FORBIDDEN,
-            Code::NotFound => StatusCode::NOT_FOUND,
-            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError::new(
-            http,
-            grpc_code_name(status.code()),
-            status.message().to_string(),
-        )
-    }
-}
-
-/// The name of a gRPC code as the gRPC specification writes it: `INVALID_ARGUMENT`.
-fn grpc_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": {"code": self.code, "message": self.message}
-        });
-        let mut response = (
-            self.status,
-            [(header::CONTENT_TYPE, JSON)],
-            body.to_string(),
-        )
-            .into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
-    }
-}
-
-/// What a connection tells the auth check, as tonic's own server records it for a gRPC
-/// call: the addresses, and under TLS the client's certificates.
-#[derive(Debug, Clone)]
-pub(crate) enum Peer {
-    /// A plaintext connection.
-    Plain(TcpConnectInfo),
-    /// A TLS connection.
-    Tls(TlsConnectInfo<TcpConnectInfo>),
-}
-
-impl Peer {
-    /// Puts what the connection tells on `request`, where [`Auth::check`] (client
-    /// certificates) and the service (addresses) look for it.
-    fn describe(&self, request: &mut tonic::Request<()>) {
-        let extensions = request.extensions_mut();
-        match self {
-            Peer::Plain(info) => {
-                extensions.insert(info.clone());
-            }
-            Peer::Tls(info) => {
-                extensions.insert(info.clone());
-            }
-        }
-    }
-}
-
-/// The caller of an API request, checked: the request's headers as gRPC metadata, and the
-/// principal [`Auth::check`] found, ready to be the metadata and extensions of the
-/// service's request.
-fn caller(
-    auth: &Auth,
-    request: &Parts,
-) -> Result<(tonic::metadata::MetadataMap, tonic::Extensions), ApiError> {
-    let mut headers = axum::http::Request::new(());
-    *headers.headers_mut() = request.headers.clone();
-    let mut call = tonic::Request::from_http(headers);
-    if let Some(ConnectInfo(peer)) = request.extensions.get::<ConnectInfo<Peer>>() {
-        peer.describe(&mut call);
-    }
-    let checked = auth.check(crate::auth::Service::Query, call)?;
-    let (metadata, extensions, ()) = checked.into_parts();
-    Ok((metadata, extensions))
 }
 
 /// A stream a connection can be served over.
@@ -352,6 +208,8 @@ impl Listener for Connections {
 }
 
 #[cfg(test)]
-mod review_tests;
+mod dashboard_tests;
 #[cfg(test)]
-mod tests;
+mod server_tests;
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,22 +1,146 @@
 //! The HTTP port's own rules, on an in-memory store: the OpenAPI document against the
-//! routes served, the query string, the JSON shapes, errors and the auth check. The
-//! answers against gRPC's, TLS and the real binary are tests/integration/http.rs.
+//! routes served, every failure as JSON, and the auth check. The API's own (query string,
+//! JSON shapes) are `api/tests.rs`; the answers against gRPC's, TLS and the real binary
+//! are tests/integration/http.rs.
+
+//!
+//! The port, its router and a stocked store for every test of `http` are here too.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use serde_json::Value;
+use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use super::api::{Params, ROUTES};
+use super::api::ROUTES;
 use super::*;
+use crate::auth::Auth;
 use crate::config::LimitsConfig;
 use crate::keys::{Epoch, Hour, HourKey};
 use crate::metrics::Metrics;
+use crate::service::QueryService;
 use crate::store::{MemoryStore, SeriesName, Store};
 use hourglass_sketch::Kind;
+
+// ---------------------------------------------------------------------------------------
+// The port and its router over an in-memory store
+
+/// The HTTP port (the real `serve`) on a free loopback port, over `store`, without auth:
+/// its address and the sender that shuts it down, and the server task.
+pub(crate) async fn start(
+    store: Arc<dyn Store>,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let query = QueryService::new(store, Arc::new(Metrics::new()), LimitsConfig::default());
+    let state = HttpState {
+        query,
+        auth: Auth::default(),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, state, None, async move {
+        let _ = stopped.await;
+    }));
+    (addr, stop, server)
+}
+
+/// An API on `store`, with `auth`.
+pub(crate) fn app(store: Arc<dyn Store>, auth: Auth) -> Router {
+    let query = QueryService::new(store, Arc::new(Metrics::new()), LimitsConfig::default());
+    router(Arc::new(HttpState { query, auth }))
+}
+
+/// `method path` with `headers`: the status, the headers and the body.
+pub(crate) async fn call(
+    app: &Router,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// A GET's status and JSON body; the content type must be JSON.
+pub(crate) async fn get_json(
+    app: &Router,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let (status, response_headers, body) = call(app, Method::GET, path, headers).await;
+    assert_eq!(
+        response_headers[header::CONTENT_TYPE],
+        "application/json",
+        "{path}"
+    );
+    let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, value)
+}
+
+/// A store with `visitors` (distinct) and `pages` (frequency, `/cart` once in each
+/// sketch) from web-1 in hours 100 and 101 and web-2 in hour 101.
+pub(crate) fn stocked() -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::new());
+    let visitors = store
+        .series_id_or_create(&SeriesName::new("visitors", vec![], Kind::Distinct))
+        .unwrap();
+    let pages = store
+        .series_id_or_create(&SeriesName::new("pages", vec![], Kind::Frequency))
+        .unwrap();
+    for (name, hours) in [("web-1", 100..102), ("web-2", 101..102)] {
+        let live: Vec<Hour> = hours.clone().map(Hour).collect();
+        let server = store
+            .register_server(name, &[("region".into(), "eu".into())])
+            .unwrap();
+        for hour in hours {
+            let key = |series| HourKey {
+                series,
+                hour: Hour(hour),
+                server,
+                epoch: Epoch(1),
+            };
+            let mut hll = hourglass_sketch::hll::Hll::new(12).unwrap();
+            hll.insert(format!("{name}-{hour}").as_bytes());
+            let mut counts = hourglass_sketch::frequency::Frequency::new(
+                hourglass_sketch::frequency::FrequencyParams::default(),
+            )
+            .unwrap();
+            counts.insert(b"/cart").unwrap();
+            let rows = [
+                (key(visitors), 1, hll.encode().into()),
+                (key(pages), 1, counts.encode().into()),
+            ];
+            store.put_hourly(&rows).unwrap();
+        }
+        store.mark_live(server, &live).unwrap();
+    }
+    store
+}
+
+// ---------------------------------------------------------------------------------------
+// The port's rules
 
 fn document() -> Value {
     serde_json::from_str(OPENAPI).expect("openapi.json is JSON")
@@ -98,172 +222,6 @@ fn the_openapi_document_describes_exactly_the_routes_served() {
     for r in all {
         assert!(doc.pointer(&r[1..]).is_some(), "{r} does not resolve");
     }
-}
-
-/// An API on `store`, with `auth`.
-fn app(store: Arc<dyn Store>, auth: Auth) -> Router {
-    let query = QueryService::new(store, Arc::new(Metrics::new()), LimitsConfig::default());
-    router(Arc::new(HttpState { query, auth }))
-}
-
-/// `method path` with `headers`: the status, the headers and the body.
-async fn call(
-    app: &Router,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, axum::http::HeaderMap, String) {
-    let mut request = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = app
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
-}
-
-/// A GET's status and JSON body; the content type must be JSON.
-async fn get_json(app: &Router, path: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
-    let (status, response_headers, body) = call(app, Method::GET, path, headers).await;
-    assert_eq!(
-        response_headers[header::CONTENT_TYPE],
-        "application/json",
-        "{path}"
-    );
-    let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
-    (status, value)
-}
-
-/// A store with `visitors` (distinct) and `pages` (frequency, `/cart` once in each
-/// sketch) from web-1 in hours 100 and 101 and web-2 in hour 101.
-fn stocked() -> Arc<MemoryStore> {
-    let store = Arc::new(MemoryStore::new());
-    let visitors = store
-        .series_id_or_create(&SeriesName::new("visitors", vec![], Kind::Distinct))
-        .unwrap();
-    let pages = store
-        .series_id_or_create(&SeriesName::new("pages", vec![], Kind::Frequency))
-        .unwrap();
-    for (name, hours) in [("web-1", 100..102), ("web-2", 101..102)] {
-        let live: Vec<Hour> = hours.clone().map(Hour).collect();
-        let server = store
-            .register_server(name, &[("region".into(), "eu".into())])
-            .unwrap();
-        for hour in hours {
-            let key = |series| HourKey {
-                series,
-                hour: Hour(hour),
-                server,
-                epoch: Epoch(1),
-            };
-            let mut hll = hourglass_sketch::hll::Hll::new(12).unwrap();
-            hll.insert(format!("{name}-{hour}").as_bytes());
-            let mut counts = hourglass_sketch::frequency::Frequency::new(
-                hourglass_sketch::frequency::FrequencyParams::default(),
-            )
-            .unwrap();
-            counts.insert(b"/cart").unwrap();
-            let rows = [
-                (key(visitors), 1, hll.encode().into()),
-                (key(pages), 1, counts.encode().into()),
-            ];
-            store.put_hourly(&rows).unwrap();
-        }
-        store.mark_live(server, &live).unwrap();
-    }
-    store
-}
-
-#[tokio::test]
-async fn answers_have_the_documented_shape() {
-    let app = app(stocked(), Auth::default());
-    // 1970-01-05T04:00Z is hour 100.
-    let range = "from=1970-01-05T04:00:00Z&to=1970-01-05T06:00:00Z";
-    let (status, v) = get_json(
-        &app,
-        &format!("/api/v1/distinct?metric=visitors&{range}&group_by=hour"),
-        &[],
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(v["metric"], "visitors");
-    assert_eq!(
-        v["range"],
-        serde_json::json!({"from": "1970-01-05T04:00:00Z", "to": "1970-01-05T06:00:00Z", "start_hour": 100, "end_hour": 102})
-    );
-    assert_eq!(v["coverage"]["sketches_merged"], 3);
-    assert!(v["answer"]["estimate"].as_f64().unwrap() > 2.5);
-    let groups = v["groups"].as_array().unwrap();
-    let times: Vec<&str> = groups.iter().map(|g| g["time"].as_str().unwrap()).collect();
-    assert_eq!(times, ["1970-01-05T04:00:00Z", "1970-01-05T05:00:00Z"]);
-    assert_eq!(groups[0]["key"], "1970-01-05T04:00Z");
-    assert_eq!(groups[1]["coverage"]["sketches_merged"], 2);
-
-    let (_, v) = get_json(
-        &app,
-        &format!("/api/v1/distinct?metric=visitors&{range}&group_by=server"),
-        &[],
-    )
-    .await;
-    assert_eq!(v["groups"][0]["key"], "web-1");
-    assert!(
-        v["groups"][0].get("time").is_none(),
-        "only hours and days have a time"
-    );
-    let (_, v) = get_json(
-        &app,
-        &format!("/api/v1/distinct?metric=visitors&{range}"),
-        &[],
-    )
-    .await;
-    assert_eq!(v["groups"], serde_json::json!([]), "groups is always there");
-
-    let (status, v) = get_json(
-        &app,
-        &format!("/api/v1/frequency?metric=pages&{range}&item=%2Fcart"),
-        &[],
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(v["item"], "/cart");
-    assert_eq!(v["answer"]["estimate"], 3);
-    let (_, v) = get_json(
-        &app,
-        &format!("/api/v1/frequency?metric=pages&{range}&item=%FF"),
-        &[],
-    )
-    .await;
-    assert_eq!(v["item_base64"], "/w==", "not UTF-8: {v}");
-    assert!(v.get("item").is_none());
-    let (_, v) = get_json(&app, &format!("/api/v1/topk?metric=pages&{range}&k=1"), &[]).await;
-    assert_eq!(v["k"], 1);
-    assert_eq!(v["items"][0]["item"], "/cart");
-    assert_eq!(v["items"][0]["estimate"], 3);
-
-    let (_, v) = get_json(&app, "/api/v1/series", &[]).await;
-    assert_eq!(
-        v["series"],
-        serde_json::json!([
-            {"metric": "pages", "tags": {}, "kind": "frequency"},
-            {"metric": "visitors", "tags": {}, "kind": "distinct"},
-        ])
-    );
-    let (_, v) = get_json(&app, "/api/v1/series?metric=pages", &[]).await;
-    assert_eq!(v["series"].as_array().unwrap().len(), 1);
-    let (_, v) = get_json(&app, "/api/v1/servers", &[]).await;
-    assert_eq!(v["servers"][1]["name"], "web-2");
-    assert_eq!(
-        v["servers"][1]["labels"],
-        serde_json::json!({"region": "eu"})
-    );
 }
 
 #[tokio::test]
@@ -363,43 +321,6 @@ async fn every_failure_is_json_with_the_grpc_code_and_message() {
     assert_eq!(headers[header::ALLOW], "GET, HEAD");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"]["code"], "UNIMPLEMENTED");
-}
-
-#[test]
-fn grpc_codes_map_to_their_http_statuses() {
-    use tonic::Code;
-    for (code, status) in [
-        (Code::InvalidArgument, 400),
-        (Code::FailedPrecondition, 400),
-        (Code::Unauthenticated, 401),
-        (Code::PermissionDenied, 403),
-        (Code::NotFound, 404),
-        (Code::ResourceExhausted, 429),
-        (Code::Unavailable, 503),
-        (Code::DeadlineExceeded, 504),
-        (Code::Internal, 500),
-        (Code::Unknown, 500),
-        (Code::DataLoss, 500),
-    ] {
-        let e = ApiError::from(tonic::Status::new(code, "why"));
-        assert_eq!(e.status.as_u16(), status, "{code:?}");
-        assert_eq!(e.message, "why");
-        assert_eq!(
-            e.code.to_ascii_lowercase(),
-            hourglass_rpc::proto::code_label(code)
-        );
-    }
-}
-
-#[test]
-fn query_strings_decode_to_bytes() {
-    let route = ROUTES[1]; // frequency
-    let p = Params::parse(Some("metric=a&item=%FF%2B+x&tag=k%3Dv&tag=j=w"), route).unwrap();
-    let s = format!("{p:?}");
-    assert!(s.contains("[255, 43, 32, 120]"), "{s}");
-    assert!(Params::parse(Some("&&metric=a&"), route).is_ok());
-    assert!(Params::parse(Some("%FF=1"), route).is_err());
-    assert!(Params::parse(Some("item=a&item=b"), route).is_err());
 }
 
 #[tokio::test]
