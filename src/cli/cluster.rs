@@ -18,9 +18,9 @@ pub(crate) enum ClusterCommand {
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     #[command(flatten)]
-    tls: super::TlsArgs,
+    tls: super::grpc::TlsArgs,
     /// The gRPC address of any node of the cluster: `host:port` or a URL.
-    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::query::DEFAULT_AGGREGATOR)]
+    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::grpc::DEFAULT_AGGREGATOR)]
     aggregator: String,
     /// Print JSON (the StatusResponse's fields) instead of text.
     #[arg(long)]
@@ -35,8 +35,8 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let status = runtime.block_on(async {
         let channel =
-            super::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
-        let mut client = PeerClient::with_interceptor(channel, super::auth(&args.tls)?);
+            super::grpc::connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
+        let mut client = PeerClient::with_interceptor(channel, super::grpc::auth(&args.tls)?);
         let reply = client
             .status(v1::StatusRequest {})
             .await

@@ -318,7 +318,13 @@ fn distinct_row(label: &str, a: &v1::DistinctAnswer, exact: u64) -> String {
 }
 
 async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
-    let channel = super::connect(url, "aggregator", "--listen", &super::TlsArgs::default()).await?;
+    let channel = super::grpc::connect(
+        url,
+        "aggregator",
+        "--listen",
+        &super::grpc::TlsArgs::default(),
+    )
+    .await?;
     let mut q = QueryClient::new(channel);
     let start = u(&truth["start_hour"]) as u32;
     let end = u(&truth["end_hour"]) as u32;
@@ -601,7 +607,21 @@ async fn membership_report(
         ));
     }
 
-    // Users the model never makes: each answer is "definitely absent" or a false positive.
+    out += &absent_users_report(q, sizing, start, end).await?;
+    out += &present_users_report(q, truth, start, end).await?;
+    Ok(out)
+}
+
+/// Users the model never makes: each answer is "definitely absent" or a false positive.
+/// The share answered definitely absent, and the false-positive probability the
+/// filters state beside the one measured.
+async fn absent_users_report(
+    q: &mut QueryClient<tonic::transport::Channel>,
+    sizing: &Value,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
     let absent: Vec<String> = (0..ABSENT_PROBES).map(|i| format!("nobody{i}")).collect();
     let answers = look_up_all(q, absent, start, end).await?;
     let definitely = answers.iter().filter(|a| a.definitely_absent).count() as u64;
@@ -642,8 +662,17 @@ async fn membership_report(
         percent(sigma),
         ratio,
     ));
+    Ok(out)
+}
 
-    // Users the traffic made: each must be found in every server-hour that saw it.
+/// Users the traffic made: each must be found in every server-hour that saw it.
+async fn present_users_report(
+    q: &mut QueryClient<tonic::transport::Channel>,
+    truth: &Value,
+    start: u32,
+    end: u32,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
     match sightings(truth) {
         None => out.push_str(
             "  (present users not checked: the data dir was made by an older demo; --fresh)\n",

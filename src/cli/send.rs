@@ -18,7 +18,7 @@ const BATCH: usize = 10_000;
 #[derive(Debug, Args)]
 pub(crate) struct SendArgs {
     #[command(flatten)]
-    tls: super::TlsArgs,
+    tls: super::grpc::TlsArgs,
     /// The agent's gRPC Ingest address: `host:port` (http://, or https:// when --tls-ca
     /// or --tls-client-cert is given), or a URL `http://host:port` / `https://host:port`.
     #[arg(long, env = "HOURGLASS_AGENT", default_value = DEFAULT_AGENT)]
@@ -140,8 +140,8 @@ async fn send_all(args: &SendArgs, items: &[Vec<u8>], time: i64) -> anyhow::Resu
             value: value.clone(),
         })
         .collect();
-    let channel = super::connect(&args.agent, "agent", "--agent", &args.tls).await?;
-    let mut client = IngestClient::with_interceptor(channel, super::auth(&args.tls)?)
+    let channel = super::grpc::connect(&args.agent, "agent", "--agent", &args.tls).await?;
+    let mut client = IngestClient::with_interceptor(channel, super::grpc::auth(&args.tls)?)
         .send_compressed(tonic::codec::CompressionEncoding::Zstd)
         .max_encoding_message_size(256 << 20);
     let mut outcome = Outcome {

@@ -49,7 +49,7 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     spawn: Option<usize>,
     /// The aggregator spawned agents ship to.
-    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::query::DEFAULT_AGGREGATOR)]
+    #[arg(long, env = "HOURGLASS_AGGREGATOR", default_value = super::grpc::DEFAULT_AGGREGATOR)]
     aggregator: String,
     /// Whole UTC days of traffic, ending at the start of today (or starting at --start).
     #[arg(long, default_value_t = 7)]
@@ -478,7 +478,9 @@ pub async fn drive(plan: &Plan, ingest: &[String], names: &[String]) -> anyhow::
     let traffic = Traffic::new(plan.clone());
     let mut clients = Vec::new();
     for url in ingest {
-        let channel = super::connect(url, "agent", "--agents", &super::TlsArgs::default()).await?;
+        let channel =
+            super::grpc::connect(url, "agent", "--agents", &super::grpc::TlsArgs::default())
+                .await?;
         clients.push(IngestClient::new(channel).max_encoding_message_size(256 << 20));
     }
     let mut truth = Truth::default();

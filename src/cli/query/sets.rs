@@ -13,80 +13,15 @@
 //! (each `cohort`, the index of its period, and `cells`: `period`, `returned`, `share`,
 //! `verdict`).
 
-use anyhow::bail;
 use hourglass_rpc::proto::v1;
-use hourglass_rpc::selection::{Spelling, VsSelection};
 use serde_json::{Value, json};
 
-use super::numbers::{count, grouped, percent};
-use super::query::{
-    QueryArgs, Question, coverage_fields, describe, describe_selection, distinct_text,
-    distinct_value, missing_text, partitions_text,
+use super::answer::{
+    coverage_fields, distinct_text, distinct_value, estimate_value, missing_text, partitions_text,
+    u,
 };
-
-/// Refuses flags that do not belong to `question`, before anything is asked. Returns the
-/// hours of retention's `--period` (0 for the other questions).
-pub(crate) fn check_flags(
-    question: Question,
-    vs: &VsSelection,
-    period: Option<&str>,
-    grouped_by: bool,
-) -> anyhow::Result<u32> {
-    let name = super::query::question_name(question);
-    if matches!(question, Question::Overlap | Question::Retention) && grouped_by {
-        bail!("--group-by does not apply to query {name}: it compares whole selections");
-    }
-    if question != Question::Overlap && !vs.is_empty() {
-        bail!("the --vs-* flags apply to query overlap only, not query {name}");
-    }
-    if question == Question::Overlap && vs.is_empty() {
-        bail!(
-            "query overlap needs at least one --vs-* flag: selection B is the selection with them (e.g. --vs-from -14d --vs-to -7d, or --vs-server 'api-*')"
-        );
-    }
-    if question != Question::Retention && period.is_some() {
-        bail!("--period applies to query retention only, not query {name}");
-    }
-    if question == Question::Retention {
-        return period_hours(period);
-    }
-    Ok(0)
-}
-
-/// The hours of `--period`.
-pub(crate) fn period_hours(period: Option<&str>) -> anyhow::Result<u32> {
-    let Some(text) = period else {
-        bail!("query retention needs --period day, week or Nh (the length of a cohort)");
-    };
-    hourglass_rpc::selection::parse_period(text).map_err(|e| anyhow::anyhow!("--period {e}"))
-}
-
-/// Selection B's wire selector; an error names the `--vs-*` flag at fault.
-pub(crate) fn b_selector(
-    args: &QueryArgs,
-    now: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<v1::Selector> {
-    if let Some(metric) = &args.vs.metric {
-        hourglass_rpc::series::validate_metric(metric)
-            .map_err(|e| anyhow::anyhow!("--vs-metric: {e}"))?;
-    }
-    args.vs
-        .selector(&args.selection, now, Spelling::Flags)
-        .map_err(|e| anyhow::anyhow!("selection B: {e}"))
-}
-
-/// An estimate as JSON ([`hourglass_rpc::json_figure`]: an unbounded figure is the
-/// largest finite number).
-pub(crate) fn estimate_value(a: Option<&v1::DistinctAnswer>) -> Value {
-    use hourglass_rpc::json_figure;
-    let a = a.cloned().unwrap_or_default();
-    json!({
-        "estimate": json_figure(a.estimate),
-        "std_error": json_figure(a.std_error),
-        "lower95": json_figure(a.lower95),
-        "upper95": json_figure(a.upper95),
-    })
-}
+use super::args::{QueryArgs, describe, describe_selection};
+use crate::cli::numbers::{count, grouped, percent};
 
 /// A fraction with its interval: `41.2% (95%: 39.0% – 43.4%)`.
 fn share_text(v: &Value) -> String {
@@ -265,44 +200,4 @@ fn typical_share_error(reply: &v1::RetentionResponse) -> String {
     }
     errors.sort_by(f64::total_cmp);
     percent(errors[errors.len() / 2])
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn period_errors_name_the_flag() {
-        assert_eq!(period_hours(Some("week")).unwrap(), 168);
-        let e = period_hours(Some("month")).unwrap_err().to_string();
-        assert!(e.starts_with("--period \"month\": expected"), "{e}");
-        assert!(period_hours(None).is_err());
-    }
-
-    #[test]
-    fn flags_of_another_question_are_refused() {
-        let vs = VsSelection {
-            from: Some("-14d".into()),
-            ..VsSelection::default()
-        };
-        assert!(check_flags(Question::Distinct, &vs, None, false).is_err());
-        assert!(check_flags(Question::Overlap, &VsSelection::default(), None, false).is_err());
-        assert!(check_flags(Question::Overlap, &vs, None, false).is_ok());
-        assert!(check_flags(Question::Overlap, &vs, Some("day"), false).is_err());
-        assert!(check_flags(Question::Retention, &VsSelection::default(), None, false).is_err());
-        assert!(
-            check_flags(
-                Question::Retention,
-                &VsSelection::default(),
-                Some("week"),
-                false
-            )
-            .is_ok()
-        );
-        assert!(check_flags(Question::Overlap, &vs, None, true).is_err());
-    }
 }
