@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use hourglass_rpc::proto::code_label as outcome_label;
 use hourglass_rpc::proto::v1::{self, query_server::Query};
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
@@ -20,7 +21,6 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
 use super::convert;
-use super::outcome_label;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::planner::{Answer, Merged, Planner, QueryError, Selector};
