@@ -156,11 +156,6 @@ impl ClusterConfig {
 
     /// Checks every field; the error names it.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field, value: &dyn std::fmt::Debug, rule| ConfigError::Invalid {
-            field,
-            value: format!("{value:?}"),
-            rule,
-        };
         // The name is part of the consumer's name and of subjects: the server-name rule.
         // JetStream refuses a consumer name with whitespace, '.', '*', '>' or a path
         // separator: only the token characters the message promises.
@@ -193,6 +188,12 @@ impl ClusterConfig {
                 "needs cluster.peer_ca_file: a client certificate is only sent over TLS",
             ));
         }
+        self.validate_stream()?;
+        self.validate_membership()
+    }
+
+    /// Checks the fields of the stream: its name, subjects, partitions, replicas and ages.
+    fn validate_stream(&self) -> Result<(), ConfigError> {
         if !is_token(&self.stream) {
             return Err(invalid(
                 "cluster.stream",
@@ -238,16 +239,11 @@ impl ClusterConfig {
                 "must be between 100ms and 600s",
             ));
         }
-        self.validate_membership()
+        Ok(())
     }
 
     /// Checks the fields of membership, ownership and the calls between nodes.
     fn validate_membership(&self) -> Result<(), ConfigError> {
-        let invalid = |field, value: &dyn std::fmt::Debug, rule| ConfigError::Invalid {
-            field,
-            value: format!("{value:?}"),
-            rule,
-        };
         if let Some(a) = &self.advertise
             && !is_host_port(a)
         {
@@ -286,6 +282,15 @@ impl ClusterConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The error for a `field` whose `value` breaks `rule`.
+fn invalid(field: &'static str, value: &dyn std::fmt::Debug, rule: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        value: format!("{value:?}"),
+        rule,
     }
 }
 
