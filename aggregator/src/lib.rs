@@ -171,23 +171,7 @@ impl Aggregator {
         let stop = hourglass_rpc::process::Stop::new(shutdown);
 
         let dyn_store: Arc<dyn Store> = store.clone();
-        let applying = cluster.clone().map(|(cluster, consumer)| {
-            let applier = service::CollectorService::new(
-                Arc::clone(&dyn_store),
-                Arc::clone(&metrics),
-                config.limits.clone(),
-                config.retention.hourly,
-            )
-            .applying_for(&cluster);
-            let metrics = Arc::clone(&metrics);
-            tokio::spawn(cluster::run(
-                cluster,
-                consumer,
-                applier,
-                metrics,
-                stop.stopped(),
-            ))
-        });
+        let applying = spawn_apply(cluster.clone(), &dyn_store, &metrics, &config, &stop);
         let background = tokio::spawn(background::run(
             Arc::clone(&dyn_store),
             Arc::clone(&metrics),
@@ -245,6 +229,33 @@ impl Aggregator {
             .and(finish(admin, http, background, applying).await)?;
         close(store)
     }
+}
+
+/// Cluster mode: the task that applies the cluster's stream to `store` as `consumer`, with
+/// the collector's checks and limits, until `stop`; `None` without `[cluster]`.
+fn spawn_apply(
+    cluster: Option<(Arc<cluster::Cluster>, String)>,
+    store: &Arc<dyn Store>,
+    metrics: &Arc<Metrics>,
+    config: &Config,
+    stop: &hourglass_rpc::process::Stop,
+) -> Option<tokio::task::JoinHandle<()>> {
+    cluster.map(|(cluster, consumer)| {
+        let applier = service::CollectorService::new(
+            Arc::clone(store),
+            Arc::clone(metrics),
+            config.limits.clone(),
+            config.retention.hourly,
+        )
+        .applying_for(&cluster);
+        tokio::spawn(cluster::run(
+            cluster,
+            consumer,
+            applier,
+            Arc::clone(metrics),
+            stop.stopped(),
+        ))
+    })
 }
 
 /// Completes when `stopped` does, marking gRPC not serving from the moment draining
