@@ -13,7 +13,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
-use crate::store::{RocksStore, Store};
+use crate::store::{Dictionaries, RocksStore};
 
 /// What the admin handlers read.
 #[derive(Clone)]

@@ -275,7 +275,7 @@ fn record_pass(metrics: &Metrics, report: &PassReport, elapsed: std::time::Durat
 mod tests {
     use super::*;
     use crate::keys::{Epoch, HourKey};
-    use crate::store::{MemoryStore, SeriesName};
+    use crate::store::{Dictionaries, Hourly, MemoryStore, Rollups, SeriesName};
     use hourglass_sketch::Kind;
     use hourglass_sketch::hll::Hll;
 

@@ -11,11 +11,13 @@
 //!
 //! Two kinds of day are not rebuilt from their hours:
 //! - **a day whose rows do not merge** (a metric's parameters changed within it, or a row
-//!   does not decode). It is recorded as a conflict ([`Store::mark_day_conflict`]): no
+//!   does not decode). It is recorded as a conflict
+//!   ([`Rollups::mark_day_conflict`](crate::store::Rollups::mark_day_conflict)): no
 //!   rollup, its hourly rows kept until rollup retention, queries over it read the rows
 //!   and report the hour and cause. The pass goes on with the other days; one such day
 //!   never stops the rollups of later days or retention.
-//! - **a day whose hours retention deleted** ([`Store::is_day_expired`]): a row that
+//! - **a day whose hours retention deleted**
+//!   ([`Retention::is_day_expired`](crate::store::Retention::is_day_expired)): a row that
 //!   arrived after that (only a clock stepped back lets one in) would rebuild the day
 //!   from itself alone and shrink it. The rollup is kept as it is and the late rows are
 //!   counted, logged, and deleted with the day.

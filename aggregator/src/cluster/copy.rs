@@ -495,7 +495,7 @@ mod review_tests {
     use hourglass_sketch::hll::Hll;
 
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::store::{Dictionaries, Hourly, MemoryStore, Retention, Rollups, ServerIndex};
 
     fn hll(items: std::ops::Range<u64>) -> Vec<u8> {
         let mut h = Hll::new(8).unwrap();

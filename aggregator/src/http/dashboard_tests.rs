@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use super::tests::start;
 use super::{HTML, JSON, static_file};
 use crate::keys::{Epoch, Hour, HourKey};
-use crate::store::{MemoryStore, SeriesName, Store};
+use crate::store::{Dictionaries, Hourly, MemoryStore, SeriesName};
 use hourglass_sketch::Kind;
 
 /// The browser the repository's own dashboard check uses.

@@ -24,7 +24,7 @@ use crate::config::LimitsConfig;
 use crate::keys::{Epoch, Hour, HourKey};
 use crate::metrics::Metrics;
 use crate::service::QueryService;
-use crate::store::{MemoryStore, SeriesName, Store};
+use crate::store::{Dictionaries, Hourly, MemoryStore, SeriesName, Store};
 use hourglass_sketch::Kind;
 
 // ---------------------------------------------------------------------------------------

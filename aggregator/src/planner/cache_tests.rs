@@ -10,8 +10,8 @@ use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
 use crate::store::{
-    DayConflict, DirtyDay, HourCache, MemoryStore, PutOutcome, RocksStore, StoreOptions,
-    StoredSketch, StreamPosition,
+    DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, MemoryStore, PutOutcome, Replica,
+    Retention, RocksStore, Rollups, ServerIndex, StoreOptions, StoredSketch, StreamPosition,
 };
 use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use std::collections::BTreeSet;
@@ -202,7 +202,7 @@ struct ListedEarlier {
     servers: Vec<ServerEntry>,
 }
 
-impl Store for ListedEarlier {
+impl Hourly for ListedEarlier {
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
@@ -210,21 +210,7 @@ impl Store for ListedEarlier {
     ) -> Result<Vec<PutOutcome>, StoreError> {
         self.inner.put_push(live, batch)
     }
-    fn put_index(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
-        server: ServerId,
-        held: &[(SeriesId, Day)],
-    ) -> Result<(), StoreError> {
-        self.inner.put_index(live, server, held)
-    }
-    fn server_series(
-        &self,
-        server: ServerId,
-        since: Day,
-    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
-        self.inner.server_series(server, since)
-    }
+
     fn scan_hourly(
         &self,
         series: SeriesId,
@@ -233,15 +219,21 @@ impl Store for ListedEarlier {
     ) -> Result<(), StoreError> {
         self.inner.scan_hourly(series, hours, visit)
     }
-    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
-        self.inner.put_rollup(key, sketch)
-    }
+
     fn hour_cache(&self) -> Option<&HourCache> {
         self.inner.hour_cache()
     }
+}
+
+impl Rollups for ListedEarlier {
+    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
+        self.inner.put_rollup(key, sketch)
+    }
+
     fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_rollup(key)
     }
+
     fn scan_rollups(
         &self,
         series: SeriesId,
@@ -250,62 +242,19 @@ impl Store for ListedEarlier {
     ) -> Result<(), StoreError> {
         self.inner.scan_rollups(series, days, visit)
     }
-    fn delete_hourly_before(
-        &self,
-        day: Day,
-        keep: &BTreeSet<(SeriesId, Day)>,
-    ) -> Result<u64, StoreError> {
-        self.inner.delete_hourly_before(day, keep)
-    }
-    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
-        self.inner.delete_rollups_before(day)
-    }
-    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        self.inner.is_day_expired(series, day)
-    }
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.mark_day_conflict(series, day, mark, reason)
-    }
-    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
-        self.inner.day_conflicts()
-    }
-    fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
-        self.inner.series_id(series)
-    }
-    fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError> {
-        self.inner.series_id_or_create(series)
-    }
-    fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
-        self.inner.list_series()
-    }
-    fn server_id(&self, name: &str) -> Result<Option<ServerId>, StoreError> {
-        self.inner.server_id(name)
-    }
-    fn register_server(
-        &self,
-        name: &str,
-        labels: &[(String, String)],
-    ) -> Result<ServerId, StoreError> {
-        self.inner.register_server(name, labels)
-    }
-    fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
-        Ok(self.servers.clone())
-    }
+
     fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
         self.inner.mark_day_dirty(series, day)
     }
+
     fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
         self.inner.dirty_days(before, limit)
     }
+
     fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
         self.inner.is_day_dirty(series, day)
     }
+
     fn replace_rollups(
         &self,
         series: SeriesId,
@@ -315,6 +264,98 @@ impl Store for ListedEarlier {
     ) -> Result<bool, StoreError> {
         self.inner.replace_rollups(series, day, rollups, mark)
     }
+
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.mark_day_conflict(series, day, mark, reason)
+    }
+
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
+        self.inner.day_conflicts()
+    }
+}
+
+impl Retention for ListedEarlier {
+    fn delete_hourly_before(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<u64, StoreError> {
+        self.inner.delete_hourly_before(day, keep)
+    }
+
+    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
+        self.inner.delete_rollups_before(day)
+    }
+
+    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        self.inner.is_day_expired(series, day)
+    }
+}
+
+impl Dictionaries for ListedEarlier {
+    fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
+        self.inner.series_id(series)
+    }
+
+    fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError> {
+        self.inner.series_id_or_create(series)
+    }
+
+    fn list_series(&self) -> Result<Vec<(SeriesId, SeriesName)>, StoreError> {
+        self.inner.list_series()
+    }
+
+    fn server_id(&self, name: &str) -> Result<Option<ServerId>, StoreError> {
+        self.inner.server_id(name)
+    }
+
+    fn register_server(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<ServerId, StoreError> {
+        self.inner.register_server(name, labels)
+    }
+
+    fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
+        Ok(self.servers.clone())
+    }
+}
+
+impl ServerIndex for ListedEarlier {
+    fn server_series(
+        &self,
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
+        self.inner.server_series(server, since)
+    }
+
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
+        self.inner.live_hours(server, hours)
+    }
+
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
+        self.inner.live_span(server)
+    }
+}
+
+impl Replica for ListedEarlier {
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError> {
+        self.inner.put_index(live, server, held)
+    }
+
     fn put_copied_day(
         &self,
         series: SeriesId,
@@ -323,24 +364,21 @@ impl Store for ListedEarlier {
     ) -> Result<(), StoreError> {
         self.inner.put_copied_day(series, day, rollups)
     }
+
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
         self.inner.unexpire_day(series, day)
     }
+
     fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError> {
         self.inner.stream_position(subject)
     }
+
     fn put_stream_position(
         &self,
         subject: u32,
         position: &StreamPosition,
     ) -> Result<(), StoreError> {
         self.inner.put_stream_position(subject, position)
-    }
-    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
-        self.inner.live_hours(server, hours)
-    }
-    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
-        self.inner.live_span(server)
     }
 }
 

@@ -4,7 +4,7 @@
 use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
-use crate::store::MemoryStore;
+use crate::store::{Dictionaries, Hourly, MemoryStore, Retention};
 use hourglass_sketch::bloom::Bloom;
 use hourglass_sketch::hash::item_hash;
 use hourglass_sketch::membership::{RangeAnswer, RangeSizing};

@@ -3,7 +3,7 @@
 use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
-use crate::store::MemoryStore;
+use crate::store::{Dictionaries, Hourly, MemoryStore, Retention};
 use hourglass_sketch::bloom::Bloom;
 use hourglass_sketch::frequency::{Frequency, FrequencyParams};
 use hourglass_sketch::hll::Hll;

@@ -3,7 +3,8 @@
 //! An agent with a bug (a request id in a tag) or a token holder with bad intent can make
 //! series without end; each new series grows the dictionary, every query's listing and the
 //! rollup work for good. The bound counts, per server, the series it holds data of within
-//! hourly retention. The store keeps the index ([`Store::server_series`], written in the
+//! hourly retention. The store keeps the index
+//! ([`ServerIndex::server_series`](crate::store::ServerIndex::server_series), written in the
 //! same batch as the snapshots); this ledger keeps it in memory per server, loaded on the
 //! server's first push after a start, so the check is a hash lookup per snapshot.
 //!
@@ -189,7 +190,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::keys::{Epoch, Hour, HourKey};
-    use crate::store::MemoryStore;
+    use crate::store::{Hourly, MemoryStore};
 
     fn sketch() -> Vec<u8> {
         hourglass_sketch::hll::Hll::new(4).unwrap().encode()

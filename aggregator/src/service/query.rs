@@ -574,7 +574,7 @@ fn named(status: Status, name: &str) -> Status {
 mod tests {
     use super::*;
     use crate::keys::{Epoch, Hour, HourKey};
-    use crate::store::{MemoryStore, SeriesName};
+    use crate::store::{Dictionaries, Hourly, MemoryStore, SeriesName};
 
     #[tokio::test]
     async fn a_query_over_the_fanout_bound_is_refused_and_counted() {

@@ -12,7 +12,7 @@ use super::QueryService;
 use crate::config::LimitsConfig;
 use crate::keys::{Epoch, Hour, HourKey};
 use crate::metrics::Metrics;
-use crate::store::{MemoryStore, SeriesName, Store};
+use crate::store::{Dictionaries, Hourly, MemoryStore, SeriesName};
 
 const HOUR: u32 = 480_000;
 

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
 use super::{
-    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SeriesName, ServerEntry, Store,
-    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
-    is_empty_range, mask_span, mask_within, sorted_labels, span_union,
+    Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
+    Rollups, SeriesName, ServerEntry, ServerIndex, StoreError, StoredSketch, StreamPosition,
+    check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -50,9 +51,9 @@ struct Inner {
     conflicts: BTreeMap<(Day, SeriesId), String>,
     /// (day, series) whose hourly rows retention deleted.
     expired: BTreeSet<(Day, SeriesId)>,
-    /// (server, day, series) for every stored snapshot: [`Store::server_series`].
+    /// (server, day, series) for every stored snapshot: [`ServerIndex::server_series`].
     server_series: BTreeSet<(ServerId, Day, SeriesId)>,
-    /// Cluster mode: subject → [`Store::stream_position`].
+    /// Cluster mode: subject → [`Replica::stream_position`].
     positions: HashMap<u32, StreamPosition>,
     next_mark: u64,
 }
@@ -61,6 +62,11 @@ impl Inner {
     fn mark(&mut self, series: SeriesId, day: Day) {
         self.next_mark += 1;
         self.dirty.insert((day, series), self.next_mark);
+    }
+
+    /// [`is_dirty`] of the (day, series) `key`.
+    fn is_dirty(&self, key: &(Day, SeriesId)) -> bool {
+        is_dirty(self.dirty.get(key).copied(), self.built.get(key).copied())
     }
 }
 
@@ -88,27 +94,7 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn put_index(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
-        server: ServerId,
-        held: &[(SeriesId, Day)],
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        if let Some((server, hours)) = live {
-            inner.live.extend(hours.iter().map(|h| (server, *h)));
-        }
-        for (series, day) in held {
-            inner.server_series.insert((server, *day, *series));
-        }
-        Ok(())
-    }
-
-    fn hour_cache(&self) -> Option<&HourCache> {
-        Some(&self.hour_cache)
-    }
-
+impl Hourly for MemoryStore {
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
@@ -125,20 +111,18 @@ impl Store for MemoryStore {
             inner
                 .server_series
                 .insert((key.server, key.hour.day(), key.series));
-            match held {
-                Some(held) if held >= *version => outcomes.push(PutOutcome::Stale { held }),
-                _ => {
-                    inner.hourly.insert(
-                        *key,
-                        StoredSketch {
-                            version: *version,
-                            sketch: sketch.to_vec(),
-                        },
-                    );
-                    inner.mark(key.series, key.hour.day());
-                    outcomes.push(PutOutcome::Stored);
-                }
+            let outcome = put_outcome(held, *version);
+            if outcome == PutOutcome::Stored {
+                inner.hourly.insert(
+                    *key,
+                    StoredSketch {
+                        version: *version,
+                        sketch: sketch.to_vec(),
+                    },
+                );
+                inner.mark(key.series, key.hour.day());
             }
+            outcomes.push(outcome);
         }
         drop(inner);
         for ((key, _, _), outcome) in batch.iter().zip(&outcomes) {
@@ -176,6 +160,12 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn hour_cache(&self) -> Option<&HourCache> {
+        Some(&self.hour_cache)
+    }
+}
+
+impl Rollups for MemoryStore {
     fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
         check_frame(&sketch, || format!("rollup {key:?}"))?;
         self.lock().rollups.insert(key, sketch);
@@ -216,6 +206,75 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        self.lock().mark(series, day);
+        Ok(())
+    }
+
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .dirty
+            .range(..(before, SeriesId(0)))
+            .filter(|(key, _)| inner.is_dirty(key))
+            .take(limit)
+            .map(|(&(day, series), &mark)| DirtyDay { series, day, mark })
+            .collect())
+    }
+
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        Ok(self.lock().is_dirty(&(day, series)))
+    }
+
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError> {
+        check_rollups(&rollups)?;
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.rollups.extend(rollups);
+        inner.conflicts.remove(&(day, series));
+        inner.built.insert((day, series), mark);
+        Ok(!inner.is_dirty(&(day, series)))
+    }
+
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.conflicts.insert((day, series), reason.to_string());
+        inner.built.insert((day, series), mark);
+        Ok(!inner.is_dirty(&(day, series)))
+    }
+
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
+        Ok(self
+            .lock()
+            .conflicts
+            .iter()
+            .map(|(&(day, series), reason)| DayConflict {
+                series,
+                day,
+                reason: reason.clone(),
+            })
+            .collect())
+    }
+}
+
+impl Retention for MemoryStore {
     fn delete_hourly_before(
         &self,
         day: Day,
@@ -243,8 +302,7 @@ impl Store for MemoryStore {
             .collect();
         for (server, hour) in old {
             inner.live.remove(&(server, hour));
-            let bit = 1u32 << (hour.0 - hour.day().first_hour().0);
-            *inner.live_days.entry((server, hour.day())).or_default() |= bit;
+            *inner.live_days.entry((server, hour.day())).or_default() |= hour_bit(hour);
         }
         inner.server_series.retain(|(_, d, _)| *d >= day);
         drop(inner);
@@ -274,36 +332,9 @@ impl Store for MemoryStore {
     fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
         Ok(self.lock().expired.contains(&(day, series)))
     }
+}
 
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
-        inner.conflicts.insert((day, series), reason.to_string());
-        inner.built.insert((day, series), mark);
-        Ok(inner.dirty.get(&(day, series)) == Some(&mark))
-    }
-
-    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
-        Ok(self
-            .lock()
-            .conflicts
-            .iter()
-            .map(|(&(day, series), reason)| DayConflict {
-                series,
-                day,
-                reason: reason.clone(),
-            })
-            .collect())
-    }
-
+impl Dictionaries for MemoryStore {
     fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
         Ok(self.lock().series_by_name.get(&series.canonical()).copied())
     }
@@ -368,84 +399,9 @@ impl Store for MemoryStore {
     fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError> {
         Ok(self.lock().servers_by_id.values().cloned().collect())
     }
+}
 
-    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
-        self.lock().mark(series, day);
-        Ok(())
-    }
-
-    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
-        let inner = self.lock();
-        Ok(inner
-            .dirty
-            .range(..(before, SeriesId(0)))
-            .filter(|(key, mark)| inner.built.get(key) != Some(mark))
-            .take(limit)
-            .map(|(&(day, series), &mark)| DirtyDay { series, day, mark })
-            .collect())
-    }
-
-    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        let inner = self.lock();
-        let key = (day, series);
-        Ok(inner
-            .dirty
-            .get(&key)
-            .is_some_and(|m| inner.built.get(&key) != Some(m)))
-    }
-
-    fn replace_rollups(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
-        check_rollups(&rollups)?;
-        let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
-        inner.rollups.extend(rollups);
-        inner.conflicts.remove(&(day, series));
-        inner.built.insert((day, series), mark);
-        Ok(inner.dirty.get(&(day, series)) == Some(&mark))
-    }
-
-    fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
-        self.lock().expired.remove(&(day, series));
-        Ok(())
-    }
-
-    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError> {
-        Ok(self.lock().positions.get(&subject).cloned())
-    }
-
-    fn put_stream_position(
-        &self,
-        subject: u32,
-        position: &StreamPosition,
-    ) -> Result<(), StoreError> {
-        self.lock().positions.insert(subject, position.clone());
-        Ok(())
-    }
-
-    fn put_copied_day(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError> {
-        check_rollups(&rollups)?;
-        let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
-        inner.rollups.extend(rollups);
-        inner.expired.insert((day, series));
-        Ok(())
-    }
-
+impl ServerIndex for MemoryStore {
     fn server_series(
         &self,
         server: ServerId,
@@ -468,48 +424,90 @@ impl Store for MemoryStore {
             return Ok(0);
         }
         let inner = self.lock();
-        // One mask per day, from hourly records and summaries alike, so an hour in both
-        // counts once.
-        let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
-        for (_, hour) in inner.live.range((server, hours.start)..(server, hours.end)) {
-            *masks.entry(hour.day()).or_default() |= 1 << (hour.0 - hour.day().first_hour().0);
-        }
         let last_day = Hour(hours.end.0 - 1).day();
-        for (&(_, day), &mask) in inner
+        let live = inner.live.range((server, hours.start)..(server, hours.end));
+        let summaries = inner
             .live_days
-            .range((server, hours.start.day())..=(server, last_day))
-        {
-            *masks.entry(day).or_default() |= mask_within(day, mask, &hours);
-        }
-        Ok(masks.values().map(|m| u64::from(m.count_ones())).sum())
+            .range((server, hours.start.day())..=(server, last_day));
+        Ok(live_masks(live, summaries).count(&hours))
     }
 
     fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
         let inner = self.lock();
-        let all = (server, Hour(0))..=(server, Hour(u32::MAX));
-        let mut hours = inner.live.range(all);
-        let hourly = hours
-            .next()
-            .map(|&(_, first)| first..Hour(hours.next_back().map_or(first, |l| l.1).0 + 1));
-        let days = (server, Day(0))..=(server, Day(u32::MAX));
-        let mut summaries = inner.live_days.range(days);
-        let first = summaries.next().and_then(|(&(_, d), &m)| mask_span(d, m));
-        let last = summaries
-            .next_back()
-            .and_then(|(&(_, d), &m)| mask_span(d, m));
-        Ok(span_union(hourly, span_union(first, last)))
+        let live = inner
+            .live
+            .range((server, Hour(0))..=(server, Hour(u32::MAX)));
+        let summaries = inner
+            .live_days
+            .range((server, Day(0))..=(server, Day(u32::MAX)));
+        Ok(live_masks(live, summaries).span())
     }
 }
 
-/// The id after `last` (ids start at 1; 0 is never assigned, so a zeroed key field is never
-/// a real series or server). `u32::MAX` is reserved for [`ServerId::ALL`].
-pub(super) fn next_id(last: Option<u32>, what: &'static str) -> Result<u32, StoreError> {
-    match last {
-        None => Ok(1),
-        Some(last) if last < u32::MAX - 1 => Ok(last + 1),
-        Some(_) => Err(StoreError::IdsExhausted {
-            what,
-            limit: u64::from(u32::MAX - 1),
-        }),
+impl Replica for MemoryStore {
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if let Some((server, hours)) = live {
+            inner.live.extend(hours.iter().map(|h| (server, *h)));
+        }
+        for (series, day) in held {
+            inner.server_series.insert((server, *day, *series));
+        }
+        Ok(())
     }
+
+    fn put_copied_day(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        check_rollups(&rollups)?;
+        let mut inner = self.lock();
+        inner
+            .rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.rollups.extend(rollups);
+        inner.expired.insert((day, series));
+        Ok(())
+    }
+
+    fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        self.lock().expired.remove(&(day, series));
+        Ok(())
+    }
+
+    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError> {
+        Ok(self.lock().positions.get(&subject).cloned())
+    }
+
+    fn put_stream_position(
+        &self,
+        subject: u32,
+        position: &StreamPosition,
+    ) -> Result<(), StoreError> {
+        self.lock().positions.insert(subject, position.clone());
+        Ok(())
+    }
+}
+
+/// One server's live hours and day summaries as one mask per day, so an hour in both
+/// counts once.
+fn live_masks<'a>(
+    live: impl Iterator<Item = &'a (ServerId, Hour)>,
+    summaries: impl Iterator<Item = (&'a (ServerId, Day), &'a u32)>,
+) -> LiveMasks {
+    let mut masks = LiveMasks::default();
+    for (_, hour) in live {
+        masks.add(hour.day(), hour_bit(*hour));
+    }
+    for (&(_, day), &mask) in summaries {
+        masks.add(day, mask);
+    }
+    masks
 }

@@ -1,6 +1,22 @@
-//! Storage of sketches behind one small trait, [`Store`], so that the query planner and
-//! the services can be tested on [`MemoryStore`] and RocksDB lives in one module,
+//! Storage of sketches behind the [`Store`] trait, so that the query planner and the
+//! services can be tested on [`MemoryStore`] and RocksDB lives in one module,
 //! [`RocksStore`].
+//!
+//! [`Store`] has no methods of its own: it is the sum of six capability traits, each a
+//! part of what a store does, and every type with all six is a `Store` (so callers hold an
+//! `Arc<dyn Store>` and reach every method through it):
+//!
+//! | trait | what it covers |
+//! |---|---|
+//! | [`Hourly`] | the hourly snapshots: a push's write (by version), liveness from pushes, scans, the hour cache |
+//! | [`Rollups`] | the daily rollups, and the dirty days and conflicts by which they are rebuilt |
+//! | [`Retention`] | deleting whole days of hourly rows, then of rollups; expired days |
+//! | [`Dictionaries`] | the series dictionary and the server registry with its labels |
+//! | [`ServerIndex`] | per server: the hours it was live and the series it holds |
+//! | [`Replica`] | cluster mode only: stream positions, the live subject's index, copied days, write groups |
+//!
+//! The rules every engine follows (which version replaces, when a day is dirty, the next
+//! id, how live hours count) are written once in `rules.rs`, and each engine calls them.
 //!
 //! What a store holds (DESIGN §4):
 //! - **hourly snapshots**, keyed by [`HourKey`], each with the version the agent gave it.
@@ -18,10 +34,10 @@
 //!
 //! Every hourly write that is stored marks its (series, day) dirty with a fresh mark *in
 //! the same atomic write*. The rollup builder lists the dirty days that have closed
-//! ([`Store::dirty_days`]), reads their hours, and replaces their rollups while recording
-//! the mark it started from as built ([`Store::replace_rollups`]). A day is dirty while its
-//! mark differs from its built mark, so a snapshot that lands during a rebuild is never
-//! missed, and the planner ([`Store::is_day_dirty`]) never serves a rollup older than
+//! ([`Rollups::dirty_days`]), reads their hours, and replaces their rollups while recording
+//! the mark it started from as built ([`Rollups::replace_rollups`]). A day is dirty while
+//! its mark differs from its built mark, so a snapshot that lands during a rebuild is never
+//! missed, and the planner ([`Rollups::is_day_dirty`]) never serves a rollup older than
 //! the hours. A crash between a write and its mark is impossible: there is no between.
 
 pub(crate) use hourglass_rpc::proto::Bytes;
@@ -37,6 +53,7 @@ use crate::keys::{Day, DayKey, Hour, HourKey, KeyLengthError, SeriesId, ServerId
 mod cache;
 mod memory;
 mod rocks;
+mod rules;
 
 pub use cache::{HourCache, HourCacheStats};
 pub(crate) use cache::{HourMerge, HourSelection};
@@ -45,7 +62,9 @@ pub use memory::MemoryStore;
 pub use rocks::{CfStats, RocksStore, StoreOptions, StoreStats};
 
 /// A series' canonical bytes (kind, metric, sorted tags), as the dictionary keys it: the
-/// same name gives the same bytes on every node (cluster mode partitions by them).
+/// same name gives the same bytes on every node. Cluster mode now places series by its own
+/// key; only a test still compares that key with this one.
+#[cfg(test)]
 pub(crate) fn series_key(series: &SeriesName) -> Vec<u8> {
     rocks::encode_series_name(series)
 }
@@ -67,7 +86,7 @@ pub struct StoredSketch {
     pub(crate) sketch: Vec<u8>,
 }
 
-/// What [`Store::put_hourly`] did with one entry of a batch.
+/// What [`Hourly::put_hourly`] did with one entry of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutOutcome {
     /// The snapshot was newer than what was held (or nothing was) and is now stored.
@@ -265,29 +284,43 @@ pub enum StoreError {
     },
 }
 
-/// Storage of sketches and their metadata. Implementations are safe to share between
-/// threads; every method is a complete operation (no transactions span calls).
+/// Every capability of a store, the one bound the services, the planner and the cluster
+/// hold a store by (`Arc<dyn Store>`). It has no methods of its own: each comes from one
+/// of the capability traits, and every type that has them all is a `Store`.
 ///
-/// The trait is object-safe, so services can hold an `Arc<dyn Store>`.
-pub trait Store: Send + Sync + 'static {
+/// Implementations are safe to share between threads; every method is a complete operation
+/// (no transactions span calls). Every capability trait is object-safe, so `dyn Store` is.
+pub trait Store:
+    Hourly + Rollups + Retention + Dictionaries + ServerIndex + Replica + Send + Sync + 'static
+{
+}
+
+impl<T> Store for T where
+    T: Hourly + Rollups + Retention + Dictionaries + ServerIndex + Replica + Send + Sync + 'static
+{
+}
+
+/// The hourly snapshots: what a push writes and a query reads.
+pub trait Hourly {
     /// Upserts a batch of hourly snapshots by version: each entry is written only if its
     /// version is newer than the one held for its key (including earlier entries of the
-    /// same batch). Returns one outcome per entry, in order. The whole batch is one atomic
-    /// write, durable (WAL synced, unless the store was opened with sync off) before this
-    /// returns; each stored entry also marks its (series, day) dirty in that write.
+    /// same batch; the rule is `rules::put_outcome`). Returns one outcome per entry, in
+    /// order. The whole batch is one atomic write, durable (WAL synced, unless the store
+    /// was opened with sync off) before this returns; each stored entry also marks its
+    /// (series, day) dirty in that write.
     ///
     /// The read of the held versions and the write are atomic with respect to every other
     /// writer of the same keys. An entry whose sketch is not a valid frame fails the whole
     /// batch with [`StoreError::InvalidSketch`] before anything is written.
     ///
     /// Each entry, stored or stale, also records in the same write that its server holds
-    /// its series on its day ([`Store::server_series`]).
+    /// its series on its day ([`ServerIndex::server_series`]).
     fn put_hourly(&self, batch: &[(HourKey, u64, Bytes)]) -> Result<Vec<PutOutcome>, StoreError> {
         self.put_push(None, batch)
     }
 
-    /// One push: [`Store::mark_live`] for `live` (a server and the hours it declares live)
-    /// and [`Store::put_hourly`] for `batch`, in one atomic, durable write, so a push
+    /// One push: [`Hourly::mark_live`] for `live` (a server and the hours it declares live)
+    /// and [`Hourly::put_hourly`] for `batch`, in one atomic, durable write, so a push
     /// costs one WAL sync, not two.
     fn put_push(
         &self,
@@ -295,25 +328,10 @@ pub trait Store: Send + Sync + 'static {
         batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError>;
 
-    /// Cluster mode's live subject: [`Store::mark_live`] for `live`, and that `server`
-    /// holds each of `held`'s series on its day (the index of [`Store::server_series`]),
-    /// in one atomic, durable write that stores no sketch: every node keeps every
-    /// server's series index, also of partitions it does not own.
-    fn put_index(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
-        server: ServerId,
-        held: &[(SeriesId, Day)],
-    ) -> Result<(), StoreError>;
-
-    /// The series `server` has stored snapshots of on a day from `since` on, each with the
-    /// latest such day, in series order. This is the index the collector bounds the series
-    /// per server with (`limits.max_series_per_server`); hourly retention trims it.
-    fn server_series(
-        &self,
-        server: ServerId,
-        since: Day,
-    ) -> Result<Vec<(SeriesId, Day)>, StoreError>;
+    /// Records that `server` was up and ingesting during `hours` (from pushes).
+    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
+        self.put_push(Some((server, hours)), &[]).map(drop)
+    }
 
     /// Visits the snapshots of `series` in `hours`, across all servers and epochs, in key
     /// order (hour, then server, then epoch), until `visit` returns false.
@@ -324,16 +342,20 @@ pub trait Store: Send + Sync + 'static {
         visit: &mut dyn FnMut(HourKey, &StoredSketch) -> bool,
     ) -> Result<(), StoreError>;
 
-    /// Stores (replacing) a daily rollup. Rollups are rebuilt from the hours, never
-    /// merged in place, so there is no version. Durable before it returns, like
-    /// [`Store::put_hourly`].
-    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError>;
-
     /// The store's hour cache (`cache` module), whose generations it raises after every
     /// write that changes hourly rows; `None` for a store that keeps none.
     fn hour_cache(&self) -> Option<&HourCache> {
         None
     }
+}
+
+/// The daily rollups, and the dirty days and conflicts by which the rollup builder keeps
+/// them up with the hours (module docs, "Dirty days").
+pub trait Rollups {
+    /// Stores (replacing) a daily rollup. Rollups are rebuilt from the hours, never
+    /// merged in place, so there is no version. Durable before it returns, like
+    /// [`Hourly::put_hourly`].
+    fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError>;
 
     /// The rollup stored under `key`, if any.
     fn get_rollup(&self, key: DayKey) -> Result<Option<Vec<u8>>, StoreError>;
@@ -347,17 +369,63 @@ pub trait Store: Send + Sync + 'static {
         visit: &mut dyn FnMut(DayKey, &[u8]) -> bool,
     ) -> Result<(), StoreError>;
 
+    /// Marks the rollups of `(series, day)` for (re)building. [`Hourly::put_hourly`] does
+    /// this itself; this is for rebuilds asked for by other means (an operator, a repair).
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError>;
+
+    /// Up to `limit` dirty (series, day) pairs with a day before `before`, oldest day
+    /// first, each with the mark it carries now. Days at or after `before` (still open to
+    /// late snapshots) are not listed. Nothing is removed: see
+    /// [`Rollups::replace_rollups`].
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError>;
+
+    /// Whether the rollups of `(series, day)` are missing or older than its hourly rows
+    /// (`rules::is_dirty`): the planner then reads the hours.
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError>;
+
+    /// Replaces every rollup of `(series, day)` with `rollups`, built from the hours read
+    /// after `mark` was listed, and records that the day is built up to `mark`, in one
+    /// atomic, durable write. Returns whether the day is now clean: false if a snapshot
+    /// re-marked it meanwhile (it stays dirty and is rebuilt later).
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Records that the rollups of `(series, day)` cannot be built, and why, with the
+    /// day built up to `mark` (so the builder does not retry it until a new snapshot
+    /// arrives) and its old rollups deleted (so queries read its hourly rows and report
+    /// the cause), in one atomic, durable write. Returns whether the day is now clean, as
+    /// [`Rollups::replace_rollups`] does. A later successful rebuild clears the record.
+    fn mark_day_conflict(
+        &self,
+        series: SeriesId,
+        day: Day,
+        mark: u64,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Every day whose rollups could not be built, in (day, series) order.
+    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError>;
+}
+
+/// Retention: whole days of hourly rows, then of rollups, deleted without blocking
+/// writers.
+pub trait Retention {
     /// Hourly retention, in whole days: deletes every hourly snapshot of a day before
     /// `day`, of every series, except the (series, day) pairs in `keep` (days not yet
     /// rolled up, days whose rollups could not be built). Returns how many were deleted.
     /// Does not block writers.
     ///
     /// Each (series, day) whose rows it deletes is recorded as expired
-    /// ([`Store::is_day_expired`]) in the same write, so no later rebuild replaces its
+    /// ([`Retention::is_day_expired`]) in the same write, so no later rebuild replaces its
     /// rollups with what a late row alone holds. Liveness of those days is folded into
     /// one summary per (server, day), kept until rollup retention, so coverage stays
-    /// right for as long as rollups answer; [`Store::server_series`] entries of those
-    /// days go.
+    /// right for as long as rollups answer; [`ServerIndex::server_series`] entries of
+    /// those days go.
     fn delete_hourly_before(
         &self,
         day: Day,
@@ -372,29 +440,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether hourly retention has deleted the rows of `(series, day)`.
     fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError>;
+}
 
-    /// Records that the rollups of `(series, day)` cannot be built, and why, with the
-    /// day built up to `mark` (so the builder does not retry it until a new snapshot
-    /// arrives) and its old rollups deleted (so queries read its hourly rows and report
-    /// the cause), in one atomic, durable write. Returns whether the day is now clean, as
-    /// [`Store::replace_rollups`] does. A later successful rebuild clears the record.
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError>;
-
-    /// Every day whose rollups could not be built, in (day, series) order.
-    fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError>;
-
+/// The dictionaries: series names to ids, and the server registry with its labels.
+pub trait Dictionaries {
     /// The id of a known series; `None` for a series the store has never held. Tags are
     /// compared in sorted order.
     fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError>;
 
-    /// The id of a series, a series not yet known getting the next free id. Ids are stable
-    /// for the life of the store. Tags are compared in sorted order.
+    /// The id of a series, a series not yet known getting the next free id
+    /// (`rules::next_id`). Ids are stable for the life of the store. Tags are compared
+    /// in sorted order.
     fn series_id_or_create(&self, series: &SeriesName) -> Result<SeriesId, StoreError>;
 
     /// Every known series with its id, in id order. Names have sorted tags.
@@ -414,37 +470,48 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every registered server, in id order.
     fn list_servers(&self) -> Result<Vec<ServerEntry>, StoreError>;
+}
 
-    /// Marks the rollups of `(series, day)` for (re)building. [`Store::put_hourly`] does
-    /// this itself; this is for rebuilds asked for by other means (an operator, a repair).
-    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError>;
-
-    /// Up to `limit` dirty (series, day) pairs with a day before `before`, oldest day
-    /// first, each with the mark it carries now. Days at or after `before` (still open to
-    /// late snapshots) are not listed. Nothing is removed: see
-    /// [`Store::replace_rollups`].
-    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError>;
-
-    /// Whether the rollups of `(series, day)` are missing or older than its hourly rows:
-    /// the planner then reads the hours.
-    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError>;
-
-    /// Replaces every rollup of `(series, day)` with `rollups`, built from the hours read
-    /// after `mark` was listed, and records that the day is built up to `mark`, in one
-    /// atomic, durable write. Returns whether the day is now clean: false if a snapshot
-    /// re-marked it meanwhile (it stays dirty and is rebuilt later).
-    fn replace_rollups(
+/// What is known of each server beyond its snapshots: the hours it was live (for the
+/// coverage of every answer) and the series it holds (for the collector's bound).
+pub trait ServerIndex {
+    /// The series `server` has stored snapshots of on a day from `since` on, each with the
+    /// latest such day, in series order. This is the index the collector bounds the series
+    /// per server with (`limits.max_series_per_server`); hourly retention trims it.
+    fn server_series(
         &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError>;
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError>;
+
+    /// How many hours of `hours` `server` was recorded live.
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;
+
+    /// From the first to the last hour `server` was recorded live (`last + 1` as the
+    /// end), or `None` if it never was (or all of it is past retention).
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError>;
+}
+
+/// What only cluster mode asks of a store (DESIGN §10): its position in each subject of
+/// the cluster's stream, the writes of the live subject and of catch-up copies, and write
+/// groups for the apply of a batch of messages.
+pub trait Replica {
+    /// Cluster mode's live subject: [`Hourly::mark_live`] for `live`, and that `server`
+    /// holds each of `held`'s series on its day (the index of
+    /// [`ServerIndex::server_series`]), in one atomic, durable write that stores no
+    /// sketch: every node keeps every server's series index, also of partitions it does
+    /// not own.
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError>;
 
     /// A day copied from another store (cluster catch-up) whose hourly rows that store's
     /// retention deleted: replaces the rollups of `(series, day)` with `rollups` and
-    /// records the day expired ([`Store::is_day_expired`]), in one atomic, durable write,
-    /// as if this store had built and then expired it itself.
+    /// records the day expired ([`Retention::is_day_expired`]), in one atomic, durable
+    /// write, as if this store had built and then expired it itself.
     fn put_copied_day(
         &self,
         series: SeriesId,
@@ -456,10 +523,18 @@ pub trait Store: Send + Sync + 'static {
     /// (copied whole from another store), so its rollups are built from them again.
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError>;
 
-    /// Records that `server` was up and ingesting during `hours` (from pushes).
-    fn mark_live(&self, server: ServerId, hours: &[Hour]) -> Result<(), StoreError> {
-        self.put_push(Some((server, hours)), &[]).map(drop)
-    }
+    /// This store's [`StreamPosition`] in `subject` of the cluster's stream (a
+    /// partition's number, or `u32::MAX` for the live subject); `None` while none was
+    /// recorded.
+    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError>;
+
+    /// Records `position` as this store's in `subject`, replacing the one held. Not synced:
+    /// a crash may lose it, leaving the one before, which is behind it.
+    fn put_stream_position(
+        &self,
+        subject: u32,
+        position: &StreamPosition,
+    ) -> Result<(), StoreError>;
 
     /// Runs `writes` (this store's writes, on this thread) as one group made durable by
     /// one sync at its end instead of one per write: when this returns `Ok`, everything
@@ -474,26 +549,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError> {
         writes()
     }
-
-    /// Cluster mode: this store's [`StreamPosition`] in `subject` of the cluster's stream
-    /// (a partition's number, or `u32::MAX` for the live subject); `None` while none was
-    /// recorded.
-    fn stream_position(&self, subject: u32) -> Result<Option<StreamPosition>, StoreError>;
-
-    /// Records `position` as this store's in `subject`, replacing the one held. Not synced:
-    /// a crash may lose it, leaving the one before, which is behind it.
-    fn put_stream_position(
-        &self,
-        subject: u32,
-        position: &StreamPosition,
-    ) -> Result<(), StoreError>;
-
-    /// How many hours of `hours` `server` was recorded live.
-    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError>;
-
-    /// From the first to the last hour `server` was recorded live (`last + 1` as the
-    /// end), or `None` if it never was (or all of it is past retention).
-    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError>;
 }
 
 /// A day whose rollups could not be built: its rows do not merge (a metric's parameters
@@ -507,38 +562,6 @@ pub struct DayConflict {
     pub(crate) day: Day,
     /// Why, as the merge reported it.
     pub(crate) reason: String,
-}
-
-/// The hours of `day` in which a live-hours bit mask (bit `h` for hour `h` of the day)
-/// has bits, within `hours`.
-fn mask_within(day: Day, mask: u32, hours: &Range<Hour>) -> u32 {
-    let first = day.first_hour().0;
-    let lo = hours.start.0.saturating_sub(first).min(24);
-    let hi = hours.end.0.saturating_sub(first).min(24);
-    let range = if hi <= lo {
-        0
-    } else {
-        ((1u64 << hi) - (1u64 << lo)) as u32
-    };
-    mask & range
-}
-
-/// A live-hours mask's first and last hour (`last + 1` as the end), if it has any.
-fn mask_span(day: Day, mask: u32) -> Option<Range<Hour>> {
-    (mask != 0).then(|| {
-        let first = day.first_hour().0;
-        // Saturating: the last day of u32 hours would overflow at its end.
-        Hour(first.saturating_add(mask.trailing_zeros()))
-            ..Hour(first.saturating_add(32 - mask.leading_zeros()))
-    })
-}
-
-/// The span covering both `a` and `b`.
-fn span_union(a: Option<Range<Hour>>, b: Option<Range<Hour>>) -> Option<Range<Hour>> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.start.min(b.start)..a.end.max(b.end)),
-        (a, b) => a.or(b),
-    }
 }
 
 /// Checks that `sketch` is a valid frame before a store writes it.

@@ -1,12 +1,12 @@
 //! Each server's live hours in memory, for the coverage of every answer.
 //!
 //! A query's coverage asks, for every selected server, when it was first and last live and
-//! how many hours of the range it was live ([`Store::live_span`], [`Store::live_hours`]).
-//! Read from RocksDB that is four iterators and a scan of the range's `live/` keys per
-//! server: 2.4 to 5.6 ms of an answer over 100 servers in `benches/vs_redis.rs`, whatever
-//! it merged. So the store keeps, per server, one bit mask per day of its live hours
-//! (`live/` and `liveday/` together), loaded at the first question about the server and
-//! then kept exact:
+//! how many hours of the range it was live ([`ServerIndex::live_span`],
+//! [`ServerIndex::live_hours`]). Read from RocksDB that is four iterators and a scan of the
+//! range's `live/` keys per server: 2.4 to 5.6 ms of an answer over 100 servers in
+//! `benches/vs_redis.rs`, whatever it merged. So the store keeps, per server, its
+//! [`LiveMasks`] (one bit mask per day of its live hours, `live/` and `liveday/` together),
+//! loaded at the first question about the server and then kept exact:
 //!
 //! - every write of live hours adds them to a loaded server's masks after the write is in
 //!   the store (`put_push`, `put_index`), and raises a generation;
@@ -17,38 +17,6 @@
 //!   right for that moment; the next question loads again.
 
 use super::*;
-
-/// One server's live hours: bit `h` of `masks[day]` is hour `h` of that day.
-#[derive(Debug, Clone, Default)]
-pub(super) struct LiveMasks(BTreeMap<Day, u32>);
-
-impl LiveMasks {
-    pub(super) fn add(&mut self, day: Day, mask: u32) {
-        if mask != 0 {
-            *self.0.entry(day).or_default() |= mask;
-        }
-    }
-
-    /// From the first live hour to the last (its end), if any.
-    pub(super) fn span(&self) -> Option<Range<Hour>> {
-        let first = self.0.iter().next().and_then(|(d, m)| mask_span(*d, *m));
-        let last = self
-            .0
-            .iter()
-            .next_back()
-            .and_then(|(d, m)| mask_span(*d, *m));
-        span_union(first, last)
-    }
-
-    /// Live hours within `hours` (not empty).
-    pub(super) fn count(&self, hours: &Range<Hour>) -> u64 {
-        let last_day = Hour(hours.end.0 - 1).day();
-        self.0
-            .range(hours.start.day()..=last_day)
-            .map(|(day, mask)| u64::from(mask_within(*day, *mask, hours).count_ones()))
-            .sum()
-    }
-}
 
 #[derive(Debug, Default)]
 struct Loaded {

@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::store::MemoryStore;
+use crate::store::rules::{mask_span, mask_within, span_union};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

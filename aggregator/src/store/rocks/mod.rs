@@ -49,12 +49,12 @@ use rocksdb::{
     SliceTransform, WriteBatch, WriteOptions,
 };
 
-use super::memory::next_id;
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
 use super::{
-    Bytes, DayConflict, DirtyDay, HourCache, PutOutcome, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION,
-    SeriesName, ServerEntry, Store, StoreError, StoredSketch, StreamPosition, check_frame,
-    check_hourly_batch, check_rollups, is_empty_range, mask_span, mask_within, sorted_labels,
-    span_union,
+    Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
+    Rollups, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION, SeriesName, ServerEntry, ServerIndex,
+    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
+    is_empty_range, sorted_labels,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
@@ -78,7 +78,7 @@ const COLUMN_FAMILIES: [&str; 3] = [CF_HOURLY, CF_ROLLUPS, CF_META];
 /// Bytes of the version in front of every hourly value.
 const VERSION_LEN: usize = 8;
 
-/// Locks striping the read-modify-write of [`Store::put_hourly`]. A batch comes from one
+/// Locks striping the read-modify-write of [`Hourly::put_hourly`]. A batch comes from one
 /// agent, so one (server, epoch), so it nearly always takes a single stripe, and pushes
 /// from different agents proceed (and share WAL syncs) in parallel.
 const WRITE_STRIPES: usize = 64;
@@ -164,7 +164,7 @@ pub struct RocksStore {
     cache: Cache,
     cache_capacity: usize,
     write_options: WriteOptions,
-    /// The writes of a [`Store::write_group`]: not synced one by one.
+    /// The writes of a [`Replica::write_group`]: not synced one by one.
     group_write_options: WriteOptions,
     /// Whether writes are synced ([`StoreOptions::sync_writes`]); a write group syncs at
     /// its end only then.
@@ -659,87 +659,19 @@ impl RocksStore {
     }
 }
 
-/// Adds the live hours of `live` (a server and the hours it declared) to `write`.
-fn put_live(write: &mut WriteBatch, meta: &ColumnFamily, live: Option<(ServerId, &[Hour])>) {
-    if let Some((server, hours)) = live {
-        for hour in hours {
-            write.put_cf(meta, meta::live(server, *hour), []);
-        }
-    }
-}
-
-/// Raises the caches' generations when dropped, at the end of a retention pass, whether
-/// it wrote all it meant to, part of it (several writes) or nothing: rows and live records
-/// it deleted must not be answered from memory.
-struct Retention<'a>(&'a RocksStore);
-
-impl Drop for Retention<'_> {
-    fn drop(&mut self) {
-        self.0.hour_cache.written_everywhere();
-        self.0.live_cache.forget();
-    }
-}
-
-thread_local! {
-    /// Whether this thread runs a [`Store::write_group`] of a [`RocksStore`]: its writes
-    /// are then not synced one by one.
-    static IN_WRITE_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Ends a write group on this thread however the group ends (a panic too).
-struct GroupEnd;
-
-impl Drop for GroupEnd {
-    fn drop(&mut self) {
-        IN_WRITE_GROUP.set(false);
-    }
-}
-
-impl Store for RocksStore {
-    fn hour_cache(&self) -> Option<&HourCache> {
-        Some(&self.hour_cache)
-    }
-
-    fn write_group(
+impl RocksStore {
+    /// Adds `batch` to `write`, for [`Hourly::put_push`] with the batch's stripes held:
+    /// each entry that replaces the version held (`rules::put_outcome`, against what is
+    /// on disk or an earlier entry of the batch) with its dirty mark, and every entry's
+    /// series index. Returns one outcome per entry, in order.
+    fn add_hourly(
         &self,
-        writes: &mut dyn FnMut() -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let outer = IN_WRITE_GROUP.replace(true);
-        let result = {
-            // Not `then_some`: it would make (and at once drop) a GroupEnd inside a group,
-            // ending the outer group's flag.
-            let _end = if outer { None } else { Some(GroupEnd) };
-            writes()
-        };
-        // A group inside a group is synced by the outer one.
-        if !outer && self.sync_writes {
-            // RocksDB syncs every WAL file not yet synced, those a memtable switch
-            // closed during the group included.
-            self.db.flush_wal(true).map_err(engine_error)?;
-        }
-        result
-    }
-
-    fn put_push(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
+        write: &mut WriteBatch,
         batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError> {
-        check_hourly_batch(batch)?;
         let hourly = self.cf(CF_HOURLY);
         let meta = self.cf(CF_META);
-        let mut write = WriteBatch::default();
-        put_live(&mut write, meta, live);
-        if batch.is_empty() {
-            if !write.is_empty() {
-                self.write(write)?;
-                self.live_written(live);
-            }
-            return Ok(Vec::new());
-        }
         let keys: Vec<[u8; HourKey::LEN]> = batch.iter().map(|(key, _, _)| key.encode()).collect();
-
-        let _guards = self.lock_stripes(batch);
         let held = self
             .db
             .multi_get_cf(keys.iter().map(|key| (hourly, key.as_slice())));
@@ -757,38 +689,87 @@ impl Store for RocksStore {
                     None => None,
                 },
             };
-            match held_version {
-                Some(held) if held >= *version => {
-                    // The server holds the series that day all the same: a store from
-                    // before the index learns it from the agent's next resend.
-                    write.put_cf(
-                        meta,
-                        meta::server_series(hour_key.server, hour_key.hour.day(), hour_key.series),
-                        [],
-                    );
-                    outcomes.push(PutOutcome::Stale { held });
-                }
-                _ => {
-                    write.put_cf(
-                        hourly,
-                        key,
-                        hourly_value(*version, sketch, self.compress_values),
-                    );
-                    write.put_cf(
-                        meta,
-                        meta::day_series(meta::DIRTY, hour_key.series, hour_key.hour.day()),
-                        mark,
-                    );
-                    write.put_cf(
-                        meta,
-                        meta::server_series(hour_key.server, hour_key.hour.day(), hour_key.series),
-                        [],
-                    );
-                    in_batch.insert(*key, *version);
-                    outcomes.push(PutOutcome::Stored);
-                }
+            let outcome = put_outcome(held_version, *version);
+            if outcome == PutOutcome::Stored {
+                write.put_cf(
+                    hourly,
+                    key,
+                    hourly_value(*version, sketch, self.compress_values),
+                );
+                write.put_cf(
+                    meta,
+                    meta::day_series(meta::DIRTY, hour_key.series, hour_key.hour.day()),
+                    mark,
+                );
+                in_batch.insert(*key, *version);
             }
+            // Stale or not, the server holds the series that day: a store from before the
+            // index learns it from the agent's next resend.
+            write.put_cf(
+                meta,
+                meta::server_series(hour_key.server, hour_key.hour.day(), hour_key.series),
+                [],
+            );
+            outcomes.push(outcome);
         }
+        Ok(outcomes)
+    }
+}
+
+/// Adds the live hours of `live` (a server and the hours it declared) to `write`.
+fn put_live(write: &mut WriteBatch, meta: &ColumnFamily, live: Option<(ServerId, &[Hour])>) {
+    if let Some((server, hours)) = live {
+        for hour in hours {
+            write.put_cf(meta, meta::live(server, *hour), []);
+        }
+    }
+}
+
+/// Raises the caches' generations when dropped, at the end of a retention pass, whether
+/// it wrote all it meant to, part of it (several writes) or nothing: rows and live records
+/// it deleted must not be answered from memory.
+struct RetentionEnd<'a>(&'a RocksStore);
+
+impl Drop for RetentionEnd<'_> {
+    fn drop(&mut self) {
+        self.0.hour_cache.written_everywhere();
+        self.0.live_cache.forget();
+    }
+}
+
+thread_local! {
+    /// Whether this thread runs a [`Replica::write_group`] of a [`RocksStore`]: its writes
+    /// are then not synced one by one.
+    static IN_WRITE_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Ends a write group on this thread however the group ends (a panic too).
+struct GroupEnd;
+
+impl Drop for GroupEnd {
+    fn drop(&mut self) {
+        IN_WRITE_GROUP.set(false);
+    }
+}
+
+impl Hourly for RocksStore {
+    fn put_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, Bytes)],
+    ) -> Result<Vec<PutOutcome>, StoreError> {
+        check_hourly_batch(batch)?;
+        let mut write = WriteBatch::default();
+        put_live(&mut write, self.cf(CF_META), live);
+        if batch.is_empty() {
+            if !write.is_empty() {
+                self.write(write)?;
+                self.live_written(live);
+            }
+            return Ok(Vec::new());
+        }
+        let _guards = self.lock_stripes(batch);
+        let outcomes = self.add_hourly(&mut write, batch)?;
         if !write.is_empty() {
             self.write(write)?;
         }
@@ -800,25 +781,6 @@ impl Store for RocksStore {
             }
         }
         Ok(outcomes)
-    }
-
-    fn put_index(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
-        server: ServerId,
-        held: &[(SeriesId, Day)],
-    ) -> Result<(), StoreError> {
-        let meta = self.cf(CF_META);
-        let mut write = WriteBatch::default();
-        put_live(&mut write, meta, live);
-        for (series, day) in held {
-            write.put_cf(meta, meta::server_series(server, *day, *series), []);
-        }
-        if !write.is_empty() {
-            self.write(write)?;
-            self.live_written(live);
-        }
-        Ok(())
     }
 
     fn scan_hourly(
@@ -861,6 +823,12 @@ impl Store for RocksStore {
         it.status().map_err(engine_error)
     }
 
+    fn hour_cache(&self) -> Option<&HourCache> {
+        Some(&self.hour_cache)
+    }
+}
+
+impl Rollups for RocksStore {
     fn put_rollup(&self, key: DayKey, sketch: Vec<u8>) -> Result<(), StoreError> {
         check_frame(&sketch, || format!("rollup {key:?}"))?;
         let mut batch = WriteBatch::default();
@@ -899,88 +867,73 @@ impl Store for RocksStore {
         it.status().map_err(engine_error)
     }
 
-    fn delete_hourly_before(
-        &self,
-        day: Day,
-        keep: &BTreeSet<(SeriesId, Day)>,
-    ) -> Result<u64, StoreError> {
-        let _after = Retention(self);
-        let (mut batch, deleted) = self.expire_hourly_days(day, keep)?;
-        let meta = self.cf(CF_META);
-        // Liveness of those days folds into one mask per (server, day).
-        let cutoff = day.first_hour();
-        for server in self.servers_under(meta::LIVE)? {
-            let id = ServerId(server);
-            let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
-            let mut read = ReadOptions::default();
-            read.set_iterate_upper_bound(meta::live(id, cutoff));
-            let mut it = self.db.raw_iterator_cf_opt(meta, read);
-            it.seek(meta::live(id, Hour(0)));
-            while let Some(key) = it.key() {
-                let hour = Hour(meta_id(key, after(key, meta::LIVE.len() + 4))?);
-                *masks.entry(hour.day()).or_default() |= hour_bit(hour);
-                it.next();
-            }
-            it.status().map_err(engine_error)?;
-            for (live_day, mask) in masks {
-                let key = meta::live_day(id, live_day);
-                let held = match self.db.get_cf(meta, &key).map_err(engine_error)? {
-                    Some(value) => live_mask(&key, &value)?,
-                    None => 0,
-                };
-                batch.put_cf(meta, key, (held | mask).to_be_bytes());
-            }
-            batch.delete_range_cf(meta, meta::live(id, Hour(0)), meta::live(id, cutoff));
-        }
-        // The series index of those days goes.
-        for server in self.servers_under(meta::SERVER_SERIES)? {
-            let id = ServerId(server);
-            batch.delete_range_cf(
-                meta,
-                meta::server_start(meta::SERVER_SERIES, id),
-                meta::server_series_from(id, day),
-            );
-        }
-        self.write(batch)?;
-        Ok(deleted)
-    }
-
-    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
-        let _after = Retention(self);
-        let deleted = self.delete_before(CF_ROLLUPS, day.0)?;
-        // Hourly rows kept past hourly retention (their day never rolled up) go with it.
-        self.delete_before(CF_HOURLY, day.first_hour().0)?;
-        let meta = self.cf(CF_META);
+    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
+        let mark = self.next_mark.fetch_add(1, Ordering::Relaxed);
         let mut batch = WriteBatch::default();
-        // Day-first keys: one range each. A dirty mark for a day past rollup retention
-        // would build a rollup only to delete it.
-        for prefix in [meta::DIRTY, meta::BUILT, meta::CONFLICT, meta::EXPIRED] {
-            batch.delete_range_cf(meta, prefix.to_vec(), meta::day_start(prefix, day));
-        }
-        // Server-first keys: one range per server.
-        for server in self.servers_under(meta::LIVE_DAY)? {
-            let id = ServerId(server);
-            batch.delete_range_cf(meta, meta::live_day(id, Day(0)), meta::live_day(id, day));
-        }
-        for server in self.servers_under(meta::LIVE)? {
-            let id = ServerId(server);
-            batch.delete_range_cf(
-                meta,
-                meta::live(id, Hour(0)),
-                meta::live(id, day.first_hour()),
-            );
-        }
-        self.write(batch)?;
-        Ok(deleted)
+        batch.put_cf(
+            self.cf(CF_META),
+            meta::day_series(meta::DIRTY, series, day),
+            mark.to_be_bytes(),
+        );
+        self.write(batch)
     }
 
-    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        let key = meta::day_series(meta::EXPIRED, series, day);
-        Ok(self
+    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
+        let meta = self.cf(CF_META);
+        let mut found = Vec::new();
+        let end = meta::day_start(meta::DIRTY, before);
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(end);
+        let mut it = self.db.raw_iterator_cf_opt(meta, read);
+        it.seek(meta::DIRTY);
+        while found.len() < limit
+            && let Some((key, value)) = it.item()
+        {
+            let (series, day) = day_series_fields(meta::DIRTY, key)?;
+            let mark = mark_value(key, value)?;
+            if is_dirty(Some(mark), self.built_mark(series, day)?) {
+                found.push(DirtyDay { series, day, mark });
+            }
+            it.next();
+        }
+        it.status().map_err(engine_error)?;
+        Ok(found)
+    }
+
+    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        let key = meta::day_series(meta::DIRTY, series, day);
+        let dirty = match self
             .db
-            .get_cf(self.cf(CF_META), key)
+            .get_cf(self.cf(CF_META), &key)
             .map_err(engine_error)?
-            .is_some())
+        {
+            Some(value) => Some(mark_value(&key, &value)?),
+            None => None,
+        };
+        // A day never marked needs no read of a built mark.
+        let built = match dirty {
+            Some(_) => self.built_mark(series, day)?,
+            None => None,
+        };
+        Ok(is_dirty(dirty, built))
+    }
+
+    fn replace_rollups(
+        &self,
+        series: SeriesId,
+        day: Day,
+        rollups: Vec<(DayKey, Vec<u8>)>,
+        mark: u64,
+    ) -> Result<bool, StoreError> {
+        let mut batch = self.rollups_batch(series, day, rollups)?;
+        let built = meta::day_series(meta::BUILT, series, day);
+        batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
+        batch.delete_cf(
+            self.cf(CF_META),
+            meta::day_series(meta::CONFLICT, series, day),
+        );
+        self.write(batch)?;
+        Ok(!self.is_day_dirty(series, day)?)
     }
 
     fn mark_day_conflict(
@@ -1024,7 +977,95 @@ impl Store for RocksStore {
         })?;
         Ok(out)
     }
+}
 
+impl Retention for RocksStore {
+    fn delete_hourly_before(
+        &self,
+        day: Day,
+        keep: &BTreeSet<(SeriesId, Day)>,
+    ) -> Result<u64, StoreError> {
+        let _after = RetentionEnd(self);
+        let (mut batch, deleted) = self.expire_hourly_days(day, keep)?;
+        let meta = self.cf(CF_META);
+        // Liveness of those days folds into one mask per (server, day).
+        let cutoff = day.first_hour();
+        for server in self.servers_under(meta::LIVE)? {
+            let id = ServerId(server);
+            let mut masks: BTreeMap<Day, u32> = BTreeMap::new();
+            let mut read = ReadOptions::default();
+            read.set_iterate_upper_bound(meta::live(id, cutoff));
+            let mut it = self.db.raw_iterator_cf_opt(meta, read);
+            it.seek(meta::live(id, Hour(0)));
+            while let Some(key) = it.key() {
+                let hour = Hour(meta_id(key, after(key, meta::LIVE.len() + 4))?);
+                *masks.entry(hour.day()).or_default() |= hour_bit(hour);
+                it.next();
+            }
+            it.status().map_err(engine_error)?;
+            for (live_day, mask) in masks {
+                let key = meta::live_day(id, live_day);
+                let held = match self.db.get_cf(meta, &key).map_err(engine_error)? {
+                    Some(value) => live_mask(&key, &value)?,
+                    None => 0,
+                };
+                batch.put_cf(meta, key, (held | mask).to_be_bytes());
+            }
+            batch.delete_range_cf(meta, meta::live(id, Hour(0)), meta::live(id, cutoff));
+        }
+        // The series index of those days goes.
+        for server in self.servers_under(meta::SERVER_SERIES)? {
+            let id = ServerId(server);
+            batch.delete_range_cf(
+                meta,
+                meta::server_start(meta::SERVER_SERIES, id),
+                meta::server_series_from(id, day),
+            );
+        }
+        self.write(batch)?;
+        Ok(deleted)
+    }
+
+    fn delete_rollups_before(&self, day: Day) -> Result<u64, StoreError> {
+        let _after = RetentionEnd(self);
+        let deleted = self.delete_before(CF_ROLLUPS, day.0)?;
+        // Hourly rows kept past hourly retention (their day never rolled up) go with it.
+        self.delete_before(CF_HOURLY, day.first_hour().0)?;
+        let meta = self.cf(CF_META);
+        let mut batch = WriteBatch::default();
+        // Day-first keys: one range each. A dirty mark for a day past rollup retention
+        // would build a rollup only to delete it.
+        for prefix in [meta::DIRTY, meta::BUILT, meta::CONFLICT, meta::EXPIRED] {
+            batch.delete_range_cf(meta, prefix.to_vec(), meta::day_start(prefix, day));
+        }
+        // Server-first keys: one range per server.
+        for server in self.servers_under(meta::LIVE_DAY)? {
+            let id = ServerId(server);
+            batch.delete_range_cf(meta, meta::live_day(id, Day(0)), meta::live_day(id, day));
+        }
+        for server in self.servers_under(meta::LIVE)? {
+            let id = ServerId(server);
+            batch.delete_range_cf(
+                meta,
+                meta::live(id, Hour(0)),
+                meta::live(id, day.first_hour()),
+            );
+        }
+        self.write(batch)?;
+        Ok(deleted)
+    }
+
+    fn is_day_expired(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
+        let key = meta::day_series(meta::EXPIRED, series, day);
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_META), key)
+            .map_err(engine_error)?
+            .is_some())
+    }
+}
+
+impl Dictionaries for RocksStore {
     fn series_id(&self, series: &SeriesName) -> Result<Option<SeriesId>, StoreError> {
         let name_key = meta::by_name(meta::SERIES_BY_NAME, &encode_series_name(series));
         Ok(self.meta_id_of(&name_key)?.map(SeriesId))
@@ -1123,69 +1164,79 @@ impl Store for RocksStore {
         })?;
         Ok(out)
     }
+}
 
-    fn mark_day_dirty(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
-        let mark = self.next_mark.fetch_add(1, Ordering::Relaxed);
-        let mut batch = WriteBatch::default();
-        batch.put_cf(
-            self.cf(CF_META),
-            meta::day_series(meta::DIRTY, series, day),
-            mark.to_be_bytes(),
-        );
-        self.write(batch)
-    }
-
-    fn dirty_days(&self, before: Day, limit: usize) -> Result<Vec<DirtyDay>, StoreError> {
-        let meta = self.cf(CF_META);
-        let mut found = Vec::new();
-        let end = meta::day_start(meta::DIRTY, before);
+impl ServerIndex for RocksStore {
+    fn server_series(
+        &self,
+        server: ServerId,
+        since: Day,
+    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
+        let prefix = meta::server_start(meta::SERVER_SERIES, server);
         let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(end);
-        let mut it = self.db.raw_iterator_cf_opt(meta, read);
-        it.seek(meta::DIRTY);
-        while found.len() < limit
-            && let Some((key, value)) = it.item()
-        {
-            let (series, day) = day_series_fields(meta::DIRTY, key)?;
-            let mark = mark_value(key, value)?;
-            if self.built_mark(series, day)? != Some(mark) {
-                found.push(DirtyDay { series, day, mark });
-            }
+        read.set_iterate_upper_bound(prefix_end(&prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
+        it.seek(meta::server_series_from(server, since));
+        // Keys run day by day, so a later day overwrites an earlier one.
+        let mut latest = HashMap::new();
+        while let Some(key) = it.key() {
+            // `day | series`, each checked to be 4 bytes by `meta_id`.
+            let fields = &key[prefix.len()..];
+            let (day, series) = fields.split_at(fields.len().min(4));
+            let (day, series) = (meta_id(key, day)?, meta_id(key, series)?);
+            latest.insert(SeriesId(series), Day(day));
             it.next();
         }
         it.status().map_err(engine_error)?;
-        Ok(found)
+        let mut latest: Vec<(SeriesId, Day)> = latest.into_iter().collect();
+        latest.sort_unstable();
+        Ok(latest)
     }
 
-    fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
-        let key = meta::day_series(meta::DIRTY, series, day);
-        let Some(value) = self
-            .db
-            .get_cf(self.cf(CF_META), &key)
-            .map_err(engine_error)?
-        else {
-            return Ok(false);
-        };
-        let mark = mark_value(&key, &value)?;
-        Ok(self.built_mark(series, day)? != Some(mark))
+    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
+        if is_empty_range(&hours) {
+            return Ok(0);
+        }
+        // `live/` and `liveday/` records alike, one mask per day, so an hour in both
+        // counts once (live.rs).
+        self.with_live(server, |masks| masks.count(&hours))
     }
 
-    fn replace_rollups(
+    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
+        self.with_live(server, LiveMasks::span)
+    }
+}
+
+impl Replica for RocksStore {
+    fn put_index(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        server: ServerId,
+        held: &[(SeriesId, Day)],
+    ) -> Result<(), StoreError> {
+        let meta = self.cf(CF_META);
+        let mut write = WriteBatch::default();
+        put_live(&mut write, meta, live);
+        for (series, day) in held {
+            write.put_cf(meta, meta::server_series(server, *day, *series), []);
+        }
+        if !write.is_empty() {
+            self.write(write)?;
+            self.live_written(live);
+        }
+        Ok(())
+    }
+
+    fn put_copied_day(
         &self,
         series: SeriesId,
         day: Day,
         rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(), StoreError> {
         let mut batch = self.rollups_batch(series, day, rollups)?;
-        let built = meta::day_series(meta::BUILT, series, day);
-        batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
-        batch.delete_cf(
-            self.cf(CF_META),
-            meta::day_series(meta::CONFLICT, series, day),
-        );
-        self.write(batch)?;
-        Ok(!self.is_day_dirty(series, day)?)
+        let expired = meta::day_series(meta::EXPIRED, series, day);
+        batch.put_cf(self.cf(CF_META), expired, []);
+        self.write(batch)
     }
 
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
@@ -1225,55 +1276,24 @@ impl Store for RocksStore {
             .map_err(engine_error)
     }
 
-    fn put_copied_day(
+    fn write_group(
         &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
+        writes: &mut dyn FnMut() -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let mut batch = self.rollups_batch(series, day, rollups)?;
-        let expired = meta::day_series(meta::EXPIRED, series, day);
-        batch.put_cf(self.cf(CF_META), expired, []);
-        self.write(batch)
-    }
-
-    fn server_series(
-        &self,
-        server: ServerId,
-        since: Day,
-    ) -> Result<Vec<(SeriesId, Day)>, StoreError> {
-        let prefix = meta::server_start(meta::SERVER_SERIES, server);
-        let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(prefix_end(&prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_META), read);
-        it.seek(meta::server_series_from(server, since));
-        // Keys run day by day, so a later day overwrites an earlier one.
-        let mut latest = HashMap::new();
-        while let Some(key) = it.key() {
-            // `day | series`, each checked to be 4 bytes by `meta_id`.
-            let fields = &key[prefix.len()..];
-            let (day, series) = fields.split_at(fields.len().min(4));
-            let (day, series) = (meta_id(key, day)?, meta_id(key, series)?);
-            latest.insert(SeriesId(series), Day(day));
-            it.next();
+        let outer = IN_WRITE_GROUP.replace(true);
+        let result = {
+            // Not `then_some`: it would make (and at once drop) a GroupEnd inside a group,
+            // ending the outer group's flag.
+            let _end = if outer { None } else { Some(GroupEnd) };
+            writes()
+        };
+        // A group inside a group is synced by the outer one.
+        if !outer && self.sync_writes {
+            // RocksDB syncs every WAL file not yet synced, those a memtable switch
+            // closed during the group included.
+            self.db.flush_wal(true).map_err(engine_error)?;
         }
-        it.status().map_err(engine_error)?;
-        let mut latest: Vec<(SeriesId, Day)> = latest.into_iter().collect();
-        latest.sort_unstable();
-        Ok(latest)
-    }
-
-    fn live_hours(&self, server: ServerId, hours: Range<Hour>) -> Result<u64, StoreError> {
-        if is_empty_range(&hours) {
-            return Ok(0);
-        }
-        // `live/` and `liveday/` records alike, one mask per day, so an hour in both
-        // counts once (live.rs).
-        self.with_live(server, |masks| masks.count(&hours))
-    }
-
-    fn live_span(&self, server: ServerId) -> Result<Option<Range<Hour>>, StoreError> {
-        self.with_live(server, live::LiveMasks::span)
+        result
     }
 }
 

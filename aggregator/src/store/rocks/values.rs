@@ -202,11 +202,6 @@ pub(super) fn after(key: &[u8], offset: usize) -> &[u8] {
     key.get(offset..).unwrap_or(&[])
 }
 
-/// The bit of `hour` in its day's live-hours mask.
-pub(super) fn hour_bit(hour: Hour) -> u32 {
-    1 << (hour.0 - hour.day().first_hour().0)
-}
-
 /// The mask stored under a `liveday/` key.
 pub(super) fn live_mask(key: &[u8], value: &[u8]) -> Result<u32, StoreError> {
     let bytes: [u8; 4] = value.try_into().map_err(|_| StoreError::BadValue {

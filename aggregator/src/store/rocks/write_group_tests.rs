@@ -1,4 +1,4 @@
-//! `Store::write_group` of a RocksStore: the thread-local flag that makes a group's writes
+//! `Replica::write_group` of a RocksStore: the thread-local flag that makes a group's writes
 //! unsynced never outlives the group, nor reaches another thread.
 
 use super::*;
