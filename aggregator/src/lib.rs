@@ -11,7 +11,7 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`keys`] | the encoding of every storage key: fixed-width big-endian fields, so byte order is time order and one series' week is one range scan |
-//! | [`store`] | storage behind the [`store::Store`] trait: upsert of snapshots by version, rollups, retention, the series dictionary and server registry, server liveness; [`store::RocksStore`] for production, [`store::MemoryStore`] for tests |
+//! | [`store`] | storage behind the [`store::Store`] trait, the sum of six capability traits: hourly snapshots upserted by version ([`store::Hourly`]), rollups ([`store::Rollups`]), retention ([`store::Retention`]), the series dictionary and server registry ([`store::Dictionaries`]), server liveness and series index ([`store::ServerIndex`]), cluster mode's positions and copies ([`store::Replica`]); [`store::RocksStore`] for production, [`store::MemoryStore`] for tests |
 //! | [`planner`] | which hourly rows and rollups answer a selection, merged in the one order that makes both give the same bytes |
 //! | [`rollup`] | the builder of daily rollups for closed and late-touched days |
 //! | [`glob`] | shell-style server name globs |
