@@ -296,10 +296,9 @@ const MARKED_INCOMPLETE: &str = "\"hourglass.complete\":\"false\"";
 /// for the partition without the messages the stream dropped.
 ///
 /// The scenario is that of
-/// [`a_delivery_lost_then_dropped_by_max_age_is_never_vouched_for_by_the_ack_floor`]: agg-1's
-/// deliveries of partition p are lost
-/// until the stream dropped M1 (agg-2 applied it); agg-1's consumer updates that mark it
-/// incomplete are lost throughout.
+/// [`a_delivery_lost_then_dropped_by_max_age_is_never_vouched_for_by_the_ack_floor`]:
+/// agg-1's deliveries of partition p are lost until the stream dropped M1 (agg-2 applied
+/// it); agg-1's consumer updates that mark it incomplete are lost throughout.
 #[test]
 fn a_consumer_made_again_past_a_gap_is_not_trusted_complete_when_its_mark_is_lost() {
     let nats = NatsCluster::start(3);
