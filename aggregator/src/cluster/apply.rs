@@ -309,47 +309,14 @@ fn start(work: &Consuming, p: u32) -> Task {
 async fn consume(work: &Consuming, p: u32) -> ClusterError {
     let cluster = &work.cluster;
     let config = cluster.config();
-    let stream_error = |detail: String| ClusterError::Stream {
-        stream: config.stream.clone(),
-        detail,
-    };
-    let (subject, name) = if p == LIVE {
-        (config.live_subject(), format!("{}-live", work.durable))
-    } else {
-        (
-            config.partition_subject(p),
-            format!("{}-p{p}", work.durable),
-        )
-    };
-    let stream = match cluster.jetstream().get_stream(&config.stream).await {
-        Ok(stream) => stream,
-        Err(e) => return stream_error(e.to_string()),
-    };
-    let Opened {
-        consumer,
-        identity,
-        complete,
-        mut delivered,
-    } = match open(work, p, &stream, &name, &subject).await {
-        Ok(opened) => opened,
-        Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
+    let (mut subject, mut messages) = match subscribe(work, p).await {
+        Ok(subscribed) => subscribed,
+        Err(e) => return e,
     };
     // Incomplete and no node could give what is missing: apply what is there, and try
     // the copy again later.
-    let retry_copy = (!complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
-    let heartbeat = config.pull_heartbeat();
+    let retry_copy = (!subject.complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
     let (quiet, stall) = (config.quiet(), config.stall());
-    let pulls = consumer
-        .stream()
-        .heartbeat(heartbeat)
-        .expires(heartbeat * 4)
-        .messages()
-        .await;
-    let mut messages = match pulls {
-        Ok(messages) => messages,
-        Err(e) => return stream_error(format!("consumer {name}: {e}")),
-    };
-    tracing::debug!(consumer = %name, "applying {subject}");
     let mut quiet_until = tokio::time::Instant::now() + quiet;
     let mut unreceived = None;
     loop {
@@ -357,7 +324,7 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             biased;
             next = messages.next() => Some(next),
             _ = tokio::time::sleep_until(retry_copy.unwrap_or(quiet_until)), if retry_copy.is_some() => {
-                return stream_error(format!("consumer {name}: trying the copy of what the stream no longer keeps again"));
+                return subject.fail("trying the copy of what the stream no longer keeps again");
             }
             _ = tokio::time::sleep_until(quiet_until) => None,
         };
@@ -366,17 +333,25 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // looked past unseen. Neither it nor what the consumer looked at counts.
         let late = tokio::time::Instant::now().saturating_duration_since(quiet_until);
         if late > stall {
-            cluster.distrust(p, &identity);
-            return stream_error(format!(
-                "consumer {name}: this node's loop did not run for {late:?} past its time; opening the consumer again from this node's position"
+            cluster.distrust(p, &subject.identity);
+            return subject.fail(format!(
+                "this node's loop did not run for {late:?} past its time; opening the consumer again from this node's position"
             ));
         }
         cluster.barrier().running(p);
         let Some(next) = next else {
-            if let Err(detail) =
-                idle(cluster, p, &consumer, &identity, complete, &mut unreceived).await
+            let (consumer, identity) = (&subject.consumer, &subject.identity);
+            if let Err(detail) = idle(
+                cluster,
+                p,
+                consumer,
+                identity,
+                subject.complete,
+                &mut unreceived,
+            )
+            .await
             {
-                return stream_error(format!("consumer {name}: {detail}"));
+                return subject.fail(detail);
             }
             quiet_until = tokio::time::Instant::now() + quiet;
             continue;
@@ -384,25 +359,134 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         let first = match next {
             Some(Ok(message)) => message,
             // The client reconnects by itself; a missed heartbeat and the like end here.
-            Some(Err(e)) => return stream_error(format!("consumer {name}: {e}")),
-            None => return stream_error(format!("consumer {name} ended")),
+            Some(Err(e)) => return subject.fail(e),
+            None => return subject.fail("ended"),
         };
+        let pending = match subject.take(first, &mut messages).await {
+            Ok(pending) => pending,
+            Err(e) => return e,
+        };
+        quiet_until = tokio::time::Instant::now() + quiet;
+        unreceived = None;
+        cluster.barrier().running(p);
+        // Nothing left to deliver: ready once this node applied every delivery too (one
+        // request, only while not ready yet).
+        if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
+            match subject.consumer.get_info().await {
+                Ok(info) => record_outstanding(cluster, p, &info, subject.complete),
+                Err(e) => return subject.fail(e),
+            }
+        }
+    }
+}
+
+/// Opens `p`'s consumer ([`open`]) and its flow of messages.
+async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Stream), ClusterError> {
+    let config = work.cluster.config();
+    let (subject, name) = if p == LIVE {
+        (config.live_subject(), format!("{}-live", work.durable))
+    } else {
+        (
+            config.partition_subject(p),
+            format!("{}-p{p}", work.durable),
+        )
+    };
+    let stream = work
+        .cluster
+        .jetstream()
+        .get_stream(&config.stream)
+        .await
+        .map_err(|e| ClusterError::Stream {
+            stream: config.stream.clone(),
+            detail: e.to_string(),
+        })?;
+    let Opened {
+        consumer,
+        identity,
+        complete,
+        delivered,
+    } = open(work, p, &stream, &name, &subject)
+        .await
+        .map_err(|detail| consumer_error(work, &name, detail))?;
+    let heartbeat = config.pull_heartbeat();
+    let messages = consumer
+        .stream()
+        .heartbeat(heartbeat)
+        .expires(heartbeat * 4)
+        .messages()
+        .await
+        .map_err(|e| consumer_error(work, &name, e))?;
+    tracing::debug!(consumer = %name, "applying {subject}");
+    let applying = Subject {
+        work,
+        p,
+        name,
+        consumer,
+        identity,
+        complete,
+        delivered,
+    };
+    Ok((applying, messages))
+}
+
+/// Why consumer `name`'s loop ended: `detail`.
+fn consumer_error(work: &Consuming, name: &str, detail: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Stream {
+        stream: work.cluster.config().stream.clone(),
+        detail: format!("consumer {name}: {detail}"),
+    }
+}
+
+/// One subject's consumer, as its apply loop holds it.
+struct Subject<'a> {
+    work: &'a Consuming,
+    /// The partition, or [`LIVE`].
+    p: u32,
+    /// The consumer's durable name.
+    name: String,
+    consumer: PullConsumer,
+    /// Its instance ([`super::barrier::identity`]).
+    identity: String,
+    /// Whether the store holds every message of the subject the stream ever had.
+    complete: bool,
+    /// The consumer sequence of the last delivery applied: the next must follow it.
+    delivered: u64,
+}
+
+impl Subject<'_> {
+    /// Why the loop ends: `detail`.
+    fn fail(&self, detail: impl std::fmt::Display) -> ClusterError {
+        consumer_error(self.work, &self.name, detail)
+    }
+
+    /// Applies `first` and every message `messages` already received after it as one
+    /// batch, in one write group of the store (one WAL sync), and acknowledges them after
+    /// it. Returns the messages of the subject left to deliver after them, or why the
+    /// consumer is to be opened again (what ended the batch, the stream's error or end,
+    /// is taken up after it is applied).
+    async fn take<S>(
+        &mut self,
+        first: async_nats::jetstream::Message,
+        messages: &mut S,
+    ) -> Result<u64, ClusterError>
+    where
+        S: tokio_stream::Stream<Item = Result<async_nats::jetstream::Message, pull::MessagesError>>
+            + Unpin,
+    {
+        let (cluster, p) = (&self.work.cluster, self.p);
         let taken = std::time::Instant::now();
-        // With it, every message already received: they are applied as one batch, in one
-        // write group of the store (one WAL sync), and acknowledged after it. What ended
-        // the batch (the stream's error or end) is taken up after it is applied.
-        let (messages, ended) = ready_messages(first, &mut messages);
+        let (messages, ended) = ready_messages(first, messages);
         // Every delivery of this consumer takes the next consumer sequence: one skipped
         // was delivered and lost on the way (a reconnect). Applying on would record a
         // position past it, so the consumer is opened again, from this node's position,
         // after the deliveries before it are applied.
-        let (batch, gap) = in_sequence(messages, delivered);
+        let (batch, gap) = in_sequence(messages, self.delivered);
         let ended = gap.or(ended.map(|e| match e {
             Some(e) => e.to_string(),
             None => "ended".to_string(),
         }));
         if batch.is_empty() {
-            return stream_error(format!("consumer {name}: {}", ended.unwrap_or_default()));
+            return Err(self.fail(ended.unwrap_or_default()));
         }
         // Messages of the subject between this node's position and these that the
         // stream dropped (max_age) before the consumer reached them were passed over
@@ -411,29 +495,45 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // messages answers for none of the subject and copies them before it does: it
         // applies on meanwhile, and its next copy covers what it skips now.) Checked
         // against the position before the batch: stricter than before each message.
-        match guard(
-            complete,
-            nothing_aged_out(cluster, p, cluster.position(p).applied),
-        )
-        .await
-        {
+        let applied = cluster.position(p).applied;
+        match guard(self.complete, nothing_aged_out(cluster, p, applied)).await {
             Ok(true) => {}
             Ok(false) => {
-                cluster.distrust(p, &identity);
-                return stream_error(format!(
-                    "consumer {name}: it fell so far behind that the stream may have dropped messages it never delivered; opening it again from this node's position"
+                cluster.distrust(p, &self.identity);
+                return Err(self.fail(
+                    "it fell so far behind that the stream may have dropped messages it never delivered; opening it again from this node's position",
                 ));
             }
-            Err(detail) => return stream_error(format!("consumer {name}: {detail}")),
+            Err(detail) => return Err(self.fail(detail)),
         }
-        let outcomes = apply_in_place(work, p, &name, &batch).await;
+        let outcomes = apply_in_place(self.work, p, &self.name, &batch).await;
+        let stall = cluster.config().stall();
         // Stalled: this consumer's deliveries vouch for nothing more (before these
         // messages are recorded, so that no reader takes what it looked at meanwhile as
         // applied).
         let stalled = taken.elapsed() > stall;
         if stalled {
-            cluster.distrust(p, &identity);
+            cluster.distrust(p, &self.identity);
         }
+        let pending = self.record(&batch, outcomes).await;
+        if stalled || taken.elapsed() > stall {
+            cluster.distrust(p, &self.identity);
+            return Err(self.fail(format!(
+                "{} messages took {:?} to apply and acknowledge, longer than a quarter of cluster.max_age; opening the consumer again from this node's position",
+                batch.len(),
+                taken.elapsed()
+            )));
+        }
+        match ended {
+            Some(ended) => Err(self.fail(ended)),
+            None => Ok(pending),
+        }
+    }
+
+    /// Records `batch`, applied with `outcomes`: counts, this node's position, and
+    /// acknowledgements. Returns the messages of the subject left after the batch.
+    async fn record(&mut self, batch: &[Delivery], outcomes: Vec<Applied>) -> u64 {
+        let (work, cluster, p) = (self.work, &self.work.cluster, self.p);
         for (delivery, outcome) in batch.iter().zip(&outcomes) {
             // Before the position, so that a reader who sees the position also sees the count.
             count(work, *outcome);
@@ -442,15 +542,20 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         // The batch's last delivery vouches for every one before it: one write of the
         // position for the whole batch.
         if let Some(last) = batch.last() {
-            cluster.record_delivery(p, &identity, last.consumer_sequence, last.stream_sequence);
+            cluster.record_delivery(
+                p,
+                &self.identity,
+                last.consumer_sequence,
+                last.stream_sequence,
+            );
         }
         let mut pending = 0;
         for (delivery, outcome) in batch.iter().zip(outcomes) {
             // Every message of the subject still to come was published after this one.
             cluster
                 .barrier()
-                .fresh_since(p, &identity, delivery.published);
-            delivered = delivery.consumer_sequence;
+                .fresh_since(p, &self.identity, delivery.published);
+            self.delivered = delivery.consumer_sequence;
             pending = delivery.pending;
             let ack = match outcome {
                 Applied::Refused => AckKind::Term,
@@ -462,32 +567,11 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
             // awaited, each was a consensus round of the consumer's replicas before the
             // next message (docs/BENCHMARKS.md, "Cluster mode").
             if let Err(e) = delivery.message.ack_with(ack).await {
-                tracing::warn!(consumer = %name, error = %e, "acknowledging a cluster message");
+                tracing::warn!(consumer = %self.name, error = %e, "acknowledging a cluster message");
             }
         }
         cluster.members().set_pending(p, pending);
-        if stalled || taken.elapsed() > stall {
-            cluster.distrust(p, &identity);
-            return stream_error(format!(
-                "consumer {name}: {} messages took {:?} to apply and acknowledge, longer than a quarter of cluster.max_age; opening the consumer again from this node's position",
-                batch.len(),
-                taken.elapsed()
-            ));
-        }
-        if let Some(ended) = ended {
-            return stream_error(format!("consumer {name}: {ended}"));
-        }
-        quiet_until = tokio::time::Instant::now() + quiet;
-        unreceived = None;
-        cluster.barrier().running(p);
-        // Nothing left to deliver: ready once this node applied every delivery too (one
-        // request, only while not ready yet).
-        if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
-            match consumer.get_info().await {
-                Ok(info) => record_outstanding(cluster, p, &info, complete),
-                Err(e) => return stream_error(format!("consumer {name}: {e}")),
-            }
-        }
+        pending
     }
 }
 
@@ -730,20 +814,8 @@ async fn open(
 ) -> Result<Opened, String> {
     let cluster = &work.cluster;
     let config = cluster.config();
-    let consumer_config = |deliver_policy, complete: bool| pull::Config {
-        durable_name: Some(name.to_string()),
-        description: Some(format!("hourglass node {} applies {subject}", config.node)),
-        filter_subject: subject.to_string(),
-        deliver_policy,
-        ack_policy: AckPolicy::Explicit,
-        ack_wait: ACK_WAIT,
-        max_ack_pending: MAX_ACK_PENDING,
-        // The consumer of a store that is gone (a wiped node) is removed by the
-        // servers once it has been idle as long as the stream keeps messages (a day at
-        // least: a short max_age must not remove the consumer of a quiet partition).
-        inactive_threshold: config.max_age.max(MIN_INACTIVE),
-        metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
-        ..pull::Config::default()
+    let consumer_config = |deliver_policy, complete: bool| {
+        consumer_config(config, name, subject, deliver_policy, complete)
     };
     let (first, instance) = stream_state(stream, config).await?;
     let mine = cluster
@@ -753,7 +825,7 @@ async fn open(
     // old one's live messages named say nothing here, and none of the new one is named
     // yet (every push acknowledged in it is named by a live message of it, which the
     // barrier's first step waits for). Without this, partitions opened in the new
-    // instance stayed behind requirements of the old one until a push came (review 5).
+    // instance stayed behind requirements of the old one until a push came.
     if p == LIVE {
         cluster.barrier().require(&instance, &[]);
     }
@@ -773,19 +845,7 @@ async fn open(
         .get(COMPLETE_KEY)
         .is_none_or(|v| v == "true");
     let theirs = Delivered::of(&info);
-    let mut verdict = vouched(&theirs, &mine);
-    // What the consumer looked at past this store's position counts only if the stream
-    // dropped none of it before the consumer reached it: one that fell behind by
-    // max_age (in this process or the one before) may have looked past such messages
-    // with no gap in its deliveries. Read after the consumer's state: if the stream has
-    // dropped anything after the position by now, the consumer starts again from the
-    // position, and the check below finds what is missing.
-    if let Vouched::All { at } = verdict
-        && at > mine.applied
-        && stream_first(stream).await? > mine.applied.saturating_add(1)
-    {
-        verdict = Vouched::Behind { at: mine.applied };
-    }
+    let verdict = verdict_on(stream, &theirs, &mine).await?;
     // Every message of the subject up to it is in the store.
     let held = verdict.at();
     match verdict {
@@ -804,44 +864,135 @@ async fn open(
         // again right after what the store holds, and delivers in order from there (what
         // it delivers again was applied or not; the version rule makes both the same).
         Vouched::Behind { .. } | Vouched::Other { .. } => {
-            tracing::info!(
-                consumer = %name,
-                delivered = theirs.consumer_sequence,
-                applied_here = mine.delivered,
-                from = held + 1,
-                "starting the consumer again from what this store holds"
-            );
-            stream
-                .delete_consumer(name)
-                .await
-                .map_err(|e| e.to_string())?;
-            let from = DeliverPolicy::ByStartSequence {
-                start_sequence: held + 1,
-            };
-            // The stream's start as read at the top: if it moved since, the skip check
-            // below finds it from the consumer itself.
+            // Marked complete if it was and the stream's start as read at the top keeps
+            // everything after `held`: if the start moved since, the skip check finds it
+            // from the consumer itself.
             let created_marked = marked && held.saturating_add(1) >= first;
-            consumer = stream
-                .create_consumer(consumer_config(from, created_marked))
-                .await
-                .map_err(|e| e.to_string())?;
-            info = consumer.get_info().await.map_err(|e| e.to_string())?;
-            // The server starts a consumer whose start the stream no longer has at the
-            // stream's first message, and counts the ones before as looked at: those this
-            // store lacks. That must be on record before this instance is followed (its
-            // deliveries then vouch for what it looked at): a mark written after, and lost
-            // to a failure or a kill in between, would leave a followed instance that
-            // looked past them and a consumer marked complete. Until then the instance is
-            // not followed, and the next opening makes the consumer again.
-            let skipped = info.delivered.stream_sequence > held;
-            if skipped && created_marked {
-                mark_complete(stream, &info, false).await?;
-            }
-            marked = created_marked && !skipped;
+            (consumer, info, marked) = start_again(
+                stream,
+                name,
+                &theirs,
+                &mine,
+                held,
+                created_marked,
+                &consumer_config,
+            )
+            .await?;
             cluster.follow(p, &identity(&info));
         }
     }
-    let identity = identity(&info);
+    finish_opening(work, p, stream, consumer, &info, held, marked).await
+}
+
+/// What the consumer's deliveries (`theirs`) vouch for in this store, at position `mine`
+/// ([`vouched`]), and no more than the stream still holds after the position.
+async fn verdict_on(
+    stream: &jetstream::stream::Stream,
+    theirs: &Delivered,
+    mine: &crate::store::StreamPosition,
+) -> Result<Vouched, String> {
+    let mut verdict = vouched(theirs, mine);
+    // What the consumer looked at past this store's position counts only if the stream
+    // dropped none of it before the consumer reached it: one that fell behind by
+    // max_age (in this process or the one before) may have looked past such messages
+    // with no gap in its deliveries. Read after the consumer's state: if the stream has
+    // dropped anything after the position by now, the consumer starts again from the
+    // position, and the check below finds what is missing.
+    if let Vouched::All { at } = verdict
+        && at > mine.applied
+        && stream_first(stream).await? > mine.applied.saturating_add(1)
+    {
+        verdict = Vouched::Behind { at: mine.applied };
+    }
+    Ok(verdict)
+}
+
+/// The durable pull consumer `name` of `subject`, as this node opens it.
+fn consumer_config(
+    config: &super::ClusterConfig,
+    name: &str,
+    subject: &str,
+    deliver_policy: DeliverPolicy,
+    complete: bool,
+) -> pull::Config {
+    pull::Config {
+        durable_name: Some(name.to_string()),
+        description: Some(format!("hourglass node {} applies {subject}", config.node)),
+        filter_subject: subject.to_string(),
+        deliver_policy,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: MAX_ACK_PENDING,
+        // The consumer of a store that is gone (a wiped node) is removed by the
+        // servers once it has been idle as long as the stream keeps messages (a day at
+        // least: a short max_age must not remove the consumer of a quiet partition).
+        inactive_threshold: config.max_age.max(MIN_INACTIVE),
+        metadata: HashMap::from([(COMPLETE_KEY.to_string(), complete.to_string())]),
+        ..pull::Config::default()
+    }
+}
+
+/// Makes consumer `name` again, to deliver in order from right after `held`, what this
+/// store holds (its deliveries so far vouch for nothing here: [`open`]), marked
+/// `created_marked`; follows it once what it skipped is on record. Returns it, its state,
+/// and whether it is marked complete.
+async fn start_again(
+    stream: &jetstream::stream::Stream,
+    name: &str,
+    theirs: &Delivered,
+    mine: &crate::store::StreamPosition,
+    held: u64,
+    created_marked: bool,
+    consumer_config: &impl Fn(DeliverPolicy, bool) -> pull::Config,
+) -> Result<(PullConsumer, jetstream::consumer::Info, bool), String> {
+    tracing::info!(
+        consumer = %name,
+        delivered = theirs.consumer_sequence,
+        applied_here = mine.delivered,
+        from = held + 1,
+        "starting the consumer again from what this store holds"
+    );
+    stream
+        .delete_consumer(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let from = DeliverPolicy::ByStartSequence {
+        start_sequence: held + 1,
+    };
+    let consumer = stream
+        .create_consumer(consumer_config(from, created_marked))
+        .await
+        .map_err(|e| e.to_string())?;
+    let info = consumer.get_info().await.map_err(|e| e.to_string())?;
+    // The server starts a consumer whose start the stream no longer has at the
+    // stream's first message, and counts the ones before as looked at: those this
+    // store lacks. That must be on record before this instance is followed (its
+    // deliveries then vouch for what it looked at): a mark written after, and lost
+    // to a failure or a kill in between, would leave a followed instance that
+    // looked past them and a consumer marked complete. Until then the instance is
+    // not followed, and the next opening makes the consumer again.
+    let skipped = info.delivered.stream_sequence > held;
+    if skipped && created_marked {
+        mark_complete(stream, &info, false).await?;
+    }
+    let marked = created_marked && !skipped;
+    Ok((consumer, info, marked))
+}
+
+/// The end of [`open`], once `consumer` is what this node applies from, having applied
+/// `held`: whether the store holds every message the stream ever had of the subject
+/// (copying what it lacks if not), and what that says, recorded.
+async fn finish_opening(
+    work: &Consuming,
+    p: u32,
+    stream: &jetstream::stream::Stream,
+    consumer: PullConsumer,
+    info: &jetstream::consumer::Info,
+    held: u64,
+    marked: bool,
+) -> Result<Opened, String> {
+    let cluster = &work.cluster;
+    let identity = identity(info);
     // Read once the consumer is what it applies from: what the stream dropped by then,
     // the consumer cannot deliver.
     let first = stream_first(stream).await?;
@@ -850,10 +1001,10 @@ async fn open(
         // Recorded first: once this consumer applies past the stream's start, this
         // store's position alone would no longer show what it missed.
         if marked {
-            mark_complete(stream, &info, false).await?;
+            mark_complete(stream, info, false).await?;
         }
         if let Some(at) = copy_missing(work, p, stream, held).await {
-            mark_complete(stream, &info, true).await?;
+            mark_complete(stream, info, true).await?;
             // Every message up to it is in the store, copied.
             cluster.record_applied(p, at);
             complete = true;
@@ -863,7 +1014,7 @@ async fn open(
     cluster
         .barrier()
         .set_consumer(p, consumer.clone(), &identity);
-    record_outstanding(cluster, p, &info, complete);
+    record_outstanding(cluster, p, info, complete);
     if p == LIVE {
         cluster.barrier().set_live_complete(complete);
     }

@@ -139,38 +139,7 @@ fn read_store(
     let server_names: HashMap<ServerId, &str> =
         servers.iter().map(|s| (s.id, s.name.as_str())).collect();
     if live {
-        for server in &servers {
-            let live_hours = live_hours(store, server.id)?;
-            let index: Vec<v1::CopiedIndex> = store
-                .server_series(server.id, Day(0))?
-                .into_iter()
-                .filter_map(|(id, day)| {
-                    let name = series.get(&id)?;
-                    Some(v1::CopiedIndex {
-                        series: Some(v1::Series::from(name)),
-                        kind: v1::SketchKind::from(name.kind) as i32,
-                        day: day.0,
-                    })
-                })
-                .collect();
-            let bytes = 64 * index.len() + 4 * live_hours.len();
-            out.chunk.servers.push(v1::CopiedServer {
-                server: Some(v1::Server {
-                    name: server.name.clone(),
-                    labels: server
-                        .labels
-                        .iter()
-                        .map(|(key, value)| v1::Tag {
-                            key: key.clone(),
-                            value: value.clone(),
-                        })
-                        .collect(),
-                }),
-                live_hours,
-                index,
-            });
-            out.grew(bytes)?;
-        }
+        read_servers(store, &series, &servers, out)?;
     }
     let mut ids: Vec<_> = series.iter().filter(|(_, n)| wanted(n)).collect();
     ids.sort_by_key(|(id, _)| **id);
@@ -219,6 +188,48 @@ fn read_store(
             });
             out.grew(bytes)?;
         }
+    }
+    Ok(())
+}
+
+/// Reads every server of `servers` into `out`: its labels, live hours and series index.
+fn read_servers(
+    store: &dyn Store,
+    series: &HashMap<SeriesId, SeriesName>,
+    servers: &[crate::store::ServerEntry],
+    out: &mut Chunks,
+) -> Result<(), Stop> {
+    for server in servers {
+        let live_hours = live_hours(store, server.id)?;
+        let index: Vec<v1::CopiedIndex> = store
+            .server_series(server.id, Day(0))?
+            .into_iter()
+            .filter_map(|(id, day)| {
+                let name = series.get(&id)?;
+                Some(v1::CopiedIndex {
+                    series: Some(v1::Series::from(name)),
+                    kind: v1::SketchKind::from(name.kind) as i32,
+                    day: day.0,
+                })
+            })
+            .collect();
+        let bytes = 64 * index.len() + 4 * live_hours.len();
+        out.chunk.servers.push(v1::CopiedServer {
+            server: Some(v1::Server {
+                name: server.name.clone(),
+                labels: server
+                    .labels
+                    .iter()
+                    .map(|(key, value)| v1::Tag {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+            }),
+            live_hours,
+            index,
+        });
+        out.grew(bytes)?;
     }
     Ok(())
 }
@@ -336,69 +347,115 @@ async fn copy_from(
 /// Writes one chunk of a copy into `store`; `labels` says whether a known server's
 /// labels are replaced by the copy's.
 fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<(), String> {
-    let bad = |what: String| format!("the copy holds {what}");
     // A push's hours are at most the next one; a copy's come from pushes.
     let now = hourglass_rpc::time::since_unix_epoch().as_secs() / 3600;
-    let latest = u32::try_from(now).unwrap_or(u32::MAX - 1).saturating_add(1);
-    let hour = |h: u32, what: &str| {
-        if h > latest {
+    let mut writer = ChunkWriter {
+        store,
+        latest: u32::try_from(now).unwrap_or(u32::MAX - 1).saturating_add(1),
+        series_ids: HashMap::new(),
+        servers: HashMap::new(),
+    };
+    writer.servers(&chunk.servers, labels)?;
+    writer.rows(chunk.rows)?;
+    writer.days(chunk.days)
+}
+
+/// What the copy holds: `what`.
+fn bad(what: String) -> String {
+    format!("the copy holds {what}")
+}
+
+/// A store error while writing a copy.
+fn stored(e: StoreError) -> String {
+    format!("writing the copy: {e}")
+}
+
+/// Writes the parts of one chunk, with the ids it has met.
+struct ChunkWriter<'a> {
+    store: &'a dyn Store,
+    /// The latest hour a copy may hold.
+    latest: u32,
+    series_ids: HashMap<SeriesName, SeriesId>,
+    servers: HashMap<String, ServerId>,
+}
+
+impl ChunkWriter<'_> {
+    /// Hour `h` of `what`, if it is not after the latest a push may hold.
+    fn hour(&self, h: u32, what: &str) -> Result<Hour, String> {
+        if h > self.latest {
             Err(bad(format!(
-                "{what} hour {h}, after the next hour {latest}"
+                "{what} hour {h}, after the next hour {}",
+                self.latest
             )))
         } else {
             Ok(Hour(h))
         }
-    };
-    let stored = |e: StoreError| format!("writing the copy: {e}");
-    let mut series_ids = HashMap::new();
-    let mut series_id = |series: Option<&v1::Series>, kind: i32, what: &str| {
+    }
+
+    /// The id of a copied series, made if unknown.
+    fn series_id(
+        &mut self,
+        series: Option<&v1::Series>,
+        kind: i32,
+        what: &str,
+    ) -> Result<SeriesId, String> {
         let name = series_name(series, kind).map_err(|e| bad(format!("{what}: {e}")))?;
-        if let Some(&id) = series_ids.get(&name) {
+        if let Some(&id) = self.series_ids.get(&name) {
             return Ok(id);
         }
-        let id = store.series_id_or_create(&name).map_err(stored)?;
-        series_ids.insert(name, id);
-        Ok::<_, String>(id)
-    };
-    for (i, s) in chunk.servers.iter().enumerate() {
-        let server = s
-            .server
-            .as_ref()
-            .ok_or_else(|| bad(format!("servers[{i}] without a server")))?;
-        let id = server_id(store, server, labels).map_err(|e| bad(format!("servers[{i}]: {e}")))?;
-        let hours = s
-            .live_hours
-            .iter()
-            .map(|&h| hour(h, &format!("servers[{i}] live")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut held = Vec::with_capacity(s.index.len());
-        for (j, entry) in s.index.iter().enumerate() {
-            let what = format!("servers[{i}].index[{j}]");
-            held.push((
-                series_id(entry.series.as_ref(), entry.kind, &what)?,
-                Day(entry.day),
-            ));
+        let id = self.store.series_id_or_create(&name).map_err(stored)?;
+        self.series_ids.insert(name, id);
+        Ok(id)
+    }
+
+    /// The servers, with their live hours and series index.
+    fn servers(&mut self, servers: &[v1::CopiedServer], labels: bool) -> Result<(), String> {
+        for (i, s) in servers.iter().enumerate() {
+            let server = s
+                .server
+                .as_ref()
+                .ok_or_else(|| bad(format!("servers[{i}] without a server")))?;
+            let id = server_id(self.store, server, labels)
+                .map_err(|e| bad(format!("servers[{i}]: {e}")))?;
+            let hours = s
+                .live_hours
+                .iter()
+                .map(|&h| self.hour(h, &format!("servers[{i}] live")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut held = Vec::with_capacity(s.index.len());
+            for (j, entry) in s.index.iter().enumerate() {
+                let what = format!("servers[{i}].index[{j}]");
+                held.push((
+                    self.series_id(entry.series.as_ref(), entry.kind, &what)?,
+                    Day(entry.day),
+                ));
+            }
+            self.store
+                .put_index(Some((id, &hours)), id, &held)
+                .map_err(stored)?;
         }
-        store
-            .put_index(Some((id, &hours)), id, &held)
-            .map_err(stored)?;
+        Ok(())
     }
-    let mut servers = HashMap::new();
-    let mut batch = Vec::with_capacity(chunk.rows.len());
-    for (i, row) in chunk.rows.into_iter().enumerate() {
-        let what = format!("rows[{i}]");
-        let series = series_id(row.series.as_ref(), row.kind, &what)?;
-        let server = named_server(store, &mut servers, &row.server)
-            .map_err(|e| bad(format!("{what}: {e}")))?;
-        let key = HourKey {
-            series,
-            hour: hour(row.hour, &what)?,
-            server,
-            epoch: Epoch(row.epoch),
-        };
-        batch.push((key, row.version, row.sketch));
-    }
-    if !batch.is_empty() {
+
+    /// The hourly rows.
+    fn rows(&mut self, rows: Vec<v1::CopiedRow>) -> Result<(), String> {
+        let mut batch = Vec::with_capacity(rows.len());
+        for (i, row) in rows.into_iter().enumerate() {
+            let what = format!("rows[{i}]");
+            let series = self.series_id(row.series.as_ref(), row.kind, &what)?;
+            let server = named_server(self.store, &mut self.servers, &row.server)
+                .map_err(|e| bad(format!("{what}: {e}")))?;
+            let key = HourKey {
+                series,
+                hour: self.hour(row.hour, &what)?,
+                server,
+                epoch: Epoch(row.epoch),
+            };
+            batch.push((key, row.version, row.sketch));
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
         // A day this store's retention expired gets its hours back, all of them (the
         // source holds every row of the day): its rollups are then rebuilt from them,
         // not kept as they were with these rows counted late.
@@ -407,35 +464,40 @@ fn write_chunk(store: &dyn Store, chunk: v1::CopyChunk, labels: bool) -> Result<
             .map(|(k, _, _)| (k.series, k.hour.day()))
             .collect();
         for (series, day) in days {
-            if store.is_day_expired(series, day).map_err(stored)? {
-                store.unexpire_day(series, day).map_err(stored)?;
+            if self.store.is_day_expired(series, day).map_err(stored)? {
+                self.store.unexpire_day(series, day).map_err(stored)?;
             }
         }
-        store.put_hourly(&batch).map_err(stored)?;
+        self.store.put_hourly(&batch).map_err(stored)?;
+        Ok(())
     }
-    for (i, day) in chunk.days.into_iter().enumerate() {
-        let what = format!("days[{i}]");
-        let series = series_id(day.series.as_ref(), day.kind, &what)?;
-        let mut rollups = Vec::with_capacity(day.rollups.len());
-        for r in day.rollups {
-            let server = if r.server.is_empty() {
-                ServerId::ALL
-            } else {
-                named_server(store, &mut servers, &r.server)
-                    .map_err(|e| bad(format!("{what}: {e}")))?
-            };
-            let key = DayKey {
-                series,
-                day: Day(day.day),
-                server,
-            };
-            rollups.push((key, r.sketch));
+
+    /// The day rollups.
+    fn days(&mut self, days: Vec<v1::CopiedDay>) -> Result<(), String> {
+        for (i, day) in days.into_iter().enumerate() {
+            let what = format!("days[{i}]");
+            let series = self.series_id(day.series.as_ref(), day.kind, &what)?;
+            let mut rollups = Vec::with_capacity(day.rollups.len());
+            for r in day.rollups {
+                let server = if r.server.is_empty() {
+                    ServerId::ALL
+                } else {
+                    named_server(self.store, &mut self.servers, &r.server)
+                        .map_err(|e| bad(format!("{what}: {e}")))?
+                };
+                let key = DayKey {
+                    series,
+                    day: Day(day.day),
+                    server,
+                };
+                rollups.push((key, r.sketch));
+            }
+            self.store
+                .put_copied_day(series, Day(day.day), rollups)
+                .map_err(stored)?;
         }
-        store
-            .put_copied_day(series, Day(day.day), rollups)
-            .map_err(stored)?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// The id of a copied server, registered if unknown; its labels replace the held ones
@@ -487,8 +549,8 @@ pub(crate) fn series_name(series: Option<&v1::Series>, kind: i32) -> Result<Seri
 }
 
 #[cfg(test)]
-mod review_tests {
-    //! Review of the catch-up copy: what a receiver holds after a copy, against its source.
+mod tests {
+    //! What a receiver holds after a catch-up copy, against its source.
 
     use std::collections::{BTreeMap, BTreeSet};
 

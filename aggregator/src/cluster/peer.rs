@@ -176,19 +176,11 @@ pub(crate) async fn held(
             .or_default()
             .push(i);
     }
-    // Per node, the partitions it is a ready owner of.
-    let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
-    let mut last_error: BTreeMap<u32, String> = BTreeMap::new();
-    for &p in by_partition.keys() {
-        last_error.insert(p, format!("no node is ready for partition {p}"));
-        for candidate in cluster.members().candidates(p) {
-            let ask = asks.entry(candidate.node.clone()).or_insert_with(|| Ask {
-                advertise: candidate.advertise.clone(),
-                partitions: Vec::new(),
-            });
-            ask.partitions.push(p);
-        }
-    }
+    let asks = asks_by_node(cluster, by_partition.keys().copied());
+    let mut last_error: BTreeMap<u32, String> = by_partition
+        .keys()
+        .map(|&p| (p, format!("no node is ready for partition {p}")))
+        .collect();
     let keys = Arc::new(keys);
     let by_partition = Arc::new(by_partition);
     let mut tasks = tokio::task::JoinSet::new();
@@ -248,6 +240,24 @@ pub(crate) async fn held(
     Ok(out)
 }
 
+/// Per node, the partitions of `partitions` it is a ready owner of.
+fn asks_by_node(cluster: &Cluster, partitions: impl Iterator<Item = u32>) -> BTreeMap<String, Ask> {
+    let mut asks: BTreeMap<String, Ask> = BTreeMap::new();
+    for p in partitions {
+        for candidate in cluster.members().candidates(p) {
+            let ask = asks.entry(candidate.node.clone()).or_insert_with(|| Ask {
+                advertise: candidate.advertise.clone(),
+                partitions: Vec::new(),
+            });
+            ask.partitions.push(p);
+        }
+    }
+    asks
+}
+
+/// One partition's answer: the versions held of its keys (in order), or why there are none.
+type PartitionHeld = Result<Vec<Option<u64>>, String>;
+
 /// What one node is asked for a push's answer: where it is, and the partitions it is a
 /// ready owner of.
 struct Ask {
@@ -267,53 +277,13 @@ async fn held_by_node(
     keys: &[HeldKey],
     by_partition: &BTreeMap<u32, Vec<usize>>,
     sequences: &BTreeMap<u32, u64>,
-) -> Vec<(u32, Result<Vec<Option<u64>>, String>)> {
+) -> Vec<(u32, PartitionHeld)> {
     let timeout = cluster.config().publish_timeout;
     let at = |p: u32| sequences.get(&p).copied().unwrap_or(0);
-    let part_keys = |partitions: &[u32]| -> Vec<HeldKey> {
-        partitions
-            .iter()
-            .flat_map(|p| by_partition[p].iter().map(|&i| keys[i].clone()))
-            .collect()
-    };
-    // Splits a flat answer for `partitions` (their keys in order) by partition.
-    let split = |partitions: &[u32], held: Vec<Option<u64>>| {
-        let mut held = held.into_iter();
-        partitions
-            .iter()
-            .map(|&p| (p, Ok(held.by_ref().take(by_partition[&p].len()).collect())))
-            .collect::<Vec<_>>()
-    };
     if node == cluster.members().me() {
-        let mut applied = Vec::new();
-        let mut out = Vec::new();
-        // One after another under one deadline: each partition applies on meanwhile.
-        let deadline = tokio::time::Instant::now() + timeout;
-        for &p in &ask.partitions {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if cluster.wait_applied(p, at(p), left).await {
-                applied.push(p);
-            } else {
-                out.push((
-                    p,
-                    Err(format!(
-                        "this node did not apply partition {p} up to {} in time",
-                        at(p)
-                    )),
-                ));
-            }
-        }
-        match local_held(store, server, part_keys(&applied)).await {
-            Ok(held) => out.extend(split(&applied, held)),
-            Err(status) => out.extend(
-                applied
-                    .iter()
-                    .map(|&p| (p, Err(status.message().to_string()))),
-            ),
-        }
-        return out;
+        return held_here(cluster, store, server, ask, keys, by_partition, sequences).await;
     }
-    let sent = part_keys(&ask.partitions);
+    let sent = keys_of(&ask.partitions, keys, by_partition);
     let request = v1::HeldRequest {
         server: server.to_string(),
         snapshots: sent.iter().map(held_snapshot).collect(),
@@ -327,7 +297,7 @@ async fn held_by_node(
                 .into_iter()
                 .map(|v| (v > 0).then_some(v))
                 .collect();
-            let mut answers = split(&ask.partitions, held);
+            let mut answers = split(&ask.partitions, by_partition, held);
             for (p, answer) in &mut answers {
                 if reply.unanswered.contains(p) {
                     *answer = Err(format!(
@@ -348,6 +318,74 @@ async fn held_by_node(
     ask.partitions
         .iter()
         .map(|&p| (p, Err(error.clone())))
+        .collect()
+}
+
+/// [`held_by_node`] for this node: waits for each partition of `ask` to be applied here
+/// up to its sequence (one after another under one deadline: each applies on
+/// meanwhile), and reads the versions from this node's store.
+async fn held_here(
+    cluster: &Cluster,
+    store: &Arc<dyn Store>,
+    server: &str,
+    ask: &Ask,
+    keys: &[HeldKey],
+    by_partition: &BTreeMap<u32, Vec<usize>>,
+    sequences: &BTreeMap<u32, u64>,
+) -> Vec<(u32, PartitionHeld)> {
+    let timeout = cluster.config().publish_timeout;
+    let at = |p: u32| sequences.get(&p).copied().unwrap_or(0);
+    let mut applied = Vec::new();
+    let mut out = Vec::new();
+    // One after another under one deadline: each partition applies on meanwhile.
+    let deadline = tokio::time::Instant::now() + timeout;
+    for &p in &ask.partitions {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if cluster.wait_applied(p, at(p), left).await {
+            applied.push(p);
+        } else {
+            out.push((
+                p,
+                Err(format!(
+                    "this node did not apply partition {p} up to {} in time",
+                    at(p)
+                )),
+            ));
+        }
+    }
+    match local_held(store, server, keys_of(&applied, keys, by_partition)).await {
+        Ok(held) => out.extend(split(&applied, by_partition, held)),
+        Err(status) => out.extend(
+            applied
+                .iter()
+                .map(|&p| (p, Err(status.message().to_string()))),
+        ),
+    }
+    out
+}
+
+/// The keys of `partitions`, in order.
+fn keys_of(
+    partitions: &[u32],
+    keys: &[HeldKey],
+    by_partition: &BTreeMap<u32, Vec<usize>>,
+) -> Vec<HeldKey> {
+    partitions
+        .iter()
+        .flat_map(|p| by_partition[p].iter().map(|&i| keys[i].clone()))
+        .collect()
+}
+
+/// A flat answer for `partitions` (their keys in order, [`keys_of`]), by partition.
+fn split(
+    partitions: &[u32],
+    by_partition: &BTreeMap<u32, Vec<usize>>,
+    held: Vec<Option<u64>>,
+) -> Vec<(u32, PartitionHeld)> {
+    let mut held = held.into_iter();
+    partitions
+        .iter()
+        .map(|&p| (p, Ok(held.by_ref().take(by_partition[&p].len()).collect())))
         .collect()
 }
 

@@ -120,23 +120,7 @@ async fn gather(
         .collect();
     let mut missing = BTreeSet::new();
     while !queue.is_empty() {
-        // This round: each partition to its best remaining candidate, one call per node.
-        let mut round: BTreeMap<String, (String, Vec<u32>)> = BTreeMap::new();
-        for (p, candidates) in std::mem::take(&mut queue) {
-            match candidates.last() {
-                Some(c) => {
-                    round
-                        .entry(c.node.clone())
-                        .or_insert_with(|| (c.advertise.clone(), Vec::new()))
-                        .1
-                        .push(p);
-                    queue.insert(p, candidates);
-                }
-                None => {
-                    missing.insert(p);
-                }
-            }
-        }
+        let round = next_round(&mut queue, &mut missing);
         let mut calls = tokio::task::JoinSet::new();
         for (node, (advertise, partitions)) in round {
             let cluster = Arc::clone(cluster);
@@ -156,28 +140,7 @@ async fn gather(
         while let Some(done) = calls.join_next().await {
             let (node, partitions, reply) =
                 done.map_err(|e| Status::internal(format!("query task failed: {e}")))?;
-            let failed: BTreeSet<u32> = match reply {
-                // A membership lookup answered with a merged filter: a node of a version
-                // before lookups, which ignored the item. Its filters' answers are not
-                // there, so its partitions go to their other owners, or are named
-                // missing, never answered from what it did not send.
-                Ok(reply) if asked.item.is_some() && merged_filter_in(&reply) => {
-                    tracing::warn!(
-                        node,
-                        "a node answered a membership lookup with a merged filter (an older version?); trying the partitions' other owners"
-                    );
-                    partitions.iter().copied().collect()
-                }
-                Ok(reply) => {
-                    merge_partial(answer, &reply, &asked.selector.metric)
-                        .map_err(|e| convert::query_status(&e))?;
-                    reply.not_ready.iter().copied().collect()
-                }
-                Err(status) => {
-                    tracing::warn!(node, error = %status.message(), "a node's part of a query failed; trying the partitions' other owners");
-                    partitions.iter().copied().collect()
-                }
-            };
+            let failed = take_reply(asked, answer, &node, &partitions, reply)?;
             for p in partitions {
                 let candidates = queue.get_mut(&p).expect("queued this round");
                 candidates.pop();
@@ -188,6 +151,65 @@ async fn gather(
         }
     }
     Ok(missing)
+}
+
+/// The next round of asking: each partition of `queue` to its best remaining candidate,
+/// one call per node (node → its address and partitions). A partition with no candidate
+/// left leaves the queue for `missing`.
+fn next_round(
+    queue: &mut BTreeMap<u32, Vec<super::members::Candidate>>,
+    missing: &mut BTreeSet<u32>,
+) -> BTreeMap<String, (String, Vec<u32>)> {
+    let mut round: BTreeMap<String, (String, Vec<u32>)> = BTreeMap::new();
+    for (p, candidates) in std::mem::take(queue) {
+        match candidates.last() {
+            Some(c) => {
+                round
+                    .entry(c.node.clone())
+                    .or_insert_with(|| (c.advertise.clone(), Vec::new()))
+                    .1
+                    .push(p);
+                queue.insert(p, candidates);
+            }
+            None => {
+                missing.insert(p);
+            }
+        }
+    }
+    round
+}
+
+/// Merges `node`'s reply for `partitions` into `answer`; returns the partitions it did
+/// not answer for, to be asked of their other owners.
+fn take_reply(
+    asked: &Asked,
+    answer: &mut Answer,
+    node: &str,
+    partitions: &[u32],
+    reply: Result<v1::PartialResponse, Status>,
+) -> Result<BTreeSet<u32>, Status> {
+    match reply {
+        // A membership lookup answered with a merged filter: a node of a version before
+        // lookups, which ignored the item. Its filters' answers are not there, so its
+        // partitions go to their other owners, or are named missing, never answered from
+        // what it did not send.
+        Ok(reply) if asked.item.is_some() && merged_filter_in(&reply) => {
+            tracing::warn!(
+                node,
+                "a node answered a membership lookup with a merged filter (an older version?); trying the partitions' other owners"
+            );
+            Ok(partitions.iter().copied().collect())
+        }
+        Ok(reply) => {
+            merge_partial(answer, &reply, &asked.selector.metric)
+                .map_err(|e| convert::query_status(&e))?;
+            Ok(reply.not_ready.iter().copied().collect())
+        }
+        Err(status) => {
+            tracing::warn!(node, error = %status.message(), "a node's part of a query failed; trying the partitions' other owners");
+            Ok(partitions.iter().copied().collect())
+        }
+    }
 }
 
 /// Whether a partial answer carries a merged sketch in any group.

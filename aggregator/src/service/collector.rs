@@ -538,7 +538,7 @@ impl CollectorService {
     /// checked them against its clock when it accepted the push; this node applies the
     /// same message up to `cluster.max_age` later (a backlog, a restart, a partition that
     /// moved to it) or with another clock, and refusing what the entry acknowledged would
-    /// leave this node without it while it answers for it (review 4). Its hourly rows are
+    /// leave this node without it while it answers for it. Its hourly rows are
     /// kept `cluster.max_age` past hourly retention for that ([`crate::background`]).
     fn checked_hours(
         accepted: &std::ops::RangeInclusive<u32>,
@@ -1008,3 +1008,7 @@ pub(crate) fn checked_labels(server: &v1::Server) -> Result<Vec<(String, String)
     }
     Ok(labels)
 }
+
+#[cfg(test)]
+#[path = "apply_tests.rs"]
+mod apply_tests;

@@ -61,14 +61,6 @@ pub(crate) use cache::{HourMerge, HourSelection};
 pub use memory::MemoryStore;
 pub use rocks::{CfStats, RocksStore, StoreOptions, StoreStats};
 
-/// A series' canonical bytes (kind, metric, sorted tags), as the dictionary keys it: the
-/// same name gives the same bytes on every node. Cluster mode now places series by its own
-/// key; only a test still compares that key with this one.
-#[cfg(test)]
-pub(crate) fn series_key(series: &SeriesName) -> Vec<u8> {
-    rocks::encode_series_name(series)
-}
-
 /// The schema version this build writes into a new store and requires of an existing one.
 /// Version 2: hourly values may be compressed (docs/STORAGE.md).
 pub const SCHEMA_VERSION: u32 = 2;
