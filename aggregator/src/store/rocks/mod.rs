@@ -65,8 +65,6 @@ mod live;
 mod options;
 mod values;
 
-pub(crate) use values::encode_series_name;
-
 use options::cf_options;
 use values::*;
 

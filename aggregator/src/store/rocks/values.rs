@@ -371,7 +371,7 @@ pub(super) fn put_pairs(out: &mut Vec<u8>, pairs: &[(String, String)]) {
     }
 }
 
-pub(crate) fn encode_series_name(series: &SeriesName) -> Vec<u8> {
+pub(super) fn encode_series_name(series: &SeriesName) -> Vec<u8> {
     let series = series.canonical();
     let mut out = vec![series.kind.code()];
     put_str(&mut out, &series.metric);
