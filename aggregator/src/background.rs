@@ -294,7 +294,7 @@ mod tests {
         // In cluster mode hourly rows stay cluster.max_age longer (7 days by default): a
         // node may apply a push from the stream that much later.
         let cluster = Config {
-            cluster: Some(crate::cluster::ClusterConfig::new(
+            cluster: Some(crate::config::ClusterConfig::new(
                 "n",
                 vec!["nats://h:4222".into()],
             )),

@@ -15,6 +15,7 @@
 //! | [`planner`] | which hourly rows and rollups answer a selection, merged in the one order that makes both give the same bytes |
 //! | [`rollup`] | the builder of daily rollups for closed and late-touched days |
 //! | [`glob`] | shell-style server name globs |
+//! | [`placement`] | a series' partition in cluster mode, from its name alone |
 //! | [`service`] | the gRPC `Collector` and `Query` services, health and reflection: thin translations between proto and the store and planner |
 //! | [`admin`] | the admin HTTP port: Prometheus `/metrics`, `/healthz`, `/readyz` |
 //! | [`http`] | the HTTP port: the JSON query API under `/api/v1/` (the `Query` service's own calls, as JSON) and the dashboard |
@@ -44,6 +45,7 @@ pub mod glob;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod placement;
 pub mod planner;
 pub mod rollup;
 pub mod service;

@@ -421,7 +421,7 @@ impl<'a> Planner<'a> {
     fn merges(&self, name: &SeriesName) -> bool {
         self.only
             .as_ref()
-            .is_none_or(|(count, keep)| keep.contains(&crate::cluster::partition(name, *count)))
+            .is_none_or(|(count, keep)| keep.contains(&crate::placement::partition(name, *count)))
     }
 
     /// A server is expected from its first live hour until `hours` after its last one;

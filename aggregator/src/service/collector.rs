@@ -693,7 +693,7 @@ impl CollectorService {
             match refusal {
                 Some(r) => results[v.index] = self.rejection(r),
                 None => {
-                    let p = crate::cluster::partition(&v.name, partitions);
+                    let p = crate::placement::partition(&v.name, partitions);
                     outgoing.push((p, v.index, snapshot));
                     sent.push(v);
                 }
@@ -705,7 +705,13 @@ impl CollectorService {
             .publish(server, &live, outgoing)
             .await
             .map_err(|e| self.publish_failed(e))?;
-        self.metrics.cluster_published(&stats, published);
+        self.metrics.cluster_published(crate::metrics::Published {
+            snapshots: published,
+            messages: stats.messages,
+            bytes: stats.bytes,
+            seconds: stats.seconds,
+            last_sequence: stats.last_sequence,
+        });
         self.answer_from_owners(cluster, &server.name, &stats.sequences, sent, &mut results)
             .await?;
         Ok(v1::PushResponse { results })
