@@ -6,7 +6,7 @@
 use crate::store::SeriesName;
 
 /// The partition of a series among `partitions`: `xxh3(placement key) mod partitions`
-/// ([`placement_key`]). Every node computes the same partition for the same series.
+/// (`placement_key`: its kind, metric and sorted tags). Every node computes the same partition for the same series.
 pub fn partition(series: &SeriesName, partitions: u32) -> u32 {
     let key = placement_key(series);
     (xxhash_rust::xxh3::xxh3_64(&key) % u64::from(partitions.max(1))) as u32

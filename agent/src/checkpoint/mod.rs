@@ -37,7 +37,7 @@
 //! transaction, the mark of a crash during an append whose fsync never returned: that
 //! transaction is ignored, and nothing was pushed under it.
 //!
-//! Integers are little-endian. [`Table`] says which entries changed since the last
+//! Integers are little-endian. [`Table`](crate::table::Table) says which entries changed since the last
 //! successful checkpoint and which version of each that checkpoint holds
 //! ([`crate::table::Saved`]); a push sends only those versions.
 

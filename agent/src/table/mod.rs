@@ -12,7 +12,7 @@
 //!
 //! Series are looked up by the raw bytes they arrived as (`metric` and tags as sent), so
 //! the common case — an application sending the same tags in the same order — costs one
-//! hash lookup; only a new spelling is parsed, validated and sorted into a [`Series`].
+//! hash lookup; only a new spelling is parsed, validated and sorted into a [`Series`](hourglass_rpc::series::Series).
 
 mod backlog;
 mod checkpointing;

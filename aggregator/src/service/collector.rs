@@ -96,7 +96,7 @@ impl CollectorService {
     /// every server: the entry's series bound and the queries' selection see them all.
     ///
     /// Blocking (the store's writes): run on a blocking thread, in a write group
-    /// ([`Store::write_group`]) with the rest of a batch of messages.
+    /// ([`crate::store::Replica::write_group`]) with the rest of a batch of messages.
     pub(crate) fn apply_live(&self, mut request: v1::PushRequest) -> Result<(), Status> {
         let server = request
             .server
@@ -150,7 +150,7 @@ impl CollectorService {
     /// the push breaks a rule of the whole request).
     ///
     /// Blocking (the store's writes): run on a blocking thread, in a write group
-    /// ([`Store::write_group`]) with the rest of a batch of messages.
+    /// ([`crate::store::Replica::write_group`]) with the rest of a batch of messages.
     pub(crate) fn apply(&self, mut request: v1::PushRequest) -> Result<(), Status> {
         let span = push_span("stream", request.snapshots.len());
         let _entered = span.enter();
