@@ -33,7 +33,9 @@ fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_del
     });
     let slow = node(&dir, urls.clone(), "agg-2", |c: &mut ClusterConfig| {
         c.max_age = max_age;
-        c.apply_delay = Duration::from_millis(100);
+        // Slow enough to fall max_age behind even when a loaded machine pushes the
+        // burst slowly (at 100 ms the premise was once not reached under CI's load).
+        c.apply_delay = Duration::from_millis(200);
     });
     wait_until("two members, both ready", || {
         agg_metric(&fast, "cluster_members") == 2.0
