@@ -67,6 +67,41 @@ mod tests {
         assert_eq!(partition(&a, 1 << 20), PINNED_TAGGED);
     }
 
+    /// Every kind, a tag key given twice (sorted by value), non-ASCII bytes and an empty
+    /// name keep the partitions the store's encoding gave them before placement had a key
+    /// of its own (computed apart from this code, from that encoding: kind code, then
+    /// big-endian u32 lengths and UTF-8 bytes, the tags sorted after their count).
+    #[test]
+    fn every_kind_and_any_name_keeps_the_partition_the_store_encoding_gave() {
+        let tagged = vec![("region".into(), "eu".into()), ("app".into(), "web".into())];
+        let cases = [
+            (
+                SeriesName::new("visitors", tagged.clone(), Kind::Frequency),
+                324_557,
+            ),
+            (
+                SeriesName::new("visitors", tagged, Kind::Membership),
+                11_435,
+            ),
+            (
+                SeriesName::new(
+                    "pages.vues",
+                    vec![
+                        ("pays".into(), "côte-d'ivoire".into()),
+                        ("env".into(), "prod".into()),
+                        ("env".into(), "canary".into()),
+                    ],
+                    Kind::Distinct,
+                ),
+                293_292,
+            ),
+            (SeriesName::new("", vec![], Kind::Distinct), 618_112),
+        ];
+        for (series, pinned) in cases {
+            assert_eq!(partition(&series, 1 << 20), pinned, "{series}");
+        }
+    }
+
     #[test]
     fn series_spread_over_the_partitions() {
         let mut counts = [0u32; 16];
