@@ -70,6 +70,9 @@ struct Sizes {
     setups: &'static [&'static str],
     /// Pause between the checks that the stream is applied and the answers settled.
     settle: Duration,
+    /// Whether the engine is also drained as three nodes' 131 consumers (their creation
+    /// alone takes the smoke run's whole budget in a debug build).
+    three_nodes_of_consumers: bool,
 }
 
 const FULL: Sizes = Sizes {
@@ -81,6 +84,7 @@ const FULL: Sizes = Sizes {
     partitions: 64,
     setups: &["single", "engine", "cluster-1", "cluster-3"],
     settle: Duration::from_secs(1),
+    three_nodes_of_consumers: true,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -92,6 +96,7 @@ const SMOKE: Sizes = Sizes {
     partitions: 8,
     setups: &["single", "engine", "cluster-1"],
     settle: Duration::from_millis(300),
+    three_nodes_of_consumers: false,
 };
 
 /// Each client cycles through this many versions of each series' sketch, so that the
@@ -793,6 +798,16 @@ enum Consumers {
     Single,
     /// One replica in memory, a plain ack per message.
     Memory,
+    /// Three nodes' worth as the cluster makes them: one consumer a subject a node,
+    /// each node the partitions an owners-2 placement gives it and the live subject (131
+    /// consumers), the stream's 3 replicas, file storage, a plain ack per message.
+    PerSubjectThreeNodes,
+    /// Three nodes' worth as one consumer a node, not one a subject: the stream's 3
+    /// replicas, file storage, each filtering the partitions an owners-2 placement gives
+    /// its node (`filter_subjects`) and the live subject, a plain ack per message.
+    PerNode,
+    /// The same, acknowledged once per batch received (AckPolicy::All on its last).
+    PerNodeAckAll,
 }
 
 /// A consumer per partition subject and the live subject of `stream`, each drained (and
@@ -806,6 +821,12 @@ async fn drain_all(
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use tokio_stream::StreamExt;
     let stream = js.get_stream(stream).await.expect("the engine stream");
+    if matches!(
+        kind,
+        Consumers::PerNode | Consumers::PerNodeAckAll | Consumers::PerSubjectThreeNodes
+    ) {
+        return drain_per_node(&stream, prefix, kind).await;
+    }
     let mut tasks = Vec::new();
     for (i, subject) in (0..64)
         .map(|p| format!("{prefix}.p.{p}"))
@@ -840,6 +861,88 @@ async fn drain_all(
         }));
     }
     tasks
+}
+
+/// One consumer for each of 3 nodes over `stream`, filtering the partitions an owners-2
+/// placement gives the node (partition p to nodes p mod 3 and p + 1 mod 3) and the live
+/// subject, each drained by a task of its own until aborted.
+async fn drain_per_node(
+    stream: &async_nats::jetstream::stream::Stream,
+    prefix: &str,
+    kind: Consumers,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let all = matches!(kind, Consumers::PerNodeAckAll);
+    let mut tasks = Vec::new();
+    for node in 0..3u32 {
+        let subjects: Vec<String> = (0..64u32)
+            .filter(|p| p % 3 == node || (p + 1) % 3 == node)
+            .map(|p| format!("{prefix}.p.{p}"))
+            .chain([format!("{prefix}.live")])
+            .collect();
+        // One consumer for all the node's subjects, or (as the cluster does) one each.
+        let groups: Vec<Vec<String>> = if matches!(kind, Consumers::PerSubjectThreeNodes) {
+            subjects.into_iter().map(|s| vec![s]).collect()
+        } else {
+            vec![subjects]
+        };
+        for (i, subjects) in groups.into_iter().enumerate() {
+            tasks.push(drain_one(stream, format!("engine-node-{node}-{i}"), subjects, all).await);
+        }
+    }
+    tasks
+}
+
+/// A consumer of `subjects` named `name`, drained by a task until aborted: each message
+/// acknowledged, or (`all`) the last of each batch with AckPolicy::All.
+async fn drain_one(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: String,
+    subjects: Vec<String>,
+    all: bool,
+) -> tokio::task::JoinHandle<()> {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use tokio_stream::StreamExt;
+    let consumer: async_nats::jetstream::consumer::PullConsumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name),
+            filter_subjects: subjects,
+            ack_policy: if all {
+                AckPolicy::All
+            } else {
+                AckPolicy::Explicit
+            },
+            max_ack_pending: 4096,
+            ..Default::default()
+        })
+        .await
+        .expect("a consumer");
+    tokio::spawn(async move {
+        if !all {
+            let mut messages = consumer.messages().await.expect("its messages");
+            while let Some(Ok(message)) = messages.next().await {
+                let _ = message.ack().await;
+            }
+            return;
+        }
+        loop {
+            let Ok(mut batch) = consumer
+                .batch()
+                .max_messages(256)
+                .expires(Duration::from_millis(100))
+                .messages()
+                .await
+            else {
+                return;
+            };
+            let mut last = None;
+            while let Some(Ok(message)) = batch.next().await {
+                last = Some(message);
+            }
+            if let Some(message) = last {
+                let _ = message.ack().await;
+            }
+        }
+    })
 }
 
 /// How an entry publishes one push: the payload bytes of each partition's message, sent
@@ -933,8 +1036,28 @@ fn run_engine(
             false,
             Some(Consumers::Memory),
         ),
+        (
+            "entry's shape, drained as 3 nodes' consumers (owners 2, R3, one a subject a node: 131, ack each)",
+            false,
+            Some(Consumers::PerSubjectThreeNodes),
+        ),
+        (
+            "entry's shape, drained by one R3 consumer a node for 3 nodes (owners 2, ack each)",
+            false,
+            Some(Consumers::PerNode),
+        ),
+        (
+            "entry's shape, drained by one R3 consumer a node for 3 nodes (owners 2, ack-all per batch)",
+            false,
+            Some(Consumers::PerNodeAckAll),
+        ),
     ];
     for (i, (name, one, consumers)) in variants.into_iter().enumerate() {
+        if matches!(consumers, Some(Consumers::PerSubjectThreeNodes))
+            && !sizes.three_nodes_of_consumers
+        {
+            continue;
+        }
         let shape = PushShape::of(&sketches[0], sizes.partitions, one);
         let before = nats.cpu();
         let stream = format!("BENCH_ENGINE_{i}");
