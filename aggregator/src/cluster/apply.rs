@@ -539,9 +539,9 @@ impl Subject<'_> {
             count(work, *outcome);
             work.metrics.cluster_applied_at(delivery.stream_sequence);
         }
-        // The batch's last delivery vouches for every one before it: one write of the
-        // position for the whole batch.
-        if let Some(last) = batch.last() {
+        // The last delivery with an outcome vouches for every one before it: one write of
+        // the position for the whole batch (never past a message without an outcome).
+        if let Some(last) = batch[..outcomes.len().min(batch.len())].last() {
             cluster.record_delivery(
                 p,
                 &self.identity,
