@@ -85,11 +85,21 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Turns a gRPC failure into one line a person can act on.
+/// Turns a gRPC failure into one line a person can act on. UNAVAILABLE is either the
+/// connection failing under the call (the status carries the transport's error) or the
+/// aggregator itself refusing for now (a cluster node that cannot confirm it holds every
+/// acknowledged push): only the first is "cannot reach" (the connection was made before
+/// the call, [`connect`]).
 fn explain(status: tonic::Status, aggregator: &str) -> anyhow::Error {
     match status.code() {
+        tonic::Code::Unavailable if std::error::Error::source(&status).is_some() => {
+            anyhow::anyhow!(
+                "lost the connection to the aggregator at {aggregator}: {}",
+                status.message()
+            )
+        }
         tonic::Code::Unavailable => anyhow::anyhow!(
-            "cannot reach the aggregator at {aggregator}: {}",
+            "the aggregator at {aggregator} cannot answer now (retry, or ask another node): {}",
             status.message()
         ),
         _ => anyhow::anyhow!("the aggregator answered: {}", status.message()),
@@ -175,4 +185,34 @@ async fn ask(
         Question::Overlap | Question::Retention => unreachable!("asked above"),
     };
     Ok(present(&describe_selection(args), reply, &item))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_not_called_unreachable() {
+        let refused = tonic::Status::unavailable(
+            "cluster: this node cannot confirm it applied every acknowledged push",
+        );
+        let line = explain(refused, "http://agg-1:7701").to_string();
+        assert!(
+            line.starts_with("the aggregator at http://agg-1:7701 cannot answer now")
+                && line.contains("cannot confirm")
+                && !line.contains("cannot reach"),
+            "{line}"
+        );
+        let mut dropped = tonic::Status::unavailable("connection reset");
+        dropped.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        let line = explain(dropped, "http://agg-1:7701").to_string();
+        assert!(
+            line.starts_with("lost the connection to the aggregator at http://agg-1:7701"),
+            "{line}"
+        );
+        let other = explain(tonic::Status::invalid_argument("bad --from"), "x").to_string();
+        assert_eq!(other, "the aggregator answered: bad --from");
+    }
 }
