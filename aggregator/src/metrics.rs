@@ -516,12 +516,13 @@ impl Metrics {
     }
 
     /// Counts one push published to the cluster's stream.
-    pub(crate) fn cluster_published(&self, push: Published) {
-        self.cluster_published_snapshots.inc_by(push.snapshots);
-        self.cluster_published_messages.inc_by(push.messages as u64);
-        self.cluster_published_bytes.inc_by(push.bytes as u64);
-        self.cluster_publish_seconds.observe(push.seconds);
-        let sequence = i64::try_from(push.last_sequence).unwrap_or(i64::MAX);
+    pub(crate) fn cluster_published(&self, stats: &PublishStats, snapshots: u64) {
+        self.cluster_published_snapshots.inc_by(snapshots);
+        self.cluster_published_messages
+            .inc_by(stats.messages as u64);
+        self.cluster_published_bytes.inc_by(stats.bytes as u64);
+        self.cluster_publish_seconds.observe(stats.seconds);
+        let sequence = i64::try_from(stats.last_sequence).unwrap_or(i64::MAX);
         // Pushes finish in any order: keep the highest.
         self.cluster_published_sequence
             .inner()
@@ -602,18 +603,19 @@ impl Metrics {
     }
 }
 
-/// One push published to the cluster's stream, as counted.
-pub(crate) struct Published {
-    /// Snapshots it held.
-    pub(crate) snapshots: u64,
+/// What one publish cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishStats {
     /// Messages published.
-    pub(crate) messages: usize,
+    pub messages: usize,
     /// Their payload bytes.
-    pub(crate) bytes: usize,
+    pub bytes: usize,
     /// From the first publish to the last acknowledgement.
-    pub(crate) seconds: f64,
+    pub seconds: f64,
     /// The highest stream sequence JetStream gave the messages.
-    pub(crate) last_sequence: u64,
+    pub last_sequence: u64,
+    /// Per partition (and the live subject), the highest sequence of its messages.
+    pub sequences: std::collections::BTreeMap<u32, u64>,
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use hourglass_rpc::proto::v1;
 use prost::Message;
 
 use super::ClusterConfig;
+use crate::metrics::PublishStats;
 use crate::store::{Store, StoreError, StreamPosition};
 
 /// The stream's metadata key that records its partition count.
@@ -821,21 +822,6 @@ fn series_index<'a>(
         }
     }
     index
-}
-
-/// What one publish cost.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PublishStats {
-    /// Messages published.
-    pub messages: usize,
-    /// Their payload bytes.
-    pub bytes: usize,
-    /// From the first publish to the last acknowledgement.
-    pub seconds: f64,
-    /// The highest stream sequence JetStream gave the messages.
-    pub last_sequence: u64,
-    /// Per partition (and [`super::LIVE`]), the highest sequence of its messages.
-    pub sequences: BTreeMap<u32, u64>,
 }
 
 #[cfg(test)]

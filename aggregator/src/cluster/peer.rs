@@ -333,26 +333,21 @@ async fn held_here(
     by_partition: &BTreeMap<u32, Vec<usize>>,
     sequences: &BTreeMap<u32, u64>,
 ) -> Vec<(u32, PartitionHeld)> {
-    let timeout = cluster.config().publish_timeout;
     let at = |p: u32| sequences.get(&p).copied().unwrap_or(0);
-    let mut applied = Vec::new();
-    let mut out = Vec::new();
-    // One after another under one deadline: each partition applies on meanwhile.
-    let deadline = tokio::time::Instant::now() + timeout;
-    for &p in &ask.partitions {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if cluster.wait_applied(p, at(p), left).await {
-            applied.push(p);
-        } else {
-            out.push((
-                p,
-                Err(format!(
-                    "this node did not apply partition {p} up to {} in time",
-                    at(p)
-                )),
-            ));
-        }
-    }
+    let wanted = ask.partitions.iter().map(|&p| (p, at(p)));
+    let late = late_partitions(cluster, wanted, cluster.config().publish_timeout, |_| true).await;
+    let (late, applied): (Vec<u32>, Vec<u32>) =
+        ask.partitions.iter().partition(|p| late.contains(p));
+    let mut out: Vec<(u32, PartitionHeld)> = late
+        .into_iter()
+        .map(|p| {
+            let detail = format!(
+                "this node did not apply partition {p} up to {} in time",
+                at(p)
+            );
+            (p, Err(detail))
+        })
+        .collect();
     match local_held(store, server, keys_of(&applied, keys, by_partition)).await {
         Ok(held) => out.extend(split(&applied, by_partition, held)),
         Err(status) => out.extend(
@@ -362,6 +357,26 @@ async fn held_here(
         ),
     }
     out
+}
+
+/// Those of `wanted` (partition, stream sequence) this node has not applied up to their
+/// sequence within `timeout`, or is not `ready` for when their turn comes: one after
+/// another under one deadline, as each applies on meanwhile.
+async fn late_partitions(
+    cluster: &Cluster,
+    wanted: impl Iterator<Item = (u32, u64)>,
+    timeout: Duration,
+    ready: impl Fn(u32) -> bool,
+) -> BTreeSet<u32> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut late = BTreeSet::new();
+    for (p, at) in wanted {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !ready(p) || !cluster.wait_applied(p, at, left).await {
+            late.insert(p);
+        }
+    }
+    late
 }
 
 /// The keys of `partitions`, in order.
@@ -584,16 +599,12 @@ impl Peer for PeerService {
             .min(self.cluster.config().publish_timeout);
         // Each partition on its own: one this node is not ready for, or has not applied
         // far enough in time, leaves the others answered (another owner answers it).
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut unanswered = Vec::new();
-        for (&p, &at) in &request.wait_for {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if !self.cluster.members().is_ready_here(p)
-                || !self.cluster.wait_applied(p, at, left).await
-            {
-                unanswered.push(p);
-            }
-        }
+        let wanted = request.wait_for.iter().map(|(&p, &at)| (p, at));
+        let ready = |p| self.cluster.members().is_ready_here(p);
+        let unanswered: Vec<u32> = late_partitions(&self.cluster, wanted, timeout, ready)
+            .await
+            .into_iter()
+            .collect();
         let mut keys = Vec::with_capacity(request.snapshots.len());
         for (i, s) in request.snapshots.iter().enumerate() {
             let name = super::copy::series_name(s.series.as_ref(), s.kind)

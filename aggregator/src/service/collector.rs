@@ -705,13 +705,7 @@ impl CollectorService {
             .publish(server, &live, outgoing)
             .await
             .map_err(|e| self.publish_failed(e))?;
-        self.metrics.cluster_published(crate::metrics::Published {
-            snapshots: published,
-            messages: stats.messages,
-            bytes: stats.bytes,
-            seconds: stats.seconds,
-            last_sequence: stats.last_sequence,
-        });
+        self.metrics.cluster_published(&stats, published);
         self.answer_from_owners(cluster, &server.name, &stats.sequences, sent, &mut results)
             .await?;
         Ok(v1::PushResponse { results })
