@@ -3,6 +3,7 @@
 //! Counters are added once per batch of events (a datagram burst, an Ingest call), not per
 //! event; the backlog and Bloom gauges are read from the table when `/metrics` is scraped.
 
+pub(crate) use hourglass_rpc::metrics::{MethodLabel, OutcomeLabel, ReasonLabel};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -13,20 +14,6 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 use crate::table::{Backlog, BloomFill, IngestStats};
-
-/// `outcome`: `ok`, or what failed (a gRPC code's name for pushes).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct OutcomeLabel {
-    /// The outcome.
-    pub(crate) outcome: &'static str,
-}
-
-/// `reason`: why something was dropped or lost.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ReasonLabel {
-    /// The reason.
-    pub(crate) reason: &'static str,
-}
 
 /// `source`: where events came from (`statsd`, `ingest`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -42,13 +29,6 @@ pub(crate) struct RejectLabels {
     pub(crate) source: &'static str,
     /// Why they were refused.
     pub(crate) reason: &'static str,
-}
-
-/// `method`: a gRPC method's path.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct MethodLabel {
-    /// The method.
-    pub(crate) method: String,
 }
 
 /// `kind` of checkpoint write: `base` or `log`.

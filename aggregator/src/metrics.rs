@@ -5,6 +5,7 @@
 //! they cost nothing between scrapes.
 
 use crate::store::StoreStats;
+pub(crate) use hourglass_rpc::metrics::{MethodLabel, OutcomeLabel, ReasonLabel};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -12,27 +13,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-/// `outcome`: `ok`, or the gRPC code's name (or `error` for a background pass).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct OutcomeLabel {
-    /// The outcome.
-    pub(crate) outcome: &'static str,
-}
-
-/// `reason`: the rule a snapshot broke.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ReasonLabel {
-    /// The rule.
-    pub(crate) reason: &'static str,
-}
-
-/// `method`: a gRPC method's path.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct MethodLabel {
-    /// The method.
-    pub(crate) method: String,
-}
 
 /// `method` of a query (`distinct`, `frequency`, …).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -12,6 +12,7 @@
 //! | [`time`] | whole UTC hours, and how users write times and durations |
 //! | [`selection`] | what a question selects, as flags and query strings write it, read into the wire's selector |
 //! | [`tls`] | TLS for every listener and client (rustls), certificates reloaded on change |
+//! | [`metrics`] | the Prometheus label sets both servers use |
 //! | [`process`] | logging, OpenTelemetry tracing and shutdown signals of every process |
 //! | [`size_limit`] | messages refused for size, counted and named |
 //!
@@ -19,6 +20,7 @@
 //! which knows nothing of any of this. Nothing here knows RocksDB.
 
 pub mod codec;
+pub mod metrics;
 pub mod packed;
 pub mod process;
 pub mod proto;
