@@ -553,12 +553,13 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
     assert_applied_same("the healed agg-x", &x);
 }
 
-/// A push through a healthy node is answered while an owner of some of its partitions is
-/// cut off (still a member, its key not yet expired): the other owner of each such
-/// partition vouches for it. Asked one owner after the other, the entry waited out
-/// `peer_timeout` on the cut one first (here 60 s, more than the push's 20 s deadline).
+/// A push and a question through a healthy node are answered while an owner of some of
+/// their partitions is cut off (still a member, its key not yet expired): the other owner
+/// of each such partition vouches for the push and answers the question. Asked one owner
+/// after the other, the entry waited out `peer_timeout` on the cut one first (here 60 s,
+/// more than either's deadline).
 #[test]
-fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
+fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-cut-owner");
     // Members for a minute after their last heartbeat, and every wait as long: only the
@@ -610,20 +611,21 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     let request = crate::util::push_of_metrics("web-1", &names);
     // The premise: some partition of the push is x's first and not the entry's at all.
     let owners = runtime().block_on(owners_seen_by(&a.grpc));
-    let x_first = request.snapshots.iter().any(|s| {
+    let x_first = request.snapshots.iter().find_map(|s| {
+        let metric = s.series.as_ref().unwrap().metric.clone();
         let name = hourglass_aggregator::store::SeriesName::new(
-            s.series.as_ref().unwrap().metric.clone(),
+            metric.clone(),
             vec![],
             hourglass_sketch::Kind::Distinct,
         );
         let p = hourglass_aggregator::cluster::partition(&name, PARTITIONS) as usize;
-        owners[p].first().map(String::as_str) == Some("agg-x")
-            && !owners[p].iter().any(|o| o == "agg-1")
+        (owners[p].first().map(String::as_str) == Some("agg-x")
+            && !owners[p].iter().any(|o| o == "agg-1"))
+        .then_some(metric)
     });
-    assert!(
-        x_first,
-        "premise: no partition of the push is x's first and not agg-1's: {owners:?}"
-    );
+    let Some(x_first) = x_first else {
+        panic!("premise: no partition of the push is x's first and not agg-1's: {owners:?}");
+    };
     runtime().block_on(push_until_answered(&a, request.clone()));
     for link in to_nats.iter().chain([&to_x]) {
         link.cut(true);
@@ -650,6 +652,49 @@ fn a_push_is_answered_by_the_other_owner_while_one_owner_is_cut_off() {
     assert!(
         outcomes.iter().all(|o| *o == v1::PushOutcome::Stored),
         "{outcomes:?}"
+    );
+    // A question too: the entry asks x first for x's partitions, and x is silent. The
+    // others are asked as well once x has not answered within half of peer_timeout, and
+    // the first whole answer is taken, with nothing missing.
+    let asked = Instant::now();
+    let answer = runtime().block_on(async {
+        let mut q = QueryClient::new(channel(&a.grpc).await);
+        let hour = crate::util::this_hour();
+        let mut question = tonic::Request::new(v1::DistinctRequest {
+            selector: Some(v1::Selector {
+                metric: x_first.clone(),
+                range: Some(v1::TimeRange {
+                    start_hour: hour,
+                    end_hour: hour + 1,
+                }),
+                ..Default::default()
+            }),
+        });
+        // Under the cut node's bound (62 s), which the question waited out before.
+        question.set_timeout(Duration::from_secs(55));
+        q.distinct(question).await
+    });
+    let answer = answer
+        .unwrap_or_else(|s| {
+            panic!(
+                "the question is answered without the cut owner (after {:?}): {s}",
+                asked.elapsed()
+            )
+        })
+        .into_inner();
+    let coverage = answer.coverage.unwrap_or_default();
+    assert_eq!(
+        (
+            coverage.partitions_missing,
+            coverage.sketches_merged,
+            answer.answer.unwrap_or_default().estimate.round()
+        ),
+        (0, 1, 1.0),
+        "{x_first} over the hour, asked while its first owner is cut off"
+    );
+    eprintln!(
+        "a question while an owner is cut off was answered in {:?}",
+        asked.elapsed()
     );
     for link in to_nats.iter().chain([&to_x]) {
         link.cut(false);

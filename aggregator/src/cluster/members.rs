@@ -174,7 +174,7 @@ impl Membership {
     /// Whether this node renewed its membership within two heartbeats or so: a node
     /// that cannot reach NATS stops answering for its partitions long before the others
     /// drop it at `member_ttl`.
-    fn is_fresh(&self) -> bool {
+    pub(crate) fn is_fresh(&self) -> bool {
         self.lock()
             .renewed
             .is_some_and(|at| at.elapsed() < self.fresh)

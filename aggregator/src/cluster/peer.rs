@@ -104,6 +104,19 @@ impl Peers {
         request
     }
 
+    /// The longest this node waits for another's answer: `peer_timeout`, and 2 s for the
+    /// way there and back.
+    pub(crate) fn bound(&self) -> Duration {
+        self.timeout + Duration::from_secs(2)
+    }
+
+    /// How long a question waits for a node's part before it asks the part's other
+    /// nodes too: half of `peer_timeout`, the time the asked node's read barrier has
+    /// before it answers, ready or not ([`super::barrier::pass`]).
+    pub(crate) fn hedge(&self) -> Duration {
+        self.timeout / 2
+    }
+
     /// Asks the node at `advertise` for its partial merge.
     pub(crate) async fn partial(
         &self,
@@ -123,7 +136,7 @@ impl Peers {
         advertise: &str,
         call: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
-        let limit = self.timeout + Duration::from_secs(2);
+        let limit = self.bound();
         tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
             Err(Status::unavailable(format!(
                 "peer {advertise} did not answer within {limit:?}"

@@ -75,11 +75,21 @@ pub(crate) async fn fan_out(
     // live consumer may lag the owners', and a series it has not heard of yet is still
     // theirs to merge.
     let needed: BTreeSet<u32> = (0..count).filter(|p| !here.contains(p)).collect();
-    let missing = gather(cluster, &asked, needed, &mut answer).await?;
+    let asked = Arc::new(asked);
+    let deadline = tokio::time::Instant::now() + cluster.peers().bound();
+    let gathered = while_in_touch(
+        cluster,
+        gather(cluster, &asked, needed, BTreeSet::new(), deadline),
+    )
+    .await??;
+    for (_, reply) in &gathered.replies {
+        merge_partial(&mut answer, reply, &asked.selector.metric)
+            .map_err(|e| convert::query_status(&e))?;
+    }
     // Groups only the others knew came last: in key order, as a single aggregator lists
     // them, so that every node gives the same bytes.
     answer.groups.sort_by(|a, b| a.0.cmp(&b.0));
-    let missing: Vec<u32> = missing.into_iter().collect();
+    let missing: Vec<u32> = gathered.missing.into_iter().collect();
     answer
         .total
         .coverage
@@ -98,59 +108,234 @@ pub(crate) async fn fan_out(
     Ok(answer)
 }
 
-/// Asks the other nodes for the partials of `needed`, trying each partition's ready
-/// nodes in turn, and merges what they send into `answer`. Returns the partitions no
-/// node answered for.
-async fn gather(
-    cluster: &Arc<Cluster>,
-    asked: &Asked,
-    needed: BTreeSet<u32>,
-    answer: &mut Answer,
-) -> Result<BTreeSet<u32>, Status> {
-    let me = cluster.members().me().to_string();
-    // Each partition's remaining candidates, best first.
-    let mut queue: BTreeMap<u32, Vec<super::members::Candidate>> = needed
-        .iter()
-        .map(|&p| {
-            let mut c = cluster.members().candidates(p);
-            c.retain(|c| c.node != me);
-            c.reverse();
-            (p, c)
-        })
-        .collect();
-    let mut missing = BTreeSet::new();
-    while !queue.is_empty() {
-        let round = next_round(&mut queue, &mut missing);
-        let mut calls = tokio::task::JoinSet::new();
-        for (node, (advertise, partitions)) in round {
-            let cluster = Arc::clone(cluster);
-            let request = v1::PartialRequest {
-                selector: Some(asked.proto.clone()),
-                kind: v1::SketchKind::from(asked.kind) as i32,
-                partitions: partitions.clone(),
-                partition_count: cluster.config().partitions,
-                lookup: asked.item.is_some(),
-                item: asked.item.clone().unwrap_or_default(),
-            };
-            calls.spawn(async move {
-                let reply = cluster.peers().partial(&advertise, request).await;
-                (node, partitions, reply)
-            });
+/// `work`, ended with UNAVAILABLE as soon as this node is no longer freshly a member
+/// (cut off from NATS: [`super::members::Membership::is_fresh`]). A question this node began
+/// before the cut would otherwise wait out every peer's bound, one after another, for
+/// peers it most likely cannot reach either; one asked after the cut is refused by the
+/// read barrier.
+async fn while_in_touch<T>(
+    cluster: &Cluster,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Status> {
+    let check = (cluster.config().heartbeat / 4).clamp(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_millis(250),
+    );
+    let out_of_touch = async {
+        loop {
+            tokio::time::sleep(check).await;
+            if !cluster.members().is_fresh() {
+                return;
+            }
         }
-        while let Some(done) = calls.join_next().await {
-            let (node, partitions, reply) =
-                done.map_err(|e| Status::internal(format!("query task failed: {e}")))?;
-            let failed = take_reply(asked, answer, &node, &partitions, reply)?;
-            for p in partitions {
-                let candidates = queue.get_mut(&p).expect("queued this round");
-                candidates.pop();
-                if !failed.contains(&p) {
-                    queue.remove(&p);
+    };
+    tokio::select! {
+        done = work => Ok(done),
+        () = out_of_touch => Err(Status::unavailable(format!(
+            "node {} lost touch with the cluster (NATS) while answering; ask another node",
+            cluster.members().me()
+        ))),
+    }
+}
+
+/// What the other nodes sent for some partitions.
+#[derive(Default)]
+struct Gathered {
+    /// Each answering node's reply, for the partitions it was asked for less those it
+    /// said it is not ready for: every partition is in at most one reply.
+    replies: Vec<(String, v1::PartialResponse)>,
+    /// The partitions no node answered for.
+    missing: BTreeSet<u32>,
+}
+
+/// Asks the other nodes (but those `excluded`) for the partials of `needed`, trying each
+/// partition's ready nodes in turn until `deadline`. Each partition is answered by one
+/// node at most, so that a merge that adds (Count-Min) never counts one twice.
+fn gather(
+    cluster: &Arc<Cluster>,
+    asked: &Arc<Asked>,
+    needed: BTreeSet<u32>,
+    excluded: BTreeSet<String>,
+    deadline: tokio::time::Instant,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Gathered, Status>> + Send>> {
+    let (cluster, asked) = (Arc::clone(cluster), Arc::clone(asked));
+    Box::pin(async move {
+        let me = cluster.members().me().to_string();
+        // Each partition's remaining candidates, best first.
+        let mut queue: BTreeMap<u32, Vec<super::members::Candidate>> = needed
+            .iter()
+            .map(|&p| {
+                let mut c = cluster.members().candidates(p);
+                c.retain(|c| c.node != me && !excluded.contains(&c.node));
+                c.reverse();
+                (p, c)
+            })
+            .collect();
+        let mut gathered = Gathered::default();
+        while !queue.is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                gathered
+                    .missing
+                    .extend(std::mem::take(&mut queue).into_keys());
+                break;
+            }
+            let round = next_round(&mut queue, &mut gathered.missing);
+            let mut calls = tokio::task::JoinSet::new();
+            for (node, (advertise, partitions)) in round {
+                let (cluster, asked) = (Arc::clone(&cluster), Arc::clone(&asked));
+                let excluded = excluded.clone();
+                calls.spawn(async move {
+                    let call = Call {
+                        node,
+                        advertise,
+                        partitions,
+                    };
+                    let outcome = ask(&cluster, &asked, &call, excluded, deadline).await;
+                    (call.partitions, outcome)
+                });
+            }
+            while let Some(done) = calls.join_next().await {
+                let (partitions, outcome) =
+                    done.map_err(|e| Status::internal(format!("query task failed: {e}")))?;
+                let outcome = outcome?;
+                for p in partitions {
+                    let candidates = queue.get_mut(&p).expect("queued this round");
+                    candidates.pop();
+                    if !outcome.retry.contains(&p) {
+                        queue.remove(&p);
+                    }
                 }
+                gathered.replies.extend(outcome.gathered.replies);
+                gathered.missing.extend(outcome.gathered.missing);
+            }
+        }
+        Ok(gathered)
+    })
+}
+
+/// One call of a round: `partitions` asked of `node` at `advertise`.
+struct Call {
+    node: String,
+    advertise: String,
+    partitions: Vec<u32>,
+}
+
+/// What became of one [`Call`]: what it gathered, and the partitions to ask of their
+/// next candidates.
+struct Outcome {
+    gathered: Gathered,
+    retry: BTreeSet<u32>,
+}
+
+/// Makes `call`, bounded by `deadline`. If it has not answered within the hedge delay
+/// ([`super::peer::Peers::hedge`]: a healthy node answers within its read barrier's
+/// half of `peer_timeout`), the same partitions are asked of their other nodes too
+/// ([`gather`], without the slow node) while the call goes on, and the first of the two
+/// to answer every partition is taken whole, the other dropped: a node cut off while a
+/// question is in flight holds it up for the hedge delay, not for its whole bound. Never
+/// both: a partition answered twice would be counted twice.
+async fn ask(
+    cluster: &Arc<Cluster>,
+    asked: &Arc<Asked>,
+    call: &Call,
+    mut excluded: BTreeSet<String>,
+    deadline: tokio::time::Instant,
+) -> Result<Outcome, Status> {
+    let request = v1::PartialRequest {
+        selector: Some(asked.proto.clone()),
+        kind: v1::SketchKind::from(asked.kind) as i32,
+        partitions: call.partitions.clone(),
+        partition_count: cluster.config().partitions,
+        lookup: asked.item.is_some(),
+        item: asked.item.clone().unwrap_or_default(),
+    };
+    let reply = async {
+        let late = Status::unavailable(format!(
+            "peer {} did not answer before the question's deadline",
+            call.advertise
+        ));
+        tokio::time::timeout_at(deadline, cluster.peers().partial(&call.advertise, request))
+            .await
+            .unwrap_or(Err(late))
+    };
+    tokio::pin!(reply);
+    let hedge_at = tokio::time::Instant::now() + cluster.peers().hedge();
+    tokio::select! {
+        reply = &mut reply => return take_reply(asked, call, reply),
+        () = tokio::time::sleep_until(hedge_at.min(deadline)) => {}
+    }
+    tracing::info!(
+        node = call.node,
+        after = ?cluster.peers().hedge(),
+        partitions = call.partitions.len(),
+        "a node has not answered its part of a question yet; asking the partitions' other nodes too"
+    );
+    excluded.insert(call.node.clone());
+    let needed: BTreeSet<u32> = call.partitions.iter().copied().collect();
+    let mut others = gather(cluster, asked, needed, excluded, deadline);
+    let settled = |gathered: Gathered| Outcome {
+        gathered,
+        retry: BTreeSet::new(),
+    };
+    tokio::select! {
+        reply = &mut reply => {
+            let outcome = take_reply(asked, call, reply)?;
+            if outcome.retry.is_empty() {
+                return Ok(outcome);
+            }
+            // Not whole: the others' answer covers every partition of the call.
+            Ok(settled(others.await?))
+        }
+        gathered = &mut others => {
+            let gathered = gathered?;
+            if gathered.missing.is_empty() {
+                return Ok(settled(gathered));
+            }
+            // The others could not answer every partition: the call's answer, if it
+            // comes whole in time, does.
+            match take_reply(asked, call, reply.await)? {
+                outcome if outcome.retry.is_empty() => Ok(outcome),
+                _ => Ok(settled(gathered)),
             }
         }
     }
-    Ok(missing)
+}
+
+/// `call`'s reply, as an [`Outcome`]: the partitions it did not answer for are to be
+/// asked of their other nodes.
+fn take_reply(
+    asked: &Asked,
+    call: &Call,
+    reply: Result<v1::PartialResponse, Status>,
+) -> Result<Outcome, Status> {
+    let node = call.node.as_str();
+    let all = || call.partitions.iter().copied().collect();
+    let (reply, retry) = match reply {
+        // A membership lookup answered with a merged filter: a node of a version before
+        // lookups, which ignored the item. Its filters' answers are not there, so its
+        // partitions go to their other owners, or are named missing, never answered from
+        // what it did not send.
+        Ok(reply) if asked.item.is_some() && merged_filter_in(&reply) => {
+            tracing::warn!(
+                node,
+                "a node answered a membership lookup with a merged filter (an older version?); trying the partitions' other owners"
+            );
+            (None, all())
+        }
+        Ok(reply) => {
+            let retry = reply.not_ready.iter().copied().collect();
+            (Some(reply), retry)
+        }
+        Err(status) => {
+            tracing::warn!(node, error = %status.message(), "a node's part of a query failed; trying the partitions' other owners");
+            (None, all())
+        }
+    };
+    let gathered = Gathered {
+        replies: reply.map(|r| (node.to_string(), r)).into_iter().collect(),
+        missing: BTreeSet::new(),
+    };
+    Ok(Outcome { gathered, retry })
 }
 
 /// The next round of asking: each partition of `queue` to its best remaining candidate,
@@ -177,39 +362,6 @@ fn next_round(
         }
     }
     round
-}
-
-/// Merges `node`'s reply for `partitions` into `answer`; returns the partitions it did
-/// not answer for, to be asked of their other owners.
-fn take_reply(
-    asked: &Asked,
-    answer: &mut Answer,
-    node: &str,
-    partitions: &[u32],
-    reply: Result<v1::PartialResponse, Status>,
-) -> Result<BTreeSet<u32>, Status> {
-    match reply {
-        // A membership lookup answered with a merged filter: a node of a version before
-        // lookups, which ignored the item. Its filters' answers are not there, so its
-        // partitions go to their other owners, or are named missing, never answered from
-        // what it did not send.
-        Ok(reply) if asked.item.is_some() && merged_filter_in(&reply) => {
-            tracing::warn!(
-                node,
-                "a node answered a membership lookup with a merged filter (an older version?); trying the partitions' other owners"
-            );
-            Ok(partitions.iter().copied().collect())
-        }
-        Ok(reply) => {
-            merge_partial(answer, &reply, &asked.selector.metric)
-                .map_err(|e| convert::query_status(&e))?;
-            Ok(reply.not_ready.iter().copied().collect())
-        }
-        Err(status) => {
-            tracing::warn!(node, error = %status.message(), "a node's part of a query failed; trying the partitions' other owners");
-            Ok(partitions.iter().copied().collect())
-        }
-    }
 }
 
 /// Whether a partial answer carries a merged sketch in any group.

@@ -66,7 +66,9 @@ pub struct ClusterConfig {
         deserialize_with = "deserialize_duration"
     )]
     pub member_ttl: Duration,
-    /// The longest wait for another node's part of a query or of a push's answer.
+    /// The longest wait for another node's part of a query or of a push's answer (2 s
+    /// more for the way there and back); a question asks a part's other nodes too once
+    /// one has not answered within half of it.
     #[serde(
         default = "default_peer_timeout",
         deserialize_with = "deserialize_duration"
