@@ -64,6 +64,19 @@ fn to_json(s: &v1::StatusResponse) -> serde_json::Value {
         "owners": s.owners,
         "stream_last_sequence": s.stream_last_sequence,
         "applied_sequence": s.applied_sequence,
+        "stream": s.stream.as_ref().map(|st| json!({
+            "name": st.name,
+            "leader": st.leader,
+            "messages": st.messages,
+            "bytes": st.bytes,
+            "replicas": st.replicas.iter().map(|r| json!({
+                "name": r.name,
+                "current": r.current,
+                "offline": r.offline,
+                "lag": r.lag,
+                "seen_ms_ago": r.seen_ms_ago,
+            })).collect::<Vec<_>>(),
+        })),
         "members": s.members.iter().map(|m| json!({
             "node": m.node,
             "advertise": m.advertise,
@@ -143,7 +156,42 @@ fn render(s: &v1::StatusResponse) -> String {
         "stream: last sequence {}; this node applied up to {}\n",
         s.stream_last_sequence, s.applied_sequence
     );
+    text += &stream_line(s.stream.as_ref());
     text
+}
+
+/// Where the stream lives: its leader and each replica's state, or that JetStream did not
+/// say.
+fn stream_line(stream: Option<&v1::StreamStatus>) -> String {
+    let Some(stream) = stream else {
+        return "stream: JetStream did not report its leader and replicas\n".to_string();
+    };
+    let leader = match stream.leader.as_str() {
+        "" => "warning: no leader (an election; publishes wait)".to_string(),
+        leader => format!("leader {leader}"),
+    };
+    let replicas: Vec<String> = stream
+        .replicas
+        .iter()
+        .map(|r| {
+            let state = if r.offline {
+                format!("offline, last heard {} ms ago", r.seen_ms_ago)
+            } else if r.current {
+                "current".to_string()
+            } else {
+                format!("{} operations behind", r.lag)
+            };
+            format!("{} ({state})", r.name)
+        })
+        .collect();
+    let replicas = match replicas.len() {
+        0 => "no other replica".to_string(),
+        _ => format!("replicas {}", replicas.join(", ")),
+    };
+    format!(
+        "stream {}: {leader}; {replicas}; {} messages, {} bytes\n",
+        stream.name, stream.messages, stream.bytes
+    )
 }
 
 /// Up to 20 partition numbers, and how many more.
@@ -186,6 +234,7 @@ mod tests {
             owners: 2,
             stream_last_sequence: 9,
             applied_sequence: 7,
+            stream: None,
         };
         let text = render(&status);
         assert!(
@@ -198,5 +247,42 @@ mod tests {
         );
         assert!(text.contains("applied up to 7"), "{text}");
         assert_eq!(to_json(&status)["partitions"][1]["ready"], json!([]));
+        assert!(
+            text.contains("stream: JetStream did not report its leader and replicas\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_text_names_the_streams_leader_and_each_replicas_state() {
+        let replica = |name: &str, current, offline, lag| v1::StreamReplica {
+            name: name.into(),
+            current,
+            offline,
+            lag,
+            seen_ms_ago: 4200,
+        };
+        let mut stream = v1::StreamStatus {
+            name: "HOURGLASS".into(),
+            leader: "nats-2".into(),
+            replicas: vec![
+                replica("nats-1", true, false, 0),
+                replica("nats-3", false, false, 12),
+            ],
+            messages: 340,
+            bytes: 98_000,
+        };
+        assert_eq!(
+            stream_line(Some(&stream)),
+            "stream HOURGLASS: leader nats-2; replicas nats-1 (current), nats-3 (12 operations behind); 340 messages, 98000 bytes\n"
+        );
+        stream.leader.clear();
+        stream.replicas = vec![replica("nats-3", false, true, 0)];
+        let line = stream_line(Some(&stream));
+        assert!(line.contains("warning: no leader"), "{line}");
+        assert!(
+            line.contains("nats-3 (offline, last heard 4200 ms ago)"),
+            "{line}"
+        );
     }
 }

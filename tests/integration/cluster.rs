@@ -318,6 +318,7 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
         "{text}"
     );
     assert!(text.contains("every partition has a ready node"), "{text}");
+    assert!(text.contains("stream HOURGLASS: leader "), "{text}");
     let run = crate::util::hourglass(
         &[
             "cluster",
@@ -329,6 +330,14 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
         b"",
     );
     let status = run.json();
+    // Where the stream lives: a leader and two replicas, by their NATS server names.
+    let stream = &status["stream"];
+    assert_eq!(stream["name"], "HOURGLASS", "{stream}");
+    assert!(
+        stream["leader"].as_str().is_some_and(|l| !l.is_empty())
+            && stream["replicas"].as_array().map(Vec::len) == Some(2),
+        "{stream}"
+    );
     let partitions = status["partitions"].as_array().unwrap();
     assert_eq!(partitions.len(), 64);
     assert!(

@@ -435,6 +435,12 @@ impl Cluster {
 
     /// The stream's state, as JetStream reports it now (one request).
     async fn stream_state(&self) -> Result<jetstream::stream::State, ClusterError> {
+        Ok(self.stream_info().await?.state)
+    }
+
+    /// The stream's configuration, state and placement, as JetStream reports them now
+    /// (one request).
+    pub(crate) async fn stream_info(&self) -> Result<jetstream::stream::Info, ClusterError> {
         let stream = self
             .jetstream
             .get_stream(&self.config.stream)
@@ -443,7 +449,7 @@ impl Cluster {
                 stream: self.config.stream.clone(),
                 detail: e.to_string(),
             })?;
-        Ok(stream.cached_info().state.clone())
+        Ok(stream.cached_info().clone())
     }
 
     /// The members and who owns what.

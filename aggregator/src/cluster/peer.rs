@@ -484,6 +484,31 @@ impl PeerService {
     }
 }
 
+/// The stream's placement as `hourglass cluster status` shows it: its leader and each
+/// other replica's state.
+fn stream_status(info: &async_nats::jetstream::stream::Info) -> v1::StreamStatus {
+    let cluster = info.cluster.as_ref();
+    let replicas = cluster
+        .map(|c| c.replicas.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|r| v1::StreamReplica {
+            name: r.name.clone(),
+            current: r.current,
+            offline: r.offline,
+            lag: r.lag.unwrap_or(0),
+            seen_ms_ago: u64::try_from(r.active.as_millis()).unwrap_or(u64::MAX),
+        })
+        .collect();
+    v1::StreamStatus {
+        name: info.config.name.clone(),
+        leader: cluster.and_then(|c| c.leader.clone()).unwrap_or_default(),
+        replicas,
+        messages: info.state.messages,
+        bytes: info.state.bytes,
+    }
+}
+
 /// A partial answer as the Peer service sends it.
 fn partial_group(key: &str, merged: &crate::planner::Merged) -> v1::PartialGroup {
     v1::PartialGroup {
@@ -667,14 +692,15 @@ impl Peer for PeerService {
                     .collect(),
             })
             .collect();
-        let stream_last_sequence = self.cluster.stream_last_sequence().await.unwrap_or(0);
+        let info = self.cluster.stream_info().await.ok();
         Ok(Response::new(v1::StatusResponse {
             node: members.me().to_string(),
             members: view.into_values().collect(),
             partitions,
             owners: u32::try_from(self.cluster.config().owners).unwrap_or(u32::MAX),
-            stream_last_sequence,
+            stream_last_sequence: info.as_ref().map_or(0, |i| i.state.last_sequence),
             applied_sequence: self.cluster.applied_max(),
+            stream: info.as_ref().map(stream_status),
         }))
     }
 }
