@@ -13,6 +13,7 @@
 //! | [`keys`] | the encoding of every storage key: fixed-width big-endian fields, so byte order is time order and one series' week is one range scan |
 //! | [`store`] | storage behind the [`store::Store`] trait, the sum of six capability traits: hourly snapshots upserted by version ([`store::Hourly`]), rollups ([`store::Rollups`]), retention ([`store::Retention`]), the series dictionary and server registry ([`store::Dictionaries`]), server liveness and series index ([`store::ServerIndex`]), cluster mode's positions and copies ([`store::Replica`]); [`store::RocksStore`] for production, [`store::MemoryStore`] for tests |
 //! | [`planner`] | which hourly rows and rollups answer a selection, merged in the one order that makes both give the same bytes |
+//! | `convert` | the translations between proto and the planner and store, and their errors as gRPC status codes |
 //! | [`rollup`] | the builder of daily rollups for closed and late-touched days |
 //! | [`glob`] | shell-style server name globs |
 //! | [`placement`] | a series' partition in cluster mode, from its name alone |
@@ -41,6 +42,7 @@ pub mod background;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub(crate) mod convert;
 pub mod glob;
 pub mod http;
 pub mod keys;

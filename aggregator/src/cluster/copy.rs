@@ -22,8 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{Cluster, LIVE};
+use crate::convert;
 use crate::keys::{Day, DayKey, Epoch, Hour, HourKey, SeriesId, ServerId};
-use crate::service::convert;
 use crate::store::{SeriesName, Store, StoreError};
 
 /// About how many bytes of sketches go in one chunk of a copy.

@@ -19,10 +19,10 @@ use hourglass_sketch::Sketch;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
-use super::convert;
 use super::ledger::{Admission, Admit, SeriesLedger, Tentative};
 use super::outcome_label;
 use crate::config::LimitsConfig;
+use crate::convert;
 use crate::keys::{Day, Epoch, Hour, HourKey};
 use crate::metrics::Metrics;
 use crate::store::{PutOutcome, SeriesName, Store};

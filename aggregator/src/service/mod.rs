@@ -3,7 +3,6 @@
 //! server reflection, and the server that carries them with compression and size limits.
 
 mod collector;
-pub(crate) mod convert;
 mod ledger;
 mod query;
 
