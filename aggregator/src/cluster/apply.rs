@@ -20,7 +20,7 @@ use tokio_stream::StreamExt;
 use super::barrier::{Delivered, Vouched, identity, nothing_aged_out, vouched};
 use super::{Cluster, ClusterError, LIVE};
 use crate::metrics::{ApplyLabel, Metrics};
-use crate::service::CollectorService;
+use crate::write::Writer;
 
 /// How long JetStream waits for an acknowledgement before it redelivers.
 const ACK_WAIT: Duration = Duration::from_secs(60);
@@ -54,7 +54,7 @@ struct Consuming {
     cluster: Arc<Cluster>,
     /// The store's consumer name prefix ([`consumer_name`]).
     durable: String,
-    applier: Arc<CollectorService>,
+    applier: Arc<Writer>,
     metrics: Arc<Metrics>,
 }
 
@@ -72,7 +72,7 @@ struct Task {
 pub(crate) async fn run(
     cluster: Arc<Cluster>,
     durable: String,
-    applier: CollectorService,
+    applier: Writer,
     metrics: Arc<Metrics>,
     stopped: impl Future<Output = ()>,
 ) {
