@@ -13,10 +13,12 @@
 //! | [`keys`] | the encoding of every storage key: fixed-width big-endian fields, so byte order is time order and one series' week is one range scan |
 //! | [`store`] | storage behind the [`store::Store`] trait, the sum of six capability traits: hourly snapshots upserted by version ([`store::Hourly`]), rollups ([`store::Rollups`]), retention ([`store::Retention`]), the series dictionary and server registry ([`store::Dictionaries`]), server liveness and series index ([`store::ServerIndex`]), cluster mode's positions and copies ([`store::Replica`]); [`store::RocksStore`] for production, [`store::MemoryStore`] for tests |
 //! | [`planner`] | which hourly rows and rollups answer a selection, merged in the one order that makes both give the same bytes |
+//! | `convert` | the translations between proto and the planner and store, and their errors as gRPC status codes |
 //! | [`rollup`] | the builder of daily rollups for closed and late-touched days |
 //! | [`glob`] | shell-style server name globs |
 //! | [`placement`] | a series' partition in cluster mode, from its name alone |
-//! | [`service`] | the gRPC `Collector` and `Query` services, health and reflection: thin translations between proto and the store and planner |
+//! | `write` | the write path: the rules a push is admitted by (its checks, the series bound) and the store's write, for the `Collector` service and the cluster's apply loop alike |
+//! | [`service`] | the gRPC `Collector` and `Query` services, health and reflection: thin translations between proto and the write path, the store and the planner |
 //! | [`admin`] | the admin HTTP port: Prometheus `/metrics`, `/healthz`, `/readyz` |
 //! | [`http`] | the HTTP port: the JSON query API under `/api/v1/` (the `Query` service's own calls, as JSON) and the dashboard |
 //! | [`metrics`] | the Prometheus counters, histograms and gauges |
@@ -41,6 +43,7 @@ pub mod background;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub(crate) mod convert;
 pub mod glob;
 pub mod http;
 pub mod keys;
@@ -50,6 +53,7 @@ pub mod planner;
 pub mod rollup;
 pub mod service;
 pub mod store;
+pub(crate) mod write;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -234,7 +238,7 @@ impl Aggregator {
 }
 
 /// Cluster mode: the task that applies the cluster's stream to `store` as `consumer`, with
-/// the collector's checks and limits, until `stop`; `None` without `[cluster]`.
+/// the write path's checks and limits, until `stop`; `None` without `[cluster]`.
 fn spawn_apply(
     cluster: Option<(Arc<cluster::Cluster>, String)>,
     store: &Arc<dyn Store>,
@@ -243,13 +247,13 @@ fn spawn_apply(
     stop: &hourglass_rpc::process::Stop,
 ) -> Option<tokio::task::JoinHandle<()>> {
     cluster.map(|(cluster, consumer)| {
-        let applier = service::CollectorService::new(
+        let applier = write::Writer::new(
             Arc::clone(store),
             Arc::clone(metrics),
             config.limits.clone(),
             config.retention.hourly,
         )
-        .applying_for(&cluster);
+        .applying_with(Arc::clone(cluster.ledger()));
         tokio::spawn(cluster::run(
             cluster,
             consumer,

@@ -1,7 +1,7 @@
 //! What the aggregator's Push handler runs on untrusted bytes, without its RocksDB glue:
 //! the protobuf decoding of a `PushRequest`, then for the server and each snapshot the
-//! checks of `aggregator/src/service/collector.rs` (`push` and `check_snapshot`), built
-//! from the same library calls:
+//! checks of the write path that the Collector's `push` runs (`aggregator/src/write/`:
+//! `Writer::checked_request` and `check_snapshot`), built from the same library calls:
 //!
 //! - server labels: `series::validate_tag`;
 //! - `Series::try_from(&v1::Series)`, and that an accepted series round-trips through its

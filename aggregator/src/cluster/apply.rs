@@ -20,7 +20,7 @@ use tokio_stream::StreamExt;
 use super::barrier::{Delivered, Vouched, identity, nothing_aged_out, vouched};
 use super::{Cluster, ClusterError, LIVE};
 use crate::metrics::{ApplyLabel, Metrics};
-use crate::service::CollectorService;
+use crate::write::Writer;
 
 /// How long JetStream waits for an acknowledgement before it redelivers.
 const ACK_WAIT: Duration = Duration::from_secs(60);
@@ -54,9 +54,9 @@ struct Consuming {
     cluster: Arc<Cluster>,
     /// The store's consumer name prefix ([`consumer_name`]).
     durable: String,
-    applier: Arc<CollectorService>,
-    /// This node's one writer of applied messages ([`Writer`]).
-    writer: Writer,
+    applier: Arc<Writer>,
+    /// This node's one group commit of applied messages ([`GroupCommit`]).
+    commit: GroupCommit,
     metrics: Arc<Metrics>,
 }
 
@@ -74,7 +74,7 @@ struct Task {
 pub(crate) async fn run(
     cluster: Arc<Cluster>,
     durable: String,
-    applier: CollectorService,
+    applier: Writer,
     metrics: Arc<Metrics>,
     stopped: impl Future<Output = ()>,
 ) {
@@ -84,7 +84,7 @@ pub(crate) async fn run(
     let work = Consuming {
         cluster: Arc::clone(&cluster),
         durable,
-        writer: Writer::start(Arc::clone(&cluster), Arc::clone(&applier)),
+        commit: GroupCommit::start(Arc::clone(&cluster), Arc::clone(&applier)),
         applier,
         metrics: Arc::clone(&metrics),
     };
@@ -691,7 +691,7 @@ async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]
     }
 }
 
-/// Applies `batch` through this node's [`Writer`], in one write group of the store with
+/// Applies `batch` through this node's [`GroupCommit`], in one write group of the store with
 /// whatever the node's other consumers apply at the same time (one WAL sync at its end):
 /// each message's outcome, in order. A failed sync makes every message [`Applied::Retry`].
 async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applied> {
@@ -699,49 +699,50 @@ async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applie
         batch.iter().map(|d| d.message.message.clone()).collect();
     let (done, outcomes) = tokio::sync::oneshot::channel();
     let job = Job { p, messages, done };
-    if work.writer.jobs.send(job).is_err() {
+    if work.commit.jobs.send(job).is_err() {
         tracing::error!(
             partition = p,
-            "this node's cluster writer has stopped; retrying"
+            "this node's group commit of cluster messages has stopped; retrying"
         );
         return vec![Applied::Retry; batch.len()];
     }
     outcomes.await.unwrap_or_else(|_| {
         tracing::error!(
             partition = p,
-            "a batch of cluster messages was dropped by the writer; retrying it"
+            "a batch of cluster messages was dropped by the group commit; retrying it"
         );
         vec![Applied::Retry; batch.len()]
     })
 }
 
-/// The most messages one write group of the [`Writer`] takes: batches waiting beyond it
+/// The most messages one write group of the [`GroupCommit`] takes: batches waiting beyond it
 /// go in the next group.
 const MAX_GROUP: usize = 4 * MAX_BATCH;
 
-/// This node's one writer of what its consumers apply. Each consumer applies its
-/// subject's messages in order, a batch at a time; the writer takes every batch waiting
+/// This node's one group commit of what its consumers apply (through the [`Writer`]).
+/// Each consumer applies its subject's messages in order, a batch at a time; the group
+/// commit takes every batch waiting
 /// when it is free (up to [`MAX_GROUP`] messages) and writes them in one write group of
 /// the store, synced once, so that a node applying many partitions at once pays one WAL
 /// sync for all of them, not one each (they were 20 to 40 syncs a push with one each).
 /// Each batch still stops at its first message to retry, and its consumer waits for its
 /// outcome before its next batch, so a subject's order is kept.
 #[derive(Clone)]
-struct Writer {
+struct GroupCommit {
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
-/// One consumer's batch for the [`Writer`], and where its outcomes go.
+/// One consumer's batch for the [`GroupCommit`], and where its outcomes go.
 struct Job {
     p: u32,
     messages: Vec<async_nats::Message>,
     done: tokio::sync::oneshot::Sender<Vec<Applied>>,
 }
 
-impl Writer {
-    /// Starts the writer on a thread of the blocking pool; it ends once every
+impl GroupCommit {
+    /// Starts the group commit on a thread of the blocking pool; it ends once every
     /// [`Consuming`] (which hold its sender) is gone.
-    fn start(cluster: Arc<Cluster>, applier: Arc<CollectorService>) -> Writer {
+    fn start(cluster: Arc<Cluster>, applier: Arc<Writer>) -> GroupCommit {
         let (jobs, waiting) = std::sync::mpsc::channel::<Job>();
         tokio::task::spawn_blocking(move || {
             while let Ok(first) = waiting.recv() {
@@ -768,7 +769,7 @@ impl Writer {
                 }
             }
         });
-        Writer { jobs }
+        GroupCommit { jobs }
     }
 }
 
@@ -776,7 +777,7 @@ impl Writer {
 /// order, up to its first message the store could not take (the rest of that job are
 /// applied after it, in order: a later live message must not set a server's labels
 /// before an earlier one does). A failed sync makes every outcome [`Applied::Retry`].
-fn write_group(cluster: &Cluster, applier: &CollectorService, group: &[Job]) -> Vec<Vec<Applied>> {
+fn write_group(cluster: &Cluster, applier: &Writer, group: &[Job]) -> Vec<Vec<Applied>> {
     let mut outcomes: Vec<Vec<Applied>> = group
         .iter()
         .map(|job| Vec::with_capacity(job.messages.len()))
@@ -1306,7 +1307,7 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
 /// index (and the positions it names, for the read barrier), or a partition's snapshots.
 fn apply_one(
     cluster: &Cluster,
-    applier: &CollectorService,
+    applier: &Writer,
     p: u32,
     message: &async_nats::Message,
 ) -> Applied {

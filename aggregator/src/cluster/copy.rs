@@ -22,8 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{Cluster, LIVE};
+use crate::convert;
 use crate::keys::{Day, DayKey, Epoch, Hour, HourKey, SeriesId, ServerId};
-use crate::service::convert;
 use crate::store::{SeriesName, Store, StoreError};
 
 /// About how many bytes of sketches go in one chunk of a copy.
@@ -505,7 +505,7 @@ impl ChunkWriter<'_> {
 fn server_id(store: &dyn Store, server: &v1::Server, labels: bool) -> Result<ServerId, String> {
     hourglass_rpc::series::validate_server_name(&server.name)
         .map_err(|e| format!("server name {:?}: {e}", server.name))?;
-    let wanted = crate::service::checked_labels(server).map_err(|s| s.message().to_string())?;
+    let wanted = crate::write::checked_labels(server).map_err(|s| s.message().to_string())?;
     match store.server_id(&server.name).map_err(|e| e.to_string())? {
         Some(id) if !labels => Ok(id),
         _ => store

@@ -94,7 +94,7 @@ pub struct Cluster {
     config: ClusterConfig,
     /// The series bound's ledger, shared by this node's entry (which refuses a series
     /// over the bound before publishing, as a single aggregator does) and its apply loop.
-    ledger: std::sync::Arc<crate::service::SeriesLedger>,
+    ledger: std::sync::Arc<crate::write::SeriesLedger>,
     /// Per partition (and [`super::LIVE`]), this node's own record of how far it applied
     /// the subject ([`StreamPosition`]): the consumer instance it applies from, the last
     /// delivery of it received and applied, and the stream sequence up to which every
@@ -458,7 +458,7 @@ impl Cluster {
     }
 
     /// The series bound's ledger of this node.
-    pub(crate) fn ledger(&self) -> &std::sync::Arc<crate::service::SeriesLedger> {
+    pub(crate) fn ledger(&self) -> &std::sync::Arc<crate::write::SeriesLedger> {
         &self.ledger
     }
 

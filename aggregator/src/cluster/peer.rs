@@ -13,10 +13,10 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{Cluster, ClusterConfig, ClusterError};
+use crate::convert;
 use crate::planner::{Answer, FilterRow, Planner, QueryError};
-use crate::service::convert;
-use crate::service::{HeldKey, held_versions};
 use crate::store::Store;
+use crate::write::{HeldKey, held_versions};
 use hourglass_sketch::bloom::Bloom;
 use hourglass_sketch::hash::item_hash;
 

@@ -22,8 +22,8 @@ use hourglass_sketch::{Kind, Sketch};
 use tonic::Status;
 
 use super::Cluster;
+use crate::convert;
 use crate::planner::{Answer, Planner, QueryError, Selector};
-use crate::service::convert;
 use crate::store::Store;
 
 /// How a query is planned here: the selection, as converted and as sent to the others.

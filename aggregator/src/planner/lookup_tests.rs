@@ -171,7 +171,7 @@ fn estimated_fpr_is_not_understated_for_absent_items() {
             .enumerate()
             .map(|(i, f)| FilterRow::of(f.clone(), hash, "s1", i as u32, 1, "users{}", 1))
             .collect();
-        let a = crate::service::convert::membership(&rows).unwrap();
+        let a = crate::convert::membership(&rows).unwrap();
         range_fpr = a.range_fpr;
         if a.maybe_present {
             maybe += 1;
@@ -220,7 +220,7 @@ fn mixed_sizes_all_false_probability_is_not_understated() {
                     FilterRow::of(new.clone(), hash, "s1", 1, 1, "users{}", 1),
                 ];
                 stated = Some(
-                    crate::service::convert::membership(&rows)
+                    crate::convert::membership(&rows)
                         .unwrap()
                         .all_false_probability,
                 );

@@ -1,10 +1,9 @@
 //! The gRPC side of the aggregator: the `Collector` and `Query` services (thin
-//! translations between proto and the store and planner), the standard health service,
-//! server reflection, and the server that carries them with compression and size limits.
+//! translations between proto and the write path, the store and the planner, or, in
+//! cluster mode, the cluster), the standard health service, server reflection, and the
+//! server that carries them with compression and size limits.
 
 mod collector;
-pub(crate) mod convert;
-mod ledger;
 mod query;
 
 use std::future::Future;
@@ -19,8 +18,8 @@ use tonic::codec::CompressionEncoding;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 use crate::store::Store;
-pub(crate) use collector::{CollectorService, HeldKey, checked_labels, held_versions};
-pub(crate) use ledger::SeriesLedger;
+use crate::write::Writer;
+pub(crate) use collector::CollectorService;
 pub(crate) use query::QueryService;
 
 pub(crate) use hourglass_rpc::proto::code_label as outcome_label;
@@ -60,13 +59,13 @@ pub async fn serve(
         cluster,
     } = options;
     let max_message = limits.max_message_bytes();
-    let collector = CollectorService::new(
+    let writer = Writer::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
         limits.clone(),
         retention_hourly,
-    )
-    .publishing_to(cluster.clone());
+    );
+    let collector = CollectorService::new(writer).publishing_to(cluster.clone());
     let collector = CollectorServer::new(collector)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)

@@ -20,8 +20,8 @@ use hourglass_sketch::hash::item_hash;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field};
 
-use super::convert;
 use crate::config::LimitsConfig;
+use crate::convert;
 use crate::metrics::Metrics;
 use crate::planner::{Answer, Merged, Planner, QueryError, Selector};
 use crate::store::Store;

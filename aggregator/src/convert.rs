@@ -1,5 +1,7 @@
 //! Translations between the proto messages of `hourglass.v1` and the planner and store,
-//! and the mapping of their errors to gRPC status codes.
+//! and the mapping of their errors to gRPC status codes: one set for every module that
+//! speaks proto (the gRPC services, the write path and the cluster's calls between
+//! nodes), below all of them.
 //!
 //! Every check of a request field happens here, before any storage is touched, and every
 //! refusal names the field and the value so that the caller can fix the request.
