@@ -1,13 +1,15 @@
 //! What the two distinct-count sketches, HyperLogLog ([`crate::hll`]) and UltraLogLog
 //! ([`crate::ull`]), share, kept once: their precision range, the body header they both
 //! write, the sparse tokens of the virtual sketch at precision 25, how a hash picks a
-//! dense register, and the cache of the last estimate. What differs between them (what a
+//! dense register, the cache of the last estimate, and the moves between their sparse and
+//! dense states (merge, fold, the body's frame). What differs between them (what a
 //! register holds, how it merges, how it is packed and estimated) stays in each sketch.
 
 pub(crate) mod body;
 pub(crate) mod cache;
 pub(crate) mod registers;
 pub(crate) mod sparse;
+pub(crate) mod state;
 
 use crate::error::ParameterError;
 

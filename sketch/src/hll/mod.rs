@@ -74,9 +74,10 @@ mod dense;
 mod estimate;
 mod sparse;
 
-use crate::common::body::{self, invalid};
+use crate::common::body::invalid;
 use crate::common::cache::EstimateCache;
-use crate::common::{self, check_fold, check_precision};
+use crate::common::state::{Repr, SparseOrDense, SparseSet, state_fields};
+use crate::common::{self, check_precision};
 use crate::error::{DecodeError, MergeError, ParameterError};
 use crate::estimate::Estimate;
 use crate::format::{BodyReader, Kind, decode_frame, encode_frame};
@@ -104,16 +105,10 @@ const REPRESENTATION_DENSE: u8 = 1;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hll {
     precision: u8,
-    repr: Repr,
+    repr: Repr<SparseList>,
     /// The last point estimate, until the registers change: a query asks a merged sketch
     /// for its estimate once or more, and the register pass is the estimate's whole cost.
     cached: EstimateCache,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Repr {
-    Sparse(SparseList),
-    Dense(Box<[u8]>),
 }
 
 /// `1/√m` for a power of two `m`, without a square root (a cached estimate is otherwise
@@ -138,11 +133,7 @@ impl Hll {
     /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
     pub fn new(precision: u8) -> Result<Hll, ParameterError> {
         check_precision(precision)?;
-        Ok(Hll {
-            precision,
-            repr: Repr::Sparse(SparseList::default()),
-            cached: EstimateCache::empty(),
-        })
+        Ok(Hll::empty(precision))
     }
 
     /// The precision `p`: the sketch has `2^p` registers once dense.
@@ -192,53 +183,28 @@ impl Hll {
     /// sketch of higher precision folds down exactly, so this never fails; the `Result`
     /// keeps the signature of every other sketch's merge.
     pub fn merge(&mut self, other: &Hll) -> Result<(), MergeError> {
-        self.cached.clear();
-        let precision = self.precision.min(other.precision);
-        if let (Repr::Sparse(mine), Repr::Sparse(theirs)) = (&self.repr, &other.repr) {
-            let union = sparse::union(&mine.canonical(), &theirs.canonical());
-            *self = Hll::from_sorted_entries(precision, union);
-            return Ok(());
-        }
-        if self.is_sparse() || self.precision != precision {
-            self.repr = Repr::Dense(self.registers_at(precision));
-            self.precision = precision;
-        }
-        if let Repr::Dense(registers) = &mut self.repr {
-            other.max_into(registers, precision);
-        }
+        self.merge_from(other);
         Ok(())
     }
 
     /// The sketch of the same items at a lower (or equal) precision. Exact: the result
     /// equals a sketch built at `precision` from the start.
     pub fn fold_to(&self, precision: u8) -> Result<Hll, ParameterError> {
-        check_fold(self.precision, precision)?;
-        Ok(match &self.repr {
-            Repr::Sparse(entries) => {
-                Hll::from_sorted_entries(precision, entries.canonical().into_owned())
-            }
-            Repr::Dense(_) => Hll {
-                precision,
-                repr: Repr::Dense(self.registers_at(precision)),
-                cached: EstimateCache::empty(),
-            },
-        })
+        self.fold_to_precision(precision)
     }
 
     /// The estimated number of distinct items, with its standard error and 95% interval.
     pub fn estimate(&self) -> Estimate {
-        let (registers, floor) = match &self.repr {
-            Repr::Sparse(entries) => (sparse::SPARSE_REGISTERS, entries.len() as f64),
-            Repr::Dense(_) => (1u64 << self.precision, 0.0),
-        };
-        let estimate = self.cached.get_or_compute(|| self.raw_estimate());
         // 1.04/√m is the asymptotic error of HyperLogLog with m registers. It overstates
         // the error in both regimes where we use it: a sparse sketch holds at most
         // 3·2^18/16 items in 2^25 registers, where the estimate is close to linear
         // counting with relative error about 1/√(2m); a dense sketch below a few m items
         // is in the same linear-counting range, where the error is also smaller.
-        let std_error = estimate * 1.04 * inverse_sqrt_power_of_two(registers);
-        Estimate::normal(estimate, std_error, floor)
+        self.estimate_with(
+            &self.cached,
+            || self.raw_estimate(),
+            |estimate, registers| estimate * 1.04 * inverse_sqrt_power_of_two(registers),
+        )
     }
 
     /// Ertl's estimate from the registers, without the cache.
@@ -290,48 +256,28 @@ impl Hll {
 
     /// Appends the body (without the frame) to `out`.
     pub(crate) fn encode_body(&self, out: &mut Vec<u8>) {
-        match &self.repr {
-            Repr::Sparse(entries) => {
-                body::write_header(out, self.precision, REPRESENTATION_SPARSE);
-                body::write_tokens(out, &entries.canonical());
-            }
-            Repr::Dense(registers) => {
-                body::write_header(out, self.precision, REPRESENTATION_DENSE);
-                dense::pack(registers, out);
-            }
-        }
+        self.write_body(out);
     }
 
     /// Reads a body (without the frame), validating every field.
     pub(crate) fn decode_body(body: &[u8]) -> Result<Hll, DecodeError> {
-        let mut reader = BodyReader::new(body);
-        let (precision, representation) = read_header(&mut reader)?;
-        let repr = match representation {
-            REPRESENTATION_SPARSE => Repr::Sparse(decode_sparse(&mut reader, precision)?),
-            _ => Repr::Dense(decode_dense(&mut reader, precision)?),
-        };
-        reader.finish()?;
-        Ok(Hll {
-            precision,
-            repr,
-            cached: EstimateCache::empty(),
-        })
+        Hll::read_body(body)
     }
 
     /// Checks a body exactly as [`Hll::decode_body`] does, without building the sketch:
     /// dense registers are checked in their packed form, with no copy.
     pub(crate) fn validate_body(body: &[u8]) -> Result<(), DecodeError> {
         let mut reader = BodyReader::new(body);
-        let (precision, representation) = read_header(&mut reader)?;
+        let (precision, representation) = Hll::read_header(&mut reader)?;
         match representation {
             REPRESENTATION_SPARSE => {
-                decode_sparse(&mut reader, precision)?;
+                Hll::decode_sparse(&mut reader, precision)?;
             }
             _ => {
                 let bytes = reader.take((1usize << precision) / 4 * 3, "dense registers")?;
                 if dense::exceeds(bytes, 65 - precision) {
                     // The rare failure path decodes, to name the offending register.
-                    decode_dense(&mut BodyReader::new(bytes), precision)?;
+                    Hll::decode_dense(&mut BodyReader::new(bytes), precision)?;
                 }
             }
         }
@@ -339,54 +285,106 @@ impl Hll {
     }
 }
 
-/// The header of a body: precision and representation, each checked.
-fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
-    body::read_header(
-        reader,
-        [REPRESENTATION_SPARSE, REPRESENTATION_DENSE],
-        "0 (sparse) or 1 (dense)",
-    )
-}
-
 impl Hll {
     /// Bytes of the entries or registers held in memory, for memory accounting.
     pub fn size_bytes(&self) -> usize {
-        match &self.repr {
-            Repr::Sparse(entries) => entries.size_bytes(),
-            Repr::Dense(registers) => registers.len(),
-        }
+        self.held_bytes()
+    }
+}
+
+/// A HyperLogLog register keeps the largest rank: sketches unite by the maximum, and the
+/// dense body packs each register into six bits.
+impl SparseOrDense for Hll {
+    type Sparse = SparseList;
+    const SPARSE: u8 = REPRESENTATION_SPARSE;
+    const DENSE: u8 = REPRESENTATION_DENSE;
+    const EXPECTED: &'static str = "0 (sparse) or 1 (dense)";
+
+    fn sparse_limit(precision: u8) -> usize {
+        sparse_limit(precision)
     }
 
-    /// A sketch from canonical sparse entries, dense if there are too many for
-    /// `precision`.
-    fn from_sorted_entries(precision: u8, entries: Vec<u32>) -> Hll {
-        let too_many = entries.len() > sparse_limit(precision);
-        let sketch = Hll {
-            precision,
-            repr: Repr::Sparse(SparseList::from_sorted(entries)),
-            cached: EstimateCache::empty(),
-        };
-        if too_many {
-            Hll {
-                precision,
-                repr: Repr::Dense(sketch.registers_at(precision)),
-                cached: EstimateCache::empty(),
+    state_fields!(SparseList);
+
+    fn write_dense(registers: &[u8], out: &mut Vec<u8>) {
+        dense::pack(registers, out);
+    }
+
+    /// Reads the entries of a sparse body, each checked.
+    fn decode_sparse(
+        reader: &mut BodyReader<'_>,
+        precision: u8,
+    ) -> Result<SparseList, DecodeError> {
+        let count = reader.u32("sparse entry count")? as usize;
+        let limit = sparse_limit(precision);
+        if count > limit {
+            return Err(invalid(
+                "sparse entry count",
+                format!(
+                    "{count} entries, but a sketch of precision {precision} turns dense above {limit}"
+                ),
+            ));
+        }
+        let bytes = reader.take(4 * count, "sparse entries")?;
+        let mut entries = Vec::with_capacity(count);
+        let mut previous_index = None;
+        for (i, chunk) in bytes.chunks_exact(4).enumerate() {
+            let entry = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            let (index, rank) = (sparse::index_of(entry), sparse::rank_of(entry));
+            if u64::from(index) >= sparse::SPARSE_REGISTERS {
+                return Err(invalid(
+                    "sparse entry",
+                    format!("entry {i} has index {index}, above 2^{SPARSE_PRECISION} - 1"),
+                ));
             }
-        } else {
-            sketch
+            if !(1..=sparse::MAX_SPARSE_RANK).contains(&rank) {
+                return Err(invalid(
+                    "sparse entry",
+                    format!(
+                        "entry {i} has rank {rank}, outside 1..={}",
+                        sparse::MAX_SPARSE_RANK
+                    ),
+                ));
+            }
+            if let Some(previous) = previous_index
+                && index <= previous
+            {
+                return Err(invalid(
+                    "sparse entry",
+                    format!(
+                        "entry {i} has index {index} after {previous}: indices must strictly increase"
+                    ),
+                ));
+            }
+            previous_index = Some(index);
+            entries.push(entry);
         }
+        Ok(SparseList::from_sorted(entries))
     }
 
-    /// This sketch's registers at `precision`, which must not exceed its own.
-    fn registers_at(&self, precision: u8) -> Box<[u8]> {
+    /// Reads the packed registers of a dense body, each checked.
+    fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>, DecodeError> {
         let mut registers = dense::empty(precision);
-        self.max_into(&mut registers, precision);
-        registers
+        let bytes = reader.take(registers.len() / 4 * 3, "dense registers")?;
+        let max_rank = 65 - precision;
+        // Unpacking reports whether any register is out of range; only then is the first
+        // offender looked for, to name it.
+        if dense::unpack(bytes, &mut registers, max_rank)
+            && let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank)
+        {
+            return Err(invalid(
+                "register",
+                format!(
+                    "register {i} holds {value}, above {max_rank}, the largest rank at precision {precision}"
+                ),
+            ));
+        }
+        Ok(registers)
     }
 
     /// Takes the maximum of `registers` (at `precision`, not above this sketch's) and this
     /// sketch's registers at that precision.
-    fn max_into(&self, registers: &mut [u8], precision: u8) {
+    fn unite_into(&self, registers: &mut [u8], precision: u8) {
         match &self.repr {
             Repr::Sparse(entries) => {
                 for entry in entries.iter() {
@@ -401,81 +399,10 @@ impl Hll {
     }
 }
 
-fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseList, DecodeError> {
-    let count = reader.u32("sparse entry count")? as usize;
-    let limit = sparse_limit(precision);
-    if count > limit {
-        return Err(invalid(
-            "sparse entry count",
-            format!(
-                "{count} entries, but a sketch of precision {precision} turns dense above {limit}"
-            ),
-        ));
-    }
-    let bytes = reader.take(4 * count, "sparse entries")?;
-    let mut entries = Vec::with_capacity(count);
-    let mut previous_index = None;
-    for (i, chunk) in bytes.chunks_exact(4).enumerate() {
-        let entry = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        let (index, rank) = (sparse::index_of(entry), sparse::rank_of(entry));
-        if u64::from(index) >= sparse::SPARSE_REGISTERS {
-            return Err(invalid(
-                "sparse entry",
-                format!("entry {i} has index {index}, above 2^{SPARSE_PRECISION} - 1"),
-            ));
-        }
-        if !(1..=sparse::MAX_SPARSE_RANK).contains(&rank) {
-            return Err(invalid(
-                "sparse entry",
-                format!(
-                    "entry {i} has rank {rank}, outside 1..={}",
-                    sparse::MAX_SPARSE_RANK
-                ),
-            ));
-        }
-        if let Some(previous) = previous_index
-            && index <= previous
-        {
-            return Err(invalid(
-                "sparse entry",
-                format!(
-                    "entry {i} has index {index} after {previous}: indices must strictly increase"
-                ),
-            ));
-        }
-        previous_index = Some(index);
-        entries.push(entry);
-    }
-    Ok(SparseList::from_sorted(entries))
-}
-
-fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>, DecodeError> {
-    let mut registers = dense::empty(precision);
-    let bytes = reader.take(registers.len() / 4 * 3, "dense registers")?;
-    let max_rank = 65 - precision;
-    // Unpacking reports whether any register is out of range; only then is the first
-    // offender looked for, to name it.
-    if dense::unpack(bytes, &mut registers, max_rank)
-        && let Some((i, &value)) = registers.iter().enumerate().find(|(_, r)| **r > max_rank)
-    {
-        return Err(invalid(
-            "register",
-            format!(
-                "register {i} holds {value}, above {max_rank}, the largest rank at precision {precision}"
-            ),
-        ));
-    }
-    Ok(registers)
-}
-
 impl Default for Hll {
     /// An empty sketch of [`DEFAULT_PRECISION`].
     fn default() -> Hll {
-        Hll {
-            precision: DEFAULT_PRECISION,
-            repr: Repr::Sparse(SparseList::default()),
-            cached: EstimateCache::empty(),
-        }
+        Hll::empty(DEFAULT_PRECISION)
     }
 }
 
@@ -518,10 +445,6 @@ impl Hll {
         debug_assert!(check_precision(precision).is_ok());
         debug_assert_eq!(registers.len(), 1 << precision);
         debug_assert!(registers.iter().all(|&r| r <= 65 - precision));
-        Hll {
-            precision,
-            repr: Repr::Dense(registers),
-            cached: EstimateCache::empty(),
-        }
+        Hll::from_parts(precision, Repr::Dense(registers))
     }
 }

@@ -16,6 +16,7 @@
 //! encoding see only the canonical list, the sorted union of both.
 
 use crate::common::sparse;
+use crate::common::state::SparseSet;
 pub(super) use sparse::{MAX_SPARSE_RANK, SPARSE_REGISTERS, index_of, rank_of};
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -70,7 +71,7 @@ pub(super) fn union(a: &[u32], b: &[u32]) -> Vec<u32> {
 /// The entries of a sparse sketch: a sorted list plus a small sorted list of recent new
 /// indices, disjoint by index (see the module docs).
 #[derive(Clone, Debug, Default)]
-pub(super) struct SparseList {
+pub(crate) struct SparseList {
     sorted: Vec<u32>,
     pending: Vec<u32>,
 }
@@ -114,8 +115,20 @@ impl SparseList {
         }
     }
 
-    /// The canonical list: every entry, sorted by strictly increasing index.
-    pub(super) fn canonical(&self) -> Cow<'_, [u32]> {
+    /// Every entry, in no particular order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.sorted.iter().chain(&self.pending).copied()
+    }
+}
+
+/// One entry per occupied index, the largest rank seen.
+impl SparseSet for SparseList {
+    fn from_canonical(sorted: Vec<u32>) -> SparseList {
+        SparseList::from_sorted(sorted)
+    }
+
+    /// Every entry, sorted by strictly increasing index.
+    fn canonical(&self) -> Cow<'_, [u32]> {
         if self.pending.is_empty() {
             Cow::Borrowed(&self.sorted)
         } else {
@@ -123,13 +136,16 @@ impl SparseList {
         }
     }
 
-    /// Every entry, in no particular order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.sorted.iter().chain(&self.pending).copied()
+    fn occupied(&self) -> usize {
+        self.len()
+    }
+
+    fn union(a: &[u32], b: &[u32]) -> Vec<u32> {
+        union(a, b)
     }
 
     /// Bytes held, counting spare capacity: what the allocator actually gave us.
-    pub(super) fn size_bytes(&self) -> usize {
+    fn size_bytes(&self) -> usize {
         (self.sorted.capacity() + self.pending.capacity()) * size_of::<u32>()
     }
 }

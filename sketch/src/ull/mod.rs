@@ -85,9 +85,10 @@ mod estimate;
 mod registers;
 mod sparse;
 
-use crate::common::body::{self, invalid};
+use crate::common::body::invalid;
 use crate::common::cache::EstimateCache;
-use crate::common::{self, check_fold, check_precision};
+use crate::common::state::{Repr, SparseOrDense, state_fields};
+use crate::common::{self, check_precision};
 use crate::error::{DecodeError, MergeError, ParameterError};
 use crate::estimate::Estimate;
 use crate::format::BodyReader;
@@ -119,15 +120,9 @@ const REPRESENTATION_DENSE: u8 = 3;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ull {
     precision: u8,
-    repr: Repr,
+    repr: Repr<SparseTokens>,
     /// The last point estimate, until the state changes.
     cached: EstimateCache,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Repr {
-    Sparse(SparseTokens),
-    Dense(Box<[u8]>),
 }
 
 /// The most occupied sparse indices a sketch of `precision` holds before it turns dense:
@@ -141,11 +136,7 @@ impl Ull {
     /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
     pub fn new(precision: u8) -> Result<Ull, ParameterError> {
         check_precision(precision)?;
-        Ok(Ull {
-            precision,
-            repr: Repr::Sparse(SparseTokens::default()),
-            cached: EstimateCache::empty(),
-        })
+        Ok(Ull::empty(precision))
     }
 
     /// The precision `p`: the sketch has `2^p` registers once dense.
@@ -228,49 +219,28 @@ impl Ull {
     /// sketch of higher precision folds down exactly, so this never fails, as
     /// [`Hll::merge`]; the `Result` keeps the signature of every other sketch's merge.
     pub fn merge(&mut self, other: &Ull) -> Result<(), MergeError> {
-        self.cached.clear();
-        let precision = self.precision.min(other.precision);
-        if let (Repr::Sparse(mine), Repr::Sparse(theirs)) = (&self.repr, &other.repr) {
-            let union = sparse::union(&mine.canonical(), &theirs.canonical());
-            *self = Ull::from_canonical(precision, union);
-            return Ok(());
-        }
-        if self.is_sparse() || self.precision != precision {
-            self.repr = Repr::Dense(self.registers_at(precision));
-            self.precision = precision;
-        }
-        if let Repr::Dense(registers) = &mut self.repr {
-            other.union_into(registers, precision);
-        }
+        self.merge_from(other);
         Ok(())
     }
 
     /// The sketch of the same items at a lower (or equal) precision. Exact: the result
     /// equals a sketch built at `precision` from the start.
     pub fn fold_to(&self, precision: u8) -> Result<Ull, ParameterError> {
-        check_fold(self.precision, precision)?;
-        Ok(match &self.repr {
-            Repr::Sparse(tokens) => Ull::from_canonical(precision, tokens.canonical().into_owned()),
-            Repr::Dense(_) => Ull {
-                precision,
-                repr: Repr::Dense(self.registers_at(precision)),
-                cached: EstimateCache::empty(),
-            },
-        })
+        self.fold_to_precision(precision)
     }
 
     /// The estimated number of distinct items, with its standard error and 95% interval.
     pub fn estimate(&self) -> Estimate {
-        let (registers, floor) = match &self.repr {
-            Repr::Sparse(tokens) => (sparse::SPARSE_REGISTERS, tokens.indices() as f64),
-            Repr::Dense(_) => (1u64 << self.precision, 0.0),
-        };
-        let estimate = self.cached.get_or_compute(|| self.raw_estimate());
         // 0.761/√m is the asymptotic error of the ML estimate; below a few m items (and
         // always while sparse) the true error is smaller, so the interval is conservative
         // there.
-        let std_error = estimate * estimate::RELATIVE_ERROR_SQRT_M / (registers as f64).sqrt();
-        Estimate::normal(estimate, std_error, floor)
+        self.estimate_with(
+            &self.cached,
+            || self.raw_estimate(),
+            |estimate, registers| {
+                estimate * estimate::RELATIVE_ERROR_SQRT_M / (registers as f64).sqrt()
+            },
+        )
     }
 
     /// The maximum-likelihood estimate, without the cache.
@@ -313,86 +283,69 @@ impl Ull {
 
     /// Bytes of the tokens or registers held in memory, for memory accounting.
     pub fn size_bytes(&self) -> usize {
-        match &self.repr {
-            Repr::Sparse(tokens) => tokens.size_bytes(),
-            Repr::Dense(registers) => registers.len(),
-        }
+        self.held_bytes()
     }
 
     /// Appends the body (docs/FORMAT.md, representations 2 and 3 of the distinct kind) to
     /// `out`.
     pub fn encode_body(&self, out: &mut Vec<u8>) {
-        match &self.repr {
-            Repr::Sparse(tokens) => {
-                body::write_header(out, self.precision, REPRESENTATION_SPARSE);
-                body::write_tokens(out, &tokens.canonical());
-            }
-            Repr::Dense(registers) => {
-                body::write_header(out, self.precision, REPRESENTATION_DENSE);
-                out.extend_from_slice(registers);
-            }
-        }
+        self.write_body(out);
     }
 
     /// Reads a body written by [`Ull::encode_body`], validating every field; any other
     /// input is an error naming the field, never a panic.
     pub fn decode_body(body: &[u8]) -> Result<Ull, DecodeError> {
-        let mut reader = BodyReader::new(body);
-        let (precision, representation) = read_header(&mut reader)?;
-        let repr = match representation {
-            REPRESENTATION_SPARSE => Repr::Sparse(decode_sparse(&mut reader, precision)?),
-            _ => {
-                let bytes = read_dense(&mut reader, precision)?;
-                Repr::Dense(bytes.into())
-            }
-        };
-        reader.finish()?;
-        Ok(Ull {
-            precision,
-            repr,
-            cached: EstimateCache::empty(),
-        })
+        Ull::read_body(body)
     }
 
     /// Checks a body exactly as [`Ull::decode_body`] does, without building the sketch.
     pub fn validate_body(body: &[u8]) -> Result<(), DecodeError> {
         let mut reader = BodyReader::new(body);
-        let (precision, representation) = read_header(&mut reader)?;
+        let (precision, representation) = Ull::read_header(&mut reader)?;
         match representation {
             REPRESENTATION_SPARSE => drop(read_sparse(&mut reader, precision)?),
             _ => drop(read_dense(&mut reader, precision)?),
         }
         reader.finish()
     }
+}
 
-    /// A sketch from canonical tokens, dense if they occupy too many indices for
-    /// `precision`.
-    fn from_canonical(precision: u8, tokens: Vec<u32>) -> Ull {
-        let sketch = Ull {
-            precision,
-            repr: Repr::Sparse(SparseTokens::from_canonical(tokens)),
-            cached: EstimateCache::empty(),
-        };
-        match &sketch.repr {
-            Repr::Sparse(tokens) if tokens.indices() > sparse_limit(precision) => Ull {
-                precision,
-                repr: Repr::Dense(sketch.registers_at(precision)),
-                cached: EstimateCache::empty(),
-            },
-            _ => sketch,
-        }
+/// An UltraLogLog register remembers the largest update value and the two below it:
+/// sketches unite by the union of what their registers remember, and the dense body holds
+/// each register as its byte.
+impl SparseOrDense for Ull {
+    type Sparse = SparseTokens;
+    const SPARSE: u8 = REPRESENTATION_SPARSE;
+    const DENSE: u8 = REPRESENTATION_DENSE;
+    const EXPECTED: &'static str = "2 (UltraLogLog sparse) or 3 (UltraLogLog dense)";
+
+    fn sparse_limit(precision: u8) -> usize {
+        sparse_limit(precision)
     }
 
-    /// This sketch's registers at `precision`, which must not exceed its own.
-    fn registers_at(&self, precision: u8) -> Box<[u8]> {
-        let mut registers = registers::empty(precision);
-        self.union_into(&mut registers, precision);
-        registers
+    state_fields!(SparseTokens);
+
+    fn write_dense(registers: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(registers);
     }
 
-    /// Unites `registers` (at `precision`, not above this sketch's) with this sketch's
-    /// registers at that precision.
-    fn union_into(&self, registers: &mut [u8], precision: u8) {
+    fn decode_sparse(
+        reader: &mut BodyReader<'_>,
+        precision: u8,
+    ) -> Result<SparseTokens, DecodeError> {
+        let (bytes, indices) = read_sparse(reader, precision)?;
+        let list = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(SparseTokens::Sorted { list, indices })
+    }
+
+    fn decode_dense(reader: &mut BodyReader<'_>, precision: u8) -> Result<Box<[u8]>, DecodeError> {
+        Ok(read_dense(reader, precision)?.into())
+    }
+
+    fn unite_into(&self, registers: &mut [u8], precision: u8) {
         match &self.repr {
             Repr::Sparse(tokens) => {
                 tokens.for_each(|token| {
@@ -405,24 +358,6 @@ impl Ull {
             Repr::Dense(mine) => registers::fold_into(registers, mine),
         }
     }
-}
-
-/// The header of a body: precision and representation, each checked.
-fn read_header(reader: &mut BodyReader<'_>) -> Result<(u8, u8), DecodeError> {
-    body::read_header(
-        reader,
-        [REPRESENTATION_SPARSE, REPRESENTATION_DENSE],
-        "2 (UltraLogLog sparse) or 3 (UltraLogLog dense)",
-    )
-}
-
-fn decode_sparse(reader: &mut BodyReader<'_>, precision: u8) -> Result<SparseTokens, DecodeError> {
-    let (bytes, indices) = read_sparse(reader, precision)?;
-    let list = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    Ok(SparseTokens::Sorted { list, indices })
 }
 
 /// The token bytes of a sparse body, each checked: in one pass without branches on the
@@ -551,11 +486,7 @@ fn read_dense<'a>(reader: &mut BodyReader<'a>, precision: u8) -> Result<&'a [u8]
 impl Default for Ull {
     /// An empty sketch of [`DEFAULT_PRECISION`].
     fn default() -> Ull {
-        Ull {
-            precision: DEFAULT_PRECISION,
-            repr: Repr::Sparse(SparseTokens::default()),
-            cached: EstimateCache::empty(),
-        }
+        Ull::empty(DEFAULT_PRECISION)
     }
 }
 

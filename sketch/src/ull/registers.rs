@@ -23,7 +23,7 @@
 //! arithmetic that vectorizes; both are tested against the bitmap rule exhaustively.
 
 use crate::common::registers::{self, rank_of_low_bits};
-pub(super) use registers::{empty, histogram, position};
+pub(super) use registers::{histogram, position};
 
 /// The bitmap of remembered update values of register `r`.
 #[inline]

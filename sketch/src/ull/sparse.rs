@@ -22,6 +22,7 @@ use crate::common::sparse::RANK_BITS;
 pub(super) use crate::common::sparse::{
     MAX_SPARSE_RANK, SPARSE_REGISTERS, dense_position, index_of, rank_of, token_of_hash,
 };
+use crate::common::state::SparseSet;
 use std::borrow::Cow;
 
 /// A hash whose token is `token`: the index in the top 25 bits, then `rank − 1` zeros and
@@ -123,7 +124,7 @@ pub(super) fn count_indices(list: &[u32]) -> usize {
 ///   information; the canonical list is the table's registers sorted by index and spelled
 ///   out as tokens.
 #[derive(Clone, Debug)]
-pub(super) enum SparseTokens {
+pub(crate) enum SparseTokens {
     Sorted { list: Vec<u32>, indices: usize },
     Table(IndexTable),
 }
@@ -138,12 +139,6 @@ impl Default for SparseTokens {
 }
 
 impl SparseTokens {
-    /// Tokens from a canonical list.
-    pub(super) fn from_canonical(list: Vec<u32>) -> SparseTokens {
-        let indices = count_indices(&list);
-        SparseTokens::Sorted { list, indices }
-    }
-
     /// The number of distinct indices.
     pub(super) fn indices(&self) -> usize {
         match self {
@@ -202,14 +197,6 @@ impl SparseTokens {
         }
     }
 
-    /// The canonical list: every token, sorted.
-    pub(super) fn canonical(&self) -> Cow<'_, [u32]> {
-        match self {
-            SparseTokens::Sorted { list, .. } => Cow::Borrowed(list),
-            SparseTokens::Table(table) => Cow::Owned(table.canonical()),
-        }
-    }
-
     /// Every occupied index with its register at the sparse precision
     /// (`4·u + 2·[u − 1 seen] + [u − 2 seen]`, as a dense register), in no particular order.
     pub(super) fn registers(&self) -> Box<dyn Iterator<Item = (u32, u8)> + '_> {
@@ -248,9 +235,32 @@ impl SparseTokens {
             }
         }
     }
+}
+
+/// Every distinct token but those three or more ranks below the largest of their index.
+impl SparseSet for SparseTokens {
+    fn from_canonical(list: Vec<u32>) -> SparseTokens {
+        let indices = count_indices(&list);
+        SparseTokens::Sorted { list, indices }
+    }
+
+    fn canonical(&self) -> Cow<'_, [u32]> {
+        match self {
+            SparseTokens::Sorted { list, .. } => Cow::Borrowed(list),
+            SparseTokens::Table(table) => Cow::Owned(table.canonical()),
+        }
+    }
+
+    fn occupied(&self) -> usize {
+        self.indices()
+    }
+
+    fn union(a: &[u32], b: &[u32]) -> Vec<u32> {
+        union(a, b)
+    }
 
     /// Bytes held, counting spare capacity.
-    pub(super) fn size_bytes(&self) -> usize {
+    fn size_bytes(&self) -> usize {
         match self {
             SparseTokens::Sorted { list, .. } => list.capacity() * size_of::<u32>(),
             SparseTokens::Table(table) => table.slots.len() * size_of::<u64>(),
@@ -287,7 +297,7 @@ fn tokens_of_register(index: u32, register: u8) -> impl Iterator<Item = u32> {
 /// its home), so the canonical list is an insertion sort of a scan, not a full sort. At
 /// most three quarters of the slots are occupied.
 #[derive(Clone, Debug)]
-pub(super) struct IndexTable {
+pub(crate) struct IndexTable {
     slots: Box<[u64]>,
     len: usize,
     /// `index >> shift` is an index's home slot: 25 − log2(slots).

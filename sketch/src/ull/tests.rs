@@ -3,6 +3,7 @@
 //! properties, and the estimator's error against theory.
 
 use super::*;
+use crate::common::state::SparseSet;
 use crate::hash::item_hash;
 use crate::test_support::{apply, mutation};
 use proptest::prelude::*;
@@ -63,7 +64,7 @@ fn test_hashes() -> Vec<u64> {
 
 /// The dense registers at `precision` straight from the definition.
 fn direct_registers(precision: u8, hashes: &[u64]) -> Box<[u8]> {
-    let mut registers = registers::empty(precision);
+    let mut registers = crate::common::registers::empty(precision);
     for &hash in hashes {
         let (index, value) = registers::position(hash, precision);
         registers[index] = registers::update(registers[index], value);

@@ -25,7 +25,7 @@ fn reference_body(precision: u8, hashes: &[u64]) -> Vec<u8> {
     let mut body = vec![precision, SPARSE_PRECISION];
     if sparse::count_indices(&tokens) > sparse_limit(precision) {
         body.extend([REPRESENTATION_DENSE, 0]);
-        let mut registers = registers::empty(precision);
+        let mut registers = crate::common::registers::empty(precision);
         for &hash in hashes {
             let (index, value) = registers::position(hash, precision);
             registers[index] = registers::update(registers[index], value);
