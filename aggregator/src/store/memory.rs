@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
-use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome, written_hours};
 use super::{
     Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
     Rollups, SeriesName, ServerEntry, ServerIndex, StoreError, StoredSketch, StreamPosition,
@@ -68,6 +68,26 @@ impl Inner {
     fn is_dirty(&self, key: &(Day, SeriesId)) -> bool {
         is_dirty(self.dirty.get(key).copied(), self.built.get(key).copied())
     }
+
+    /// Records that `server` was live in `hours`, if a push says so.
+    fn mark_live(&mut self, live: Option<(ServerId, &[Hour])>) {
+        if let Some((server, hours)) = live {
+            self.live.extend(hours.iter().map(|h| (server, *h)));
+        }
+    }
+
+    /// Replaces every rollup of `(series, day)` with `rollups` (none: deletes them).
+    fn replace_day(&mut self, series: SeriesId, day: Day, rollups: Vec<(DayKey, Vec<u8>)>) {
+        self.rollups
+            .retain(|k, _| !(k.series == series && k.day == day));
+        self.rollups.extend(rollups);
+    }
+
+    /// Records `(series, day)` built up to `mark`, and returns whether it is now clean.
+    fn built_up_to(&mut self, series: SeriesId, day: Day, mark: u64) -> bool {
+        self.built.insert((day, series), mark);
+        !self.is_dirty(&(day, series))
+    }
 }
 
 impl MemoryStore {
@@ -92,6 +112,28 @@ impl MemoryStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Visits the rows of one of the maps (`map`) in `range`, in key order, until `visit`
+    /// returns false. The rows are copied out first: `visit` may call back into the store,
+    /// which would deadlock on the mutex if it were still held.
+    fn visit_copied<K: Ord + Copy, V: Clone>(
+        &self,
+        map: fn(&Inner) -> &BTreeMap<K, V>,
+        range: Range<K>,
+        mut visit: impl FnMut(K, &V) -> bool,
+    ) {
+        let inner = self.lock();
+        let rows: Vec<(K, V)> = map(&inner)
+            .range(range)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        drop(inner);
+        for (key, value) in &rows {
+            if !visit(*key, value) {
+                break;
+            }
+        }
+    }
 }
 
 impl Hourly for MemoryStore {
@@ -102,9 +144,7 @@ impl Hourly for MemoryStore {
     ) -> Result<Vec<PutOutcome>, StoreError> {
         check_hourly_batch(batch)?;
         let mut inner = self.lock();
-        if let Some((server, hours)) = live {
-            inner.live.extend(hours.iter().map(|h| (server, *h)));
-        }
+        inner.mark_live(live);
         let mut outcomes = Vec::with_capacity(batch.len());
         for (key, version, sketch) in batch {
             let held = inner.hourly.get(key).map(|s| s.version);
@@ -125,11 +165,7 @@ impl Hourly for MemoryStore {
             outcomes.push(outcome);
         }
         drop(inner);
-        for ((key, _, _), outcome) in batch.iter().zip(&outcomes) {
-            if *outcome == PutOutcome::Stored {
-                self.hour_cache.written(key.series, key.hour);
-            }
-        }
+        written_hours(&self.hour_cache, batch, &outcomes);
         Ok(outcomes)
     }
 
@@ -142,21 +178,12 @@ impl Hourly for MemoryStore {
         if is_empty_range(&hours) {
             return Ok(());
         }
-        // Copy out first: `visit` may call back into the store, which would deadlock on
-        // the mutex if it were still held.
-        let rows: Vec<(HourKey, StoredSketch)> = {
-            let inner = self.lock();
-            inner
-                .hourly
-                .range(HourKey::first_of(series, hours.start)..HourKey::first_of(series, hours.end))
-                .map(|(k, v)| (*k, v.clone()))
-                .collect()
-        };
-        for (key, stored) in &rows {
-            if !visit(*key, stored) {
-                break;
-            }
-        }
+        let first = |hour| HourKey::first_of(series, hour);
+        self.visit_copied(
+            |inner| &inner.hourly,
+            first(hours.start)..first(hours.end),
+            visit,
+        );
         Ok(())
     }
 
@@ -190,19 +217,11 @@ impl Rollups for MemoryStore {
             day,
             server: ServerId(0),
         };
-        let rows: Vec<(DayKey, Vec<u8>)> = {
-            let inner = self.lock();
-            inner
-                .rollups
-                .range(first(days.start)..first(days.end))
-                .map(|(k, v)| (*k, v.clone()))
-                .collect()
-        };
-        for (key, sketch) in &rows {
-            if !visit(*key, sketch) {
-                break;
-            }
-        }
+        self.visit_copied(
+            |inner| &inner.rollups,
+            first(days.start)..first(days.end),
+            |key, sketch| visit(key, sketch),
+        );
         Ok(())
     }
 
@@ -235,13 +254,9 @@ impl Rollups for MemoryStore {
     ) -> Result<bool, StoreError> {
         check_rollups(&rollups)?;
         let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
-        inner.rollups.extend(rollups);
+        inner.replace_day(series, day, rollups);
         inner.conflicts.remove(&(day, series));
-        inner.built.insert((day, series), mark);
-        Ok(!inner.is_dirty(&(day, series)))
+        Ok(inner.built_up_to(series, day, mark))
     }
 
     fn mark_day_conflict(
@@ -252,12 +267,9 @@ impl Rollups for MemoryStore {
         reason: &str,
     ) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
+        inner.replace_day(series, day, Vec::new());
         inner.conflicts.insert((day, series), reason.to_string());
-        inner.built.insert((day, series), mark);
-        Ok(!inner.is_dirty(&(day, series)))
+        Ok(inner.built_up_to(series, day, mark))
     }
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
@@ -452,9 +464,7 @@ impl Replica for MemoryStore {
         held: &[(SeriesId, Day)],
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        if let Some((server, hours)) = live {
-            inner.live.extend(hours.iter().map(|h| (server, *h)));
-        }
+        inner.mark_live(live);
         for (series, day) in held {
             inner.server_series.insert((server, *day, *series));
         }
@@ -469,10 +479,7 @@ impl Replica for MemoryStore {
     ) -> Result<(), StoreError> {
         check_rollups(&rollups)?;
         let mut inner = self.lock();
-        inner
-            .rollups
-            .retain(|k, _| !(k.series == series && k.day == day));
-        inner.rollups.extend(rollups);
+        inner.replace_day(series, day, rollups);
         inner.expired.insert((day, series));
         Ok(())
     }

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::{PutOutcome, StoreError};
-use crate::keys::{Day, Hour};
+use super::{Bytes, HourCache, PutOutcome, StoreError};
+use crate::keys::{Day, Hour, HourKey};
 
 /// What a snapshot of `version` does to a key that holds `held` (the version held, if
 /// any): it replaces it only if it is newer. This rule is what makes retries, duplicates
@@ -18,6 +18,22 @@ pub(super) fn put_outcome(held: Option<u64>, version: u64) -> PutOutcome {
     match held {
         Some(held) if held >= version => PutOutcome::Stale { held },
         _ => PutOutcome::Stored,
+    }
+}
+
+/// Tells `cache` which hours a written `batch` changed: those of the entries whose
+/// outcome (`outcomes`, one per entry) is [`PutOutcome::Stored`]; a stale entry changed
+/// nothing. Call after the write is in the store, never before: the cache's rule of
+/// validity.
+pub(super) fn written_hours(
+    cache: &HourCache,
+    batch: &[(HourKey, u64, Bytes)],
+    outcomes: &[PutOutcome],
+) {
+    for ((key, _, _), outcome) in batch.iter().zip(outcomes) {
+        if *outcome == PutOutcome::Stored {
+            cache.written(key.series, key.hour);
+        }
     }
 }
 

@@ -49,7 +49,7 @@ use rocksdb::{
     SliceTransform, WriteBatch, WriteOptions,
 };
 
-use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome, written_hours};
 use super::{
     Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
     Rollups, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION, SeriesName, ServerEntry, ServerIndex,
@@ -773,11 +773,7 @@ impl Hourly for RocksStore {
         }
         // After the write, not before: the caches' rule of validity.
         self.live_written(live);
-        for ((key, _, _), outcome) in batch.iter().zip(&outcomes) {
-            if *outcome == PutOutcome::Stored {
-                self.hour_cache.written(key.series, key.hour);
-            }
-        }
+        written_hours(&self.hour_cache, batch, &outcomes);
         Ok(outcomes)
     }
 
