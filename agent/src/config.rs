@@ -50,9 +50,10 @@
 //! Durations are a whole number and a unit: `ms`, `s`, `m`, `h` or `d`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use hourglass_rpc::config::{FileError, read_file};
 use hourglass_rpc::series::{MAX_METRIC_LEN, MAX_TAGS};
 use hourglass_rpc::time::deserialize_duration;
 use hourglass_sketch::Sketch;
@@ -360,22 +361,9 @@ impl Default for Config {
 /// A config file that cannot be used.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The file cannot be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML for this schema.
-    #[error("config file {path}: {message}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The parser's message.
-        message: String,
-    },
+    /// The file cannot be read, or is not valid TOML for this schema.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A field is out of its bounds.
     #[error("config: {field} {message}")]
     Invalid {
@@ -399,14 +387,7 @@ pub(crate) struct MetricSpec {
 impl Config {
     /// Reads a TOML file; fields it leaves out keep their defaults.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string().trim_end().to_string(),
-        })
+        Ok(read_file(path, |text| toml::from_str(text))?)
     }
 
     /// Checks every field, including that every metric's sketches can be built.

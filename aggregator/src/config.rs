@@ -39,6 +39,7 @@
 //! Durations are a whole number followed by a unit: `ms`, `s`, `m`, `h` or `d`.
 //! [`Config::validate`] checks every bound and names the field that breaks it.
 
+use hourglass_rpc::config::{FileError, read_file};
 use hourglass_rpc::time::deserialize_duration;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -372,25 +373,13 @@ impl Default for Config {
     }
 }
 
-/// Why a configuration cannot be used. Every variant names the field.
+/// Why a configuration cannot be used. Every variant names the field, or the file.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML or has an unknown or mistyped field.
-    #[error("config file {}: {message}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The parser's description, which names the field and line.
-        message: String,
-    },
+    /// The file could not be read, or is not valid TOML or has an unknown or mistyped
+    /// field.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A field is outside its allowed range.
     #[error("config field {field} = {value}: {rule}")]
     Invalid {
@@ -407,14 +396,7 @@ impl Config {
     /// Reads a TOML config file; fields it leaves out keep their defaults. The result is
     /// not yet validated, since the command line still sets the data dir.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Config::from_toml(&text).map_err(|message| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message,
-        })
+        Ok(read_file(path, Config::from_toml)?)
     }
 
     /// Parses TOML text; the error is the parser's message.

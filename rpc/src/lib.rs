@@ -13,6 +13,7 @@
 //! | [`selection`] | what a question selects, as flags and query strings write it, read into the wire's selector |
 //! | [`tls`] | TLS for every listener and client (rustls), certificates reloaded on change |
 //! | [`metrics`] | the Prometheus label sets both servers use |
+//! | [`config`] | reading a server's config file, errors naming the file |
 //! | [`process`] | logging, OpenTelemetry tracing and shutdown signals of every process |
 //! | [`size_limit`] | messages refused for size, counted and named |
 //!
@@ -20,6 +21,7 @@
 //! which knows nothing of any of this. Nothing here knows RocksDB.
 
 pub mod codec;
+pub mod config;
 pub mod metrics;
 pub mod packed;
 pub mod process;
