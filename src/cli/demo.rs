@@ -325,22 +325,29 @@ async fn report(url: &str, truth: &Value) -> anyhow::Result<String> {
         &super::grpc::TlsArgs::default(),
     )
     .await?;
-    let mut q = QueryClient::new(channel);
-    let start = u(&truth["start_hour"]) as u32;
-    let end = u(&truth["end_hour"]) as u32;
-    let mut out = distinct_report(&q, truth, start, end).await?;
-    out.push_str(&top_pages_report(&mut q, truth, start, end).await?);
-    out.push_str(&membership_report(&mut q, truth, start, end).await?);
+    let mut ask = Asking {
+        q: QueryClient::new(channel),
+        start: u(&truth["start_hour"]) as u32,
+        end: u(&truth["end_hour"]) as u32,
+    };
+    let mut out = distinct_report(&ask, truth).await?;
+    out.push_str(&top_pages_report(&mut ask, truth).await?);
+    out.push_str(&membership_report(&ask, truth).await?);
     Ok(out)
 }
 
-/// Unique visitors per day, for the whole range and per region, beside the truth.
-async fn distinct_report(
-    q: &QueryClient<tonic::transport::Channel>,
-    truth: &Value,
+/// Whom the report asks, and over which hours: the aggregator's query service, and the
+/// simulated week from its first hour to the hour after its last. Every question of the
+/// report is over that one range.
+struct Asking {
+    q: QueryClient<tonic::transport::Channel>,
     start: u32,
     end: u32,
-) -> anyhow::Result<String> {
+}
+
+/// Unique visitors per day, for the whole range and per region, beside the truth.
+async fn distinct_report(ask: &Asking, truth: &Value) -> anyhow::Result<String> {
+    let (q, start, end) = (&ask.q, ask.start, ask.end);
     let mut out = String::new();
     let days = truth["days"].as_array().cloned().unwrap_or_default();
     out.push_str(&format!(
@@ -403,12 +410,8 @@ async fn distinct_report(
 }
 
 /// The top 10 pages with their bounds, beside the truth.
-async fn top_pages_report(
-    q: &mut QueryClient<tonic::transport::Channel>,
-    truth: &Value,
-    start: u32,
-    end: u32,
-) -> anyhow::Result<String> {
+async fn top_pages_report(ask: &mut Asking, truth: &Value) -> anyhow::Result<String> {
+    let (q, start, end) = (&mut ask.q, ask.start, ask.end);
     let mut out = String::new();
     let top = q
         .top_k(v1::TopKRequest {
@@ -466,13 +469,12 @@ const PRESENT_PROBES: usize = 1_000;
 /// Lookups in flight at once.
 const LOOKUPS_IN_FLIGHT: usize = 4;
 
-/// Looks each of `items` up over `start..end`, a few at a time; answers in item order.
+/// Looks each of `items` up over the report's hours, a few at a time; answers in item order.
 async fn look_up_all(
-    q: &QueryClient<tonic::transport::Channel>,
+    ask: &Asking,
     items: Vec<String>,
-    start: u32,
-    end: u32,
 ) -> anyhow::Result<Vec<v1::MembershipAnswer>> {
+    let (q, start, end) = (&ask.q, ask.start, ask.end);
     let chunk = items.len().div_ceil(LOOKUPS_IN_FLIGHT).max(1);
     let mut tasks = Vec::new();
     for part in items.chunks(chunk) {
@@ -560,12 +562,7 @@ fn found_everywhere(a: &v1::MembershipAnswer, want: &[(String, u32)]) -> bool {
 /// thousands of absent users (how many come back "definitely absent", and the stated
 /// false-positive probability against the measured one) and a sample of present ones
 /// (each found wherever it was seen).
-async fn membership_report(
-    q: &mut QueryClient<tonic::transport::Channel>,
-    truth: &Value,
-    start: u32,
-    end: u32,
-) -> anyhow::Result<String> {
+async fn membership_report(ask: &Asking, truth: &Value) -> anyhow::Result<String> {
     let mut out = String::new();
     let sizing = &truth["membership_sizing"];
     out.push_str("\nWas this user seen over the whole range? (each server-hour's Bloom filter looked up, never merged: \"no\" is certain, \"maybe\" can be a false positive)\n");
@@ -585,7 +582,7 @@ async fn membership_report(
         .iter()
         .map(|p| p["item"].as_str().unwrap_or("").to_string())
         .collect();
-    let answers = look_up_all(q, items.clone(), start, end).await?;
+    let answers = look_up_all(ask, items.clone()).await?;
     for ((item, probe), a) in items.iter().zip(&probes).zip(&answers) {
         let seen = probe["seen"].as_bool().unwrap_or(false);
         let said = if a.maybe_present {
@@ -607,23 +604,18 @@ async fn membership_report(
         ));
     }
 
-    out += &absent_users_report(q, sizing, start, end).await?;
-    out += &present_users_report(q, truth, start, end).await?;
+    out += &absent_users_report(ask, sizing).await?;
+    out += &present_users_report(ask, truth).await?;
     Ok(out)
 }
 
 /// Users the model never makes: each answer is "definitely absent" or a false positive.
 /// The share answered definitely absent, and the false-positive probability the
 /// filters state beside the one measured.
-async fn absent_users_report(
-    q: &mut QueryClient<tonic::transport::Channel>,
-    sizing: &Value,
-    start: u32,
-    end: u32,
-) -> anyhow::Result<String> {
+async fn absent_users_report(ask: &Asking, sizing: &Value) -> anyhow::Result<String> {
     let mut out = String::new();
     let absent: Vec<String> = (0..ABSENT_PROBES).map(|i| format!("nobody{i}")).collect();
-    let answers = look_up_all(q, absent, start, end).await?;
+    let answers = look_up_all(ask, absent).await?;
     let definitely = answers.iter().filter(|a| a.definitely_absent).count() as u64;
     let n = f64::from(ABSENT_PROBES);
     let measured = (n - definitely as f64) / n;
@@ -666,12 +658,7 @@ async fn absent_users_report(
 }
 
 /// Users the traffic made: each must be found in every server-hour that saw it.
-async fn present_users_report(
-    q: &mut QueryClient<tonic::transport::Channel>,
-    truth: &Value,
-    start: u32,
-    end: u32,
-) -> anyhow::Result<String> {
+async fn present_users_report(ask: &Asking, truth: &Value) -> anyhow::Result<String> {
     let mut out = String::new();
     match sightings(truth) {
         None => out.push_str(
@@ -687,7 +674,7 @@ async fn present_users_report(
                 .map(|u| **u)
                 .collect();
             let items = sample.iter().map(|&u| simulate::user_name(u)).collect();
-            let answers = look_up_all(q, items, start, end).await?;
+            let answers = look_up_all(ask, items).await?;
             let found = sample
                 .iter()
                 .zip(&answers)
