@@ -18,7 +18,7 @@ use hourglass_sketch::Sketch;
 use hourglass_sketch::bloom::{Bloom, Health};
 use hourglass_sketch::membership::{self, FilterAnswer, RangeAnswer, SATURATED_FPR};
 
-use super::{Coverage, Merged, PlanStats, Planner, QueryError, Unit, days_of};
+use super::{Coverage, Merged, PlanStats, Planner, QueryError, Unit, days_of, hourly_row_name};
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 use crate::store::SeriesName;
 
@@ -277,15 +277,7 @@ impl Planner<'_> {
                 let Some(server_name) = names.get(&key.server) else {
                     return true;
                 };
-                let where_ = || {
-                    format!(
-                        "{} ({}) {} epoch {}",
-                        key.hour,
-                        hourglass_rpc::time::format_hour(key.hour.0),
-                        key.server,
-                        key.epoch.0
-                    )
-                };
+                let where_ = || hourly_row_name(&key);
                 match decode_filter(name, &stored.sketch, where_) {
                     Ok(filter) => {
                         filters.push(FilterRow::of(

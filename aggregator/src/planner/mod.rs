@@ -293,6 +293,18 @@ pub(crate) struct DayParts {
     pub(crate) per_server: bool,
 }
 
+/// An hourly row as an error names it: its hour (as stored and as a time), its server
+/// and its epoch.
+fn hourly_row_name(key: &HourKey) -> String {
+    format!(
+        "{} ({}) {} epoch {}",
+        key.hour,
+        hourglass_rpc::time::format_hour(key.hour.0),
+        key.server,
+        key.epoch.0
+    )
+}
+
 /// Merges the hourly rows of `series` in `hours` (within one day) the way rollups are
 /// built: the single definition of the merge order (module docs).
 pub(crate) fn merge_day(
@@ -309,15 +321,7 @@ pub(crate) fn merge_day(
         if !keep(key.server) {
             return true;
         }
-        let where_ = || {
-            format!(
-                "{} ({}) {} epoch {}",
-                key.hour,
-                hourglass_rpc::time::format_hour(key.hour.0),
-                key.server,
-                key.epoch.0
-            )
-        };
+        let where_ = || hourly_row_name(&key);
         let sketch = match Sketch::decode(&stored.sketch) {
             Ok(s) => s,
             Err(source) => {
