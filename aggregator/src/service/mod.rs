@@ -41,6 +41,22 @@ pub struct ServeOptions {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
+/// `$server` (a generated gRPC server) with the codecs and size bound of the services
+/// clients call, Collector and Query alike: gzip and zstd accepted, zstd sent where the
+/// client takes it (else gzip), messages up to `$max` bytes each way. A macro, as each
+/// generated server has these builders as its own methods, with no trait in common.
+macro_rules! with_codecs {
+    ($server:expr, $max:expr) => {
+        $server
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size($max)
+            .max_encoding_message_size($max)
+    };
+}
+
 /// Serves every gRPC service on `listener` until `shutdown` completes, then stops
 /// accepting and waits for the RPCs in flight.
 pub async fn serve(
@@ -66,24 +82,15 @@ pub async fn serve(
         retention_hourly,
     );
     let collector = CollectorService::new(writer).publishing_to(cluster.clone());
-    let collector = CollectorServer::new(collector)
-        .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Zstd)
-        .send_compressed(CompressionEncoding::Zstd)
-        .send_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let query = QueryServer::new(
-        QueryService::new(Arc::clone(&store), Arc::clone(&metrics), limits)
-            .retire_after(retire_after)
-            .in_cluster(cluster.clone()),
-    )
-    .accept_compressed(CompressionEncoding::Gzip)
-    .accept_compressed(CompressionEncoding::Zstd)
-    .send_compressed(CompressionEncoding::Zstd)
-    .send_compressed(CompressionEncoding::Gzip)
-    .max_decoding_message_size(max_message)
-    .max_encoding_message_size(max_message);
+    let collector = with_codecs!(CollectorServer::new(collector), max_message);
+    let query = with_codecs!(
+        QueryServer::new(
+            QueryService::new(Arc::clone(&store), Arc::clone(&metrics), limits)
+                .retire_after(retire_after)
+                .in_cluster(cluster.clone()),
+        ),
+        max_message
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     report_serving(&health).await;
