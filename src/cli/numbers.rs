@@ -1,4 +1,5 @@
-//! How numbers look to a person: thousands separators, sensible precision.
+//! How numbers look to a person: thousands separators, sensible precision, and tables
+//! of them whose item column fits its names.
 
 /// An integer with thousands separators: `1204331` → `1,204,331`.
 pub fn grouped(n: u64) -> String {
@@ -40,6 +41,17 @@ pub fn percent(fraction: f64) -> String {
     } else {
         format!("{p:.2e}%")
     }
+}
+
+/// The width of a column of item names (as written, quoted) under the heading `item`:
+/// the longest name's, in characters, and never narrower than the heading.
+pub fn item_width(names: &[String]) -> usize {
+    names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4)
 }
 
 #[cfg(test)]

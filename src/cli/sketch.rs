@@ -3,7 +3,7 @@
 //! The forms and the `--json` keys are an interface scripts are written against: change
 //! them only with a deprecation.
 
-use super::numbers::{count, grouped, percent};
+use super::numbers::{count, grouped, item_width, percent};
 use super::query::distinct_text;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -313,12 +313,7 @@ fn top_table(top: &[hourglass_sketch::frequency::TopItem]) -> String {
         .iter()
         .map(|t| format!("{:?}", String::from_utf8_lossy(&t.item)))
         .collect();
-    let width = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(4)
-        .max(4);
+    let width = item_width(&names);
     let mut text = format!("top {} items:\n", top.len());
     text += &format!(
         "  {:<width$}  {:>14}  {:>14}  {:>14}\n",

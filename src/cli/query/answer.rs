@@ -5,7 +5,7 @@
 use hourglass_rpc::proto::v1;
 use serde_json::{Value, json};
 
-use crate::cli::numbers::{count, grouped, percent};
+use crate::cli::numbers::{count, grouped, item_width, percent};
 
 /// An estimate as JSON ([`hourglass_rpc::json_figure`]: an unbounded figure is the
 /// largest finite number).
@@ -297,12 +297,7 @@ fn topk_text(v: &Value) -> String {
         .iter()
         .map(|i| format!("{:?}", i["item"].as_str().unwrap_or("")))
         .collect();
-    let width = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(4)
-        .max(4);
+    let width = item_width(&names);
     let mut text = format!(
         "\n  {:<width$}  {:>14}  {:>14}  {:>14}",
         "item", "estimate", "lower", "upper"
