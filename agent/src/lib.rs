@@ -447,17 +447,7 @@ fn new_shipper(
         .connect_timeout(std::time::Duration::from_secs(5))
         .tcp_nodelay(true)
         .connect_lazy();
-    let server = v1::Server {
-        name: options.server_name.clone(),
-        labels: options
-            .labels
-            .iter()
-            .map(|(key, value)| v1::Tag {
-                key: key.clone(),
-                value: value.clone(),
-            })
-            .collect(),
-    };
+    let server = v1::Server::with_labels(&options.server_name, &options.labels);
     Ok(shipper::Shipper::new(
         Arc::clone(table),
         Arc::clone(metrics),

@@ -53,6 +53,22 @@ pub fn code_label(code: tonic::Code) -> &'static str {
     }
 }
 
+impl v1::Server {
+    /// A server named `name` with `labels` (key, value), as the wire carries it.
+    pub fn with_labels(name: &str, labels: &[(String, String)]) -> v1::Server {
+        v1::Server {
+            name: name.to_string(),
+            labels: labels
+                .iter()
+                .map(|(key, value)| v1::Tag {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl From<Kind> for v1::SketchKind {
     fn from(kind: Kind) -> Self {
         match kind {

@@ -215,17 +215,7 @@ fn read_servers(
             .collect();
         let bytes = 64 * index.len() + 4 * live_hours.len();
         out.chunk.servers.push(v1::CopiedServer {
-            server: Some(v1::Server {
-                name: server.name.clone(),
-                labels: server
-                    .labels
-                    .iter()
-                    .map(|(key, value)| v1::Tag {
-                        key: key.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
-            }),
+            server: Some(v1::Server::with_labels(&server.name, &server.labels)),
             live_hours,
             index,
         });
