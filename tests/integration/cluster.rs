@@ -641,7 +641,9 @@ fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_
     loop {
         let ready = runtime().block_on(ready_seen_by(&a.grpc));
         if !ready[p].iter().any(|n| n == "agg-1")
-            && ["agg-x", "agg-2"].iter().all(|o| ready[p].iter().any(|n| n == o))
+            && ["agg-x", "agg-2"]
+                .iter()
+                .all(|o| ready[p].iter().any(|n| n == o))
         {
             break;
         }
