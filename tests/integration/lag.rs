@@ -135,13 +135,18 @@ fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_del
                 "answer {answers} of agg-2: {s}"
             ),
         }
-        if caught_up {
+        // Caught up means ready for its partitions *and* answering in full: its live
+        // subject lacks what the stream dropped too, and it answers nothing until it has
+        // copied that (every 30 s while agg-1 is there to copy from). Ready alone, agg-1
+        // could leave before that copy, with no node left to copy from.
+        if caught_up && matches!(&answer, Ok((got, 0)) if *got == full) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "agg-2 did not catch up in 120 s: {}",
-            readiness(&slow)
+            "agg-2 did not catch up in 120 s: {}; its last answer: {:?}",
+            readiness(&slow),
+            answer.as_ref().map(|(got, missing)| (got.len(), *missing))
         );
         std::thread::sleep(Duration::from_millis(250));
     }
