@@ -639,7 +639,11 @@ fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_
     // owners are ready): the question would then be answered here without asking x.
     let handed_over = Instant::now();
     loop {
-        let ready = runtime().block_on(ready_seen_by(&a.grpc));
+        let ready: Vec<Vec<String>> = runtime()
+            .block_on(partitions_seen_by(&a.grpc))
+            .into_iter()
+            .map(|status| status.ready)
+            .collect();
         if !ready[p].iter().any(|n| n == "agg-1")
             && ["agg-x", "agg-2"]
                 .iter()
@@ -1359,30 +1363,20 @@ async fn try_export_distinct(
     ))
 }
 
-/// The owners of each partition, as the node at `grpc` sees them.
-/// The nodes `grpc` sees ready for each partition.
-async fn ready_seen_by(grpc: &str) -> Vec<Vec<String>> {
+/// Every partition as the node at `grpc` sees it: its owners and the nodes ready for it.
+async fn partitions_seen_by(grpc: &str) -> Vec<v1::PartitionStatus> {
     let mut c = v1::peer_client::PeerClient::new(channel(grpc).await);
     c.status(v1::StatusRequest {})
         .await
         .expect("status")
         .into_inner()
         .partitions
-        .into_iter()
-        .map(|p| p.ready)
-        .collect()
 }
 
+/// The owners of each partition, as the node at `grpc` sees them.
 async fn owners_seen_by(grpc: &str) -> Vec<Vec<String>> {
-    let mut c = v1::peer_client::PeerClient::new(channel(grpc).await);
-    c.status(v1::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner()
-        .partitions
-        .into_iter()
-        .map(|p| p.owners)
-        .collect()
+    let partitions = partitions_seen_by(grpc).await;
+    partitions.into_iter().map(|p| p.owners).collect()
 }
 
 /// A node whose NATS server stops answering (a network partition) keeps answering

@@ -82,7 +82,7 @@ pub(crate) async fn fan_out(
         gather(cluster, &asked, needed, BTreeSet::new(), deadline),
     )
     .await??;
-    for (_, reply) in &gathered.replies {
+    for reply in &gathered.replies {
         merge_partial(&mut answer, reply, &asked.selector.metric)
             .map_err(|e| convert::query_status(&e))?;
     }
@@ -143,7 +143,7 @@ async fn while_in_touch<T>(
 struct Gathered {
     /// Each answering node's reply, for the partitions it was asked for less those it
     /// said it is not ready for: every partition is in at most one reply.
-    replies: Vec<(String, v1::PartialResponse)>,
+    replies: Vec<v1::PartialResponse>,
     /// The partitions no node answered for.
     missing: BTreeSet<u32>,
 }
@@ -250,18 +250,19 @@ async fn ask(
         item: asked.item.clone().unwrap_or_default(),
     };
     let reply = async {
-        let late = Status::unavailable(format!(
-            "peer {} did not answer before the question's deadline",
-            call.advertise
-        ));
         tokio::time::timeout_at(deadline, cluster.peers().partial(&call.advertise, request))
             .await
-            .unwrap_or(Err(late))
+            .unwrap_or_else(|_| {
+                Err(Status::unavailable(format!(
+                    "peer {} did not answer before the question's deadline",
+                    call.advertise
+                )))
+            })
     };
     tokio::pin!(reply);
     let hedge_at = tokio::time::Instant::now() + cluster.peers().hedge();
     tokio::select! {
-        reply = &mut reply => return take_reply(asked, call, reply),
+        reply = &mut reply => return Ok(take_reply(asked, call, reply)),
         () = tokio::time::sleep_until(hedge_at.min(deadline)) => {}
     }
     tracing::info!(
@@ -279,7 +280,7 @@ async fn ask(
     };
     tokio::select! {
         reply = &mut reply => {
-            let outcome = take_reply(asked, call, reply)?;
+            let outcome = take_reply(asked, call, reply);
             if outcome.retry.is_empty() {
                 return Ok(outcome);
             }
@@ -293,7 +294,7 @@ async fn ask(
             }
             // The others could not answer every partition: the call's answer, if it
             // comes whole in time, does.
-            match take_reply(asked, call, reply.await)? {
+            match take_reply(asked, call, reply.await) {
                 outcome if outcome.retry.is_empty() => Ok(outcome),
                 _ => Ok(settled(gathered)),
             }
@@ -303,11 +304,7 @@ async fn ask(
 
 /// `call`'s reply, as an [`Outcome`]: the partitions it did not answer for are to be
 /// asked of their other nodes.
-fn take_reply(
-    asked: &Asked,
-    call: &Call,
-    reply: Result<v1::PartialResponse, Status>,
-) -> Result<Outcome, Status> {
+fn take_reply(asked: &Asked, call: &Call, reply: Result<v1::PartialResponse, Status>) -> Outcome {
     let node = call.node.as_str();
     let all = || call.partitions.iter().copied().collect();
     let (reply, retry) = match reply {
@@ -332,10 +329,10 @@ fn take_reply(
         }
     };
     let gathered = Gathered {
-        replies: reply.map(|r| (node.to_string(), r)).into_iter().collect(),
+        replies: reply.into_iter().collect(),
         missing: BTreeSet::new(),
     };
-    Ok(Outcome { gathered, retry })
+    Outcome { gathered, retry }
 }
 
 /// The next round of asking: each partition of `queue` to its best remaining candidate,
