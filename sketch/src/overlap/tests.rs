@@ -416,6 +416,45 @@ fn sketch_of(precision: u8, hashes: &[u64]) -> Hll {
     sketch
 }
 
+/// A statistical property, so its cases come from a fixed seed (a random one failed CI once
+/// in many runs, on a draw of probability about 1 in 1,400 a case that the old bound of one
+/// collision did not allow).
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_0f_0ae1a9),
+        ..ProptestConfig::default()
+    })]
+
+    /// Small sets, both sketches sparse: the union is counted almost exactly, within its
+    /// interval widened by the items register collisions can cost. Two of n distinct items
+    /// share one of the m = 2^25 sparse registers about n²/2m times: a Poisson count of mean
+    /// λ ≤ 2400²/2^26 ≈ 0.086 here, each collision one item fewer; more than
+    /// [`COLLISIONS_ALLOWED`] = 3 has probability λ⁴/4! ≈ 2·10⁻⁶ a case.
+    #[test]
+    fn sparse_union_is_within_its_interval(
+        only_a in prop::collection::vec(any::<u64>(), 0..800),
+        only_b in prop::collection::vec(any::<u64>(), 0..800),
+        both in prop::collection::vec(any::<u64>(), 0..800),
+    ) {
+        let a = sketch_of(14, &[only_a.as_slice(), &both].concat());
+        let b = sketch_of(14, &[only_b.as_slice(), &both].concat());
+        prop_assume!(a.is_sparse() && b.is_sparse());
+        let mut distinct = [only_a.as_slice(), &only_b, &both].concat();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let truth = distinct.len() as f64;
+        let overlap = estimate_pair(&a, &b).unwrap();
+        let u = overlap.union;
+        let slack = COLLISIONS_ALLOWED + 1e-3 * truth;
+        prop_assert!(u.lower95 - slack <= truth && truth <= u.upper95 + slack, "{} vs {:?}", truth, u);
+        prop_assert!((u.estimate - truth).abs() <= slack, "{} vs {:?}", truth, u);
+    }
+}
+
+/// Register collisions the sparse union test allows (see its bound).
+const COLLISIONS_ALLOWED: f64 = 3.0;
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -443,27 +482,6 @@ proptest! {
         prop_assert!((ab.jaccard.estimate - ba.jaccard.estimate).abs() <= 1e-6);
         prop_assert_eq!(ab.verdict, ba.verdict);
         prop_assert_eq!(ab.precision, ba.precision);
-    }
-
-    /// Small sets, both sketches sparse: the union is counted almost exactly, within its
-    /// interval (widened by the item a register collision in 2^25 can cost).
-    #[test]
-    fn sparse_union_is_within_its_interval(
-        only_a in prop::collection::vec(any::<u64>(), 0..800),
-        only_b in prop::collection::vec(any::<u64>(), 0..800),
-        both in prop::collection::vec(any::<u64>(), 0..800),
-    ) {
-        let a = sketch_of(14, &[only_a.as_slice(), &both].concat());
-        let b = sketch_of(14, &[only_b.as_slice(), &both].concat());
-        prop_assume!(a.is_sparse() && b.is_sparse());
-        let mut distinct = [only_a.as_slice(), &only_b, &both].concat();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let truth = distinct.len() as f64;
-        let overlap = estimate_pair(&a, &b).unwrap();
-        let u = overlap.union;
-        prop_assert!(u.lower95 - 1.0 <= truth && truth <= u.upper95 + 1.0, "{} vs {:?}", truth, u);
-        prop_assert!((u.estimate - truth).abs() <= 1.0 + 1e-3 * truth, "{} vs {:?}", truth, u);
     }
 
     /// Arbitrary register contents (from arbitrary hashes, at any two precisions) give
