@@ -416,9 +416,9 @@ fn sketch_of(precision: u8, hashes: &[u64]) -> Hll {
     sketch
 }
 
-/// A statistical property, so its cases come from a fixed seed (a random one failed CI once
-/// in many runs, on a draw of probability about 1 in 1,400 a case that the old bound of one
-/// collision did not allow).
+// A statistical property, so its cases come from a fixed seed (a random one failed CI once
+// in many runs, on a draw of probability about 1 in 1,400 a case that the old bound of one
+// collision did not allow).
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 64,
