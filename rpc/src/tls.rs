@@ -325,10 +325,16 @@ pub fn server() -> tonic::transport::Server {
         .max_frame_size(MAX_FRAME)
 }
 
+/// How long the RPCs in flight may run once shutdown has begun; their connections are
+/// then dropped. tonic waits for every connection to close and bounds none of it: one
+/// client holding a stream open (a request half sent, a peer's connection that never
+/// closes) kept a node from ever finishing its shutdown.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
 /// Serves `router` on `listener` until `shutdown` completes, then drains the accepted
-/// connections: over TLS when `tls` is given (handshakes as [`incoming`] runs them), else
-/// plain TCP with Nagle's algorithm off. The one place the agent and the aggregator start
-/// gRPC.
+/// connections for up to [`DRAIN`]: over TLS when `tls` is given (handshakes as
+/// [`incoming`] runs them), else plain TCP with Nagle's algorithm off. The one place the
+/// agent and the aggregator start gRPC.
 pub async fn serve_router<L, ResBody>(
     router: tonic::transport::server::Router<L>,
     listener: TcpListener,
@@ -347,16 +353,37 @@ where
     ResBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
     ResBody::Error: Into<tonic::codegen::StdError>,
 {
-    match tls {
-        Some(config) => {
-            router
-                .serve_with_incoming_shutdown(incoming(listener, config), shutdown)
-                .await
+    let (begun, began) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = begun.send(());
+    };
+    let serving = async move {
+        match tls {
+            Some(config) => {
+                router
+                    .serve_with_incoming_shutdown(incoming(listener, config), shutdown)
+                    .await
+            }
+            None => {
+                let plain =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(plain, shutdown).await
+            }
         }
-        None => {
-            let plain =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            router.serve_with_incoming_shutdown(plain, shutdown).await
+    };
+    let drained = async move {
+        match began.await {
+            Ok(()) => tokio::time::sleep(DRAIN).await,
+            // The server ended without a shutdown: `serving` is done.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = serving => served,
+        () = drained => {
+            tracing::warn!("gRPC requests still in flight {DRAIN:?} after shutdown began; their connections are dropped");
+            Ok(())
         }
     }
 }

@@ -712,6 +712,61 @@ fn sigterm_stops_cleanly_with_exit_code_zero() {
     assert_eq!(again.terminate().code(), Some(0));
 }
 
+/// A gRPC client that opened a request and never finished sending it (a stalled client, or
+/// a peer node's connection that never closes) must not keep the aggregator from exiting on
+/// SIGTERM: tonic waits for every connection to close, so the drain is bounded
+/// (`hourglass_rpc::tls::DRAIN`); `terminate` panics "still running 30 s after SIGTERM"
+/// when it is not.
+#[test]
+fn sigterm_exits_despite_a_half_sent_grpc_request() {
+    let dir = TempDir::new("agg-term-half-sent-grpc");
+    let agg = AggregatorProcess::start(&dir.file("data"), &[]);
+    let addr = agg.grpc.trim_start_matches("http://");
+    let mut slow = std::net::TcpStream::connect(addr).expect("connect");
+    std::io::Write::write_all(
+        &mut slow,
+        &half_sent_grpc_request("/hourglass.v1.Collector/Push"),
+    )
+    .expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let status = agg.terminate();
+    assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    eprintln!("exited {:?} after SIGTERM", started.elapsed());
+    drop(slow);
+}
+
+/// The bytes of an HTTP/2 connection that opens a gRPC request to `path` and sends no body
+/// and no end of stream: the client preface, empty SETTINGS, and one HEADERS frame (HPACK
+/// from the static table and literals, RFC 7541).
+fn half_sent_grpc_request(path: &str) -> Vec<u8> {
+    fn literal(out: &mut Vec<u8>, text: &str) {
+        out.push(u8::try_from(text.len()).expect("short"));
+        out.extend_from_slice(text.as_bytes());
+    }
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (indexed)
+    block.push(0x04); // :path, literal without indexing, name index 4
+    literal(&mut block, path);
+    block.push(0x01); // :authority, name index 1
+    literal(&mut block, "localhost");
+    block.extend_from_slice(&[0x0f, 0x10]); // content-type, name index 31
+    literal(&mut block, "application/grpc");
+    block.push(0x00); // te, a new name
+    literal(&mut block, "te");
+    literal(&mut block, "trailers");
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let len = u32::try_from(payload.len()).expect("short").to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS, no END_STREAM
+    out
+}
+
 fn logs_mention_reflection_off(logs: &str) -> bool {
     logs.contains("reflection v1 is off") || logs.contains("reflection v1alpha is off")
 }
