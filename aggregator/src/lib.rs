@@ -171,19 +171,10 @@ impl Aggregator {
         } = self;
         let metrics = Arc::new(Metrics::new());
         let grpc_serving = Arc::new(AtomicBool::new(false));
-        let cluster = join_cluster(&config, &listeners.grpc).await?;
-        // One signal, many listeners: the gRPC server, the admin server and the
-        // background task each wait on their own.
+        // One signal, many listeners: gRPC, admin, HTTP and the background task.
         let stop = hourglass_rpc::process::Stop::new(shutdown);
-
-        let dyn_store: Arc<dyn Store> = store.clone();
-        let applying = spawn_apply(cluster.clone(), &dyn_store, &metrics, &config, &stop);
-        let background = tokio::spawn(background::run(
-            Arc::clone(&dyn_store),
-            Arc::clone(&metrics),
-            config.clone(),
-            stop.stopped(),
-        ));
+        // The admin port answers from the start: liveness and metrics while the node
+        // joins its cluster ([`join_unless_stopped`]), readiness once gRPC serves.
         let admin = tokio::spawn(admin::serve(
             listeners.admin,
             admin::AdminState {
@@ -193,22 +184,34 @@ impl Aggregator {
             },
             stop.stopped(),
         ));
+        let cluster = match join_unless_stopped(&config, &listeners.grpc, &stop).await {
+            Ok(cluster) => cluster,
+            Err(failed) => return end_unjoined(failed, stop, admin, store).await,
+        };
+        let dyn_store: Arc<dyn Store> = store.clone();
+        let applying = spawn_apply(cluster.clone(), &dyn_store, &metrics, &config, &stop);
+        let background = tokio::spawn(background::run(
+            Arc::clone(&dyn_store),
+            Arc::clone(&metrics),
+            config.clone(),
+            stop.stopped(),
+        ));
 
-        // The HTTP API asks a `Query` service like the one gRPC serves: the same store,
-        // metrics, limits and cluster, and the same tokens.
         let http = http.map(|listener| {
-            let state = http::HttpState {
-                query: service::QueryService::new(
-                    Arc::clone(&dyn_store),
-                    Arc::clone(&metrics),
-                    config.limits.clone(),
-                )
-                .retire_after(config.coverage.retire_after)
-                .in_cluster(cluster.as_ref().map(|(cluster, _)| Arc::clone(cluster))),
-                auth: auth.clone(),
-            };
-            let tls = listeners.grpc_tls.clone();
-            tokio::spawn(http::serve(listener, state, tls, stop.stopped()))
+            let query = service::QueryService::new(
+                Arc::clone(&dyn_store),
+                Arc::clone(&metrics),
+                config.limits.clone(),
+            )
+            .retire_after(config.coverage.retire_after)
+            .in_cluster(cluster.as_ref().map(|(cluster, _)| Arc::clone(cluster)));
+            spawn_http(
+                listener,
+                query,
+                auth.clone(),
+                listeners.grpc_tls.clone(),
+                &stop,
+            )
         });
 
         grpc_serving.store(true, Ordering::Release);
@@ -234,6 +237,53 @@ impl Aggregator {
         grpc.map_err(AggregatorError::Grpc)
             .and(finish(admin, http, background, applying).await)?;
         close(store)
+    }
+}
+
+/// The HTTP API on `listener`, until `stop`: it asks `query`, a `Query` service like the
+/// one gRPC serves (the same store, metrics, limits and cluster), with the same tokens.
+fn spawn_http(
+    listener: tokio::net::TcpListener,
+    query: service::QueryService,
+    auth: auth::Auth,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    stop: &hourglass_rpc::process::Stop,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let state = http::HttpState { query, auth };
+    tokio::spawn(http::serve(listener, state, tls, stop.stopped()))
+}
+
+/// Cluster mode: joins the cluster ([`join_cluster`]) unless `stop` comes first
+/// (`Err(None)`). Joining can take a minute while JetStream elects its leaders; the admin
+/// port answers meanwhile, as a liveness probe left unanswered would restart the node.
+async fn join_unless_stopped(
+    config: &Config,
+    grpc: &tokio::net::TcpListener,
+    stop: &hourglass_rpc::process::Stop,
+) -> Result<Option<(Arc<cluster::Cluster>, String)>, Option<AggregatorError>> {
+    tokio::select! {
+        joined = join_cluster(config, grpc) => joined.map_err(Some),
+        () = stop.stopped() => Err(None),
+    }
+}
+
+/// The end of a serve that never joined its cluster: the join `failed`, or (`None`) the
+/// shutdown came first. Only the admin port was served: it is stopped, and the store
+/// closed.
+async fn end_unjoined(
+    failed: Option<AggregatorError>,
+    stop: hourglass_rpc::process::Stop,
+    admin: tokio::task::JoinHandle<std::io::Result<()>>,
+    store: Arc<RocksStore>,
+) -> Result<(), AggregatorError> {
+    stop.release();
+    let _ = admin.await;
+    match failed {
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("stopped while joining the cluster");
+            close(store)
+        }
     }
 }
 

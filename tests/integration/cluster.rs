@@ -465,6 +465,64 @@ fn the_stream_leader_sigkilled_mid_ingest_loses_nothing_acknowledged() {
     }
 }
 
+/// A node joining its cluster (here it finds no NATS server: joining waits up to a
+/// minute) already answers on its admin port: alive, not ready, with its metrics. Before,
+/// the port was bound but served only after the join, so a liveness probe (or a test's
+/// wait on `/metrics`) hung meanwhile. Stopped while joining, it ends at once and cleanly
+/// (dropping the node fails the test if the server returns an error, as the join's
+/// timeout would be).
+#[test]
+fn a_node_joining_its_cluster_answers_liveness_and_metrics_meanwhile() {
+    let dir = TempDir::new("cluster-joining");
+    let nowhere = format!("nats://127.0.0.1:{}", free_port());
+    let cluster = hourglass_aggregator::cluster::ClusterConfig::new("agg-1", vec![nowhere]);
+    let node = InProcessAggregator::start_with(hourglass_aggregator::Config {
+        data_dir: dir.file("agg-1").into(),
+        cluster: Some(cluster),
+        ..Default::default()
+    });
+    let (status, body) = crate::util::http_get(node.admin, "/healthz");
+    assert_eq!((status, body.trim()), (200, "ok"));
+    let (status, body) = crate::util::http_get(node.admin, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = crate::util::http_get(node.admin, "/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("hourglass_aggregator_"), "{body}");
+    drop(node);
+}
+
+/// Every NATS server SIGKILLed at once and started again: the stream is on disk, but the
+/// consumers keep their state in memory (DESIGN §10), so it is gone and their numbering
+/// starts over. Each node finds that its consumer no longer vouches for what it recorded,
+/// makes it again from its own position, and applies on; nothing acknowledged is lost.
+#[test]
+fn every_nats_server_sigkilled_at_once_loses_nothing_acknowledged() {
+    let mut nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-kill-all-nats");
+    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2"]
+        .iter()
+        .map(|name| node(&dir, &nats, name, name))
+        .collect();
+    let agent = start_agent(&dir, &nodes[0].grpc, "agent");
+    send_part(&agent, 0);
+    send_part(&agent, 1);
+    wait_shipped(&agent);
+    wait_applied(&[&nodes[0], &nodes[1]]);
+    for i in 0..3 {
+        nats.kill(i);
+    }
+    for i in 0..3 {
+        nats.start_node(i);
+    }
+    for p in 2..PARTS {
+        send_part(&agent, p);
+    }
+    wait_shipped(&agent);
+    for (i, n) in nodes.iter().enumerate() {
+        assert_applied_same(&format!("node {}", i + 1), n);
+    }
+}
+
 /// A node cut off from NATS and from the other nodes (its connections go through
 /// [`Link`]s that go silent, as a pulled cable does) while the agent keeps pushing through
 /// another node: the others keep answering everything right; the cut node either answers
