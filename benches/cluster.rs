@@ -35,6 +35,7 @@
 //!
 //! `HOURGLASS_BENCH_BIN=/path/to/hourglass` runs that build's aggregators instead of the
 //! one built with the bench: alternate a saved build and the new one to compare them.
+//! `HOURGLASS_BENCH_PARTITIONS=N` gives the stream N partitions instead of the size's.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
@@ -736,7 +737,7 @@ async fn engine_publish(
     // While it is published, the stream is drained as a node would: one consumer per
     // subject, each message acknowledged as it comes (or not at all).
     let drains = match consumers {
-        Some(kind) => drain_all(&js, stream, &prefix, kind).await,
+        Some(kind) => drain_all(&js, stream, &prefix, kind, sizes.partitions).await,
         None => Vec::new(),
     };
     let started = Instant::now();
@@ -802,6 +803,9 @@ enum Consumers {
     /// each node the partitions an owners-2 placement gives it and the live subject (131
     /// consumers), the stream's 3 replicas, file storage, a plain ack per message.
     PerSubjectThreeNodes,
+    /// The same in memory: the consumers' Raft groups keep their logs in memory, so
+    /// their deliveries and acks are replicated but not fsynced.
+    PerSubjectThreeNodesMemory,
     /// Three nodes' worth as one consumer a node, not one a subject: the stream's 3
     /// replicas, file storage, each filtering the partitions an owners-2 placement gives
     /// its node (`filter_subjects`) and the live subject, a plain ack per message.
@@ -817,18 +821,22 @@ async fn drain_all(
     stream: &str,
     prefix: &str,
     kind: Consumers,
+    partitions: u32,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use tokio_stream::StreamExt;
     let stream = js.get_stream(stream).await.expect("the engine stream");
     if matches!(
         kind,
-        Consumers::PerNode | Consumers::PerNodeAckAll | Consumers::PerSubjectThreeNodes
+        Consumers::PerNode
+            | Consumers::PerNodeAckAll
+            | Consumers::PerSubjectThreeNodes
+            | Consumers::PerSubjectThreeNodesMemory
     ) {
-        return drain_per_node(&stream, prefix, kind).await;
+        return drain_per_node(&stream, prefix, kind, partitions).await;
     }
     let mut tasks = Vec::new();
-    for (i, subject) in (0..64)
+    for (i, subject) in (0..partitions)
         .map(|p| format!("{prefix}.p.{p}"))
         .chain([format!("{prefix}.live")])
         .enumerate()
@@ -870,35 +878,43 @@ async fn drain_per_node(
     stream: &async_nats::jetstream::stream::Stream,
     prefix: &str,
     kind: Consumers,
+    partitions: u32,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let all = matches!(kind, Consumers::PerNodeAckAll);
+    let memory = matches!(kind, Consumers::PerSubjectThreeNodesMemory);
     let mut tasks = Vec::new();
     for node in 0..3u32 {
-        let subjects: Vec<String> = (0..64u32)
+        let subjects: Vec<String> = (0..partitions)
             .filter(|p| p % 3 == node || (p + 1) % 3 == node)
             .map(|p| format!("{prefix}.p.{p}"))
             .chain([format!("{prefix}.live")])
             .collect();
         // One consumer for all the node's subjects, or (as the cluster does) one each.
-        let groups: Vec<Vec<String>> = if matches!(kind, Consumers::PerSubjectThreeNodes) {
+        let groups: Vec<Vec<String>> = if matches!(
+            kind,
+            Consumers::PerSubjectThreeNodes | Consumers::PerSubjectThreeNodesMemory
+        ) {
             subjects.into_iter().map(|s| vec![s]).collect()
         } else {
             vec![subjects]
         };
         for (i, subjects) in groups.into_iter().enumerate() {
-            tasks.push(drain_one(stream, format!("engine-node-{node}-{i}"), subjects, all).await);
+            let name = format!("engine-node-{node}-{i}");
+            tasks.push(drain_one(stream, name, subjects, all, memory).await);
         }
     }
     tasks
 }
 
-/// A consumer of `subjects` named `name`, drained by a task until aborted: each message
-/// acknowledged, or (`all`) the last of each batch with AckPolicy::All.
+/// A consumer of `subjects` named `name` (the stream's replicas, its state in memory if
+/// `memory`), drained by a task until aborted: each message acknowledged, or (`all`) the
+/// last of each batch with AckPolicy::All.
 async fn drain_one(
     stream: &async_nats::jetstream::stream::Stream,
     name: String,
     subjects: Vec<String>,
     all: bool,
+    memory: bool,
 ) -> tokio::task::JoinHandle<()> {
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use tokio_stream::StreamExt;
@@ -912,6 +928,7 @@ async fn drain_one(
                 AckPolicy::Explicit
             },
             max_ack_pending: 4096,
+            memory_storage: memory,
             ..Default::default()
         })
         .await
@@ -1042,6 +1059,11 @@ fn run_engine(
             Some(Consumers::PerSubjectThreeNodes),
         ),
         (
+            "entry's shape, drained as 3 nodes' consumers in memory (owners 2, R3, one a subject a node: 131, ack each)",
+            false,
+            Some(Consumers::PerSubjectThreeNodesMemory),
+        ),
+        (
             "entry's shape, drained by one R3 consumer a node for 3 nodes (owners 2, ack each)",
             false,
             Some(Consumers::PerNode),
@@ -1053,8 +1075,10 @@ fn run_engine(
         ),
     ];
     for (i, (name, one, consumers)) in variants.into_iter().enumerate() {
-        if matches!(consumers, Some(Consumers::PerSubjectThreeNodes))
-            && !sizes.three_nodes_of_consumers
+        if matches!(
+            consumers,
+            Some(Consumers::PerSubjectThreeNodes | Consumers::PerSubjectThreeNodesMemory)
+        ) && !sizes.three_nodes_of_consumers
         {
             continue;
         }
@@ -1445,7 +1469,17 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .map(String::as_str)
         .collect();
-    let sizes = if full { &FULL } else { &SMOKE };
+    let mut sizes = if full { FULL } else { SMOKE };
+    if let Some(partitions) = std::env::var_os("HOURGLASS_BENCH_PARTITIONS") {
+        sizes.partitions = partitions
+            .to_str()
+            .and_then(|p| p.parse().ok())
+            .filter(|&p| p > 0)
+            .unwrap_or_else(|| {
+                panic!("HOURGLASS_BENCH_PARTITIONS={partitions:?}: not a partition count")
+            });
+    }
+    let sizes = &sizes;
     let runs = |part: &str| {
         if parts.is_empty() {
             sizes.setups.contains(&part)
