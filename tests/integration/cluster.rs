@@ -13,8 +13,8 @@
 use std::time::{Duration, Instant};
 
 use crate::faults::{
-    PARTS, agg_metric, assert_same, reference, send_part, start_agent, stored, try_stored,
-    wait_shipped, wait_until,
+    JOIN_WAIT, PARTS, agg_metric, assert_same, reference, send_part, start_agent, stored,
+    try_stored, wait_shipped, wait_until, wait_until_within,
 };
 use crate::nats::NatsCluster;
 use crate::natsfaults::right_or_honest;
@@ -67,7 +67,7 @@ fn node_with(
 /// Waits until `node` is a member, applies partitions and is ready for all of them
 /// (before, a push to it may be UNAVAILABLE: no ready owner).
 fn wait_ready(node: &dyn AggregatorAddrs) {
-    wait_until("the node to join and be ready", || {
+    wait_until_within("the node to join and be ready", JOIN_WAIT, || {
         let applying = agg_metric(node, "cluster_partitions_applying");
         agg_metric(node, "cluster_members") > 0.0
             && applying > 0.0

@@ -103,10 +103,24 @@ pub(crate) fn wait_shipped(agent: &AgentProcess) {
     }
 }
 
-pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+pub(crate) fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    wait_until_within(what, Duration::from_secs(60), done);
+}
+
+/// How long a cluster node may take to join and be ready: joining alone may take a minute
+/// (the aggregator's `START_TIMEOUT`, while a new NATS cluster elects its JetStream
+/// leaders), then its consumers are made and catch up. Under the whole suite's load on 2
+/// cores, 60 s for both was once too short.
+pub(crate) const JOIN_WAIT: Duration = Duration::from_secs(150);
+
+/// [`wait_until`] with a limit of its own.
+pub(crate) fn wait_until_within(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} ({limit:?})"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::faults::{agg_metric, wait_until};
+use crate::faults::{JOIN_WAIT, agg_metric, wait_until_within};
 use crate::util::{AggregatorAddrs, InProcessAggregator, TempDir, channel};
 use hourglass_aggregator::cluster::ClusterConfig;
 use hourglass_rpc::proto::v1::{
@@ -315,7 +315,7 @@ pub(crate) fn node(
         cluster: Some(cluster),
         ..Default::default()
     });
-    wait_until("the node to join and be ready", || ready(&agg));
+    wait_until_within("the node to join and be ready", JOIN_WAIT, || ready(&agg));
     agg
 }
 
