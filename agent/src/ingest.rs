@@ -22,6 +22,8 @@ mod packed_tests;
 #[cfg(test)]
 mod run_tests;
 #[cfg(test)]
+mod stopping_tests;
+#[cfg(test)]
 mod testing;
 
 /// Logs at most `per_window` messages per window and then one line saying how many it
@@ -267,21 +269,35 @@ pub(crate) struct IngestService {
     table: Arc<Mutex<Table>>,
     metrics: Arc<Metrics>,
     config: Arc<Config>,
+    /// True while the agent takes events. Turned off under the table's lock once the gRPC
+    /// server stopped ([`stop_taking`]): its drain is bounded, so a request may still be
+    /// running, and it either adds its events before (the final flush takes them) or is
+    /// refused, never acknowledged after the final flush and checkpoint.
+    taking: Arc<AtomicBool>,
 }
 
 impl IngestService {
-    /// A service adding to `table`.
+    /// A service adding to `table` while `taking` is true.
     pub fn new(
         table: Arc<Mutex<Table>>,
         metrics: Arc<Metrics>,
         config: Arc<Config>,
+        taking: Arc<AtomicBool>,
     ) -> IngestService {
         IngestService {
             table,
             metrics,
             config,
+            taking,
         }
     }
+}
+
+/// Stops the [`IngestService`]s of `table` taking events (`taking` off), under the
+/// table's lock: every request that added events did so before this returns.
+pub(crate) fn stop_taking(table: &Mutex<Table>, taking: &AtomicBool) {
+    let _held = crate::table::lock(table);
+    taking.store(false, Ordering::Release);
 }
 
 /// Rejected events listed in a reply at most.
@@ -309,6 +325,13 @@ impl v1::ingest_server::Ingest for IngestService {
         let mut refusals = Refusals::default();
         {
             let mut table = crate::table::lock(&self.table);
+            if !self.taking.load(Ordering::Acquire) {
+                drop(table);
+                self.metrics.reject("ingest", "stopping", count as u64);
+                return Err(Status::unavailable(
+                    "the agent is stopping: nothing of this request was taken; send it again once it runs",
+                ));
+            }
             add_events(&mut table, &request.events, now, &mut stats, &mut refusals);
             let mut index = request.events.len();
             for (batch, len) in request.batches.iter().zip(&lens) {

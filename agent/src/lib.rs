@@ -293,12 +293,16 @@ impl Agent {
                 Arc::clone(&table),
                 Arc::clone(&metrics),
                 Arc::clone(&config),
+                Arc::clone(&ingesting),
             ),
             Arc::clone(&metrics),
             grpc_stop,
         )
         .await;
-        ingesting.store(false, Ordering::Release);
+        // Under the table's lock: an Ingest request still running (the gRPC drain is
+        // bounded) added its events before this, and the final flush takes them, or is
+        // refused after it.
+        ingest::stop_taking(&table, &ingesting);
         tracing::info!("stopped taking events");
         stop_udp.store(true, Ordering::Relaxed);
         for r in receivers {

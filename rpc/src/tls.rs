@@ -325,10 +325,12 @@ pub fn server() -> tonic::transport::Server {
         .max_frame_size(MAX_FRAME)
 }
 
-/// How long the RPCs in flight may run once shutdown has begun; their connections are
-/// then dropped. tonic waits for every connection to close and bounds none of it: one
-/// client holding a stream open (a request half sent, a peer's connection that never
-/// closes) kept a node from ever finishing its shutdown.
+/// How long [`serve_router`] waits for the RPCs in flight once shutdown has begun. tonic
+/// waits for every connection to close and bounds none of it: one client holding a stream
+/// open (a request half sent, a peer's connection that never closes) kept a node from ever
+/// finishing its shutdown. Past it, `serve_router` returns while tonic's connection tasks
+/// may still run their handlers until the runtime ends: a server whose shutdown must see
+/// no handler after it refuses them itself (the agent's Ingest: `ingest::stop_taking`).
 pub const DRAIN: Duration = Duration::from_secs(10);
 
 /// Serves `router` on `listener` until `shutdown` completes, then drains the accepted
@@ -382,7 +384,7 @@ where
     tokio::select! {
         served = serving => served,
         () = drained => {
-            tracing::warn!("gRPC requests still in flight {DRAIN:?} after shutdown began; their connections are dropped");
+            tracing::warn!("gRPC requests still in flight {DRAIN:?} after shutdown began; no longer waiting for them");
             Ok(())
         }
     }

@@ -24,7 +24,8 @@ pub(crate) fn service(
         table.close_through(c);
     }
     let table = Arc::new(Mutex::new(table));
-    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config);
+    let taking = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let service = IngestService::new(Arc::clone(&table), Arc::new(Metrics::new()), config, taking);
     (service, table)
 }
 
