@@ -661,19 +661,18 @@ fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_
     to_x.set_target(x.grpc.trim_start_matches("http://").parse().unwrap());
     // Three nodes joining one after another hand partitions over; under the whole
     // suite's load that has taken more than wait_until's minute.
-    let settled = Instant::now();
-    while ![&a, &b, &x].iter().all(|n| {
-        agg_metric(*n, "cluster_members") == 3.0
-            && agg_metric(*n, "cluster_partitions_applying") > 0.0
-            && agg_metric(*n, "cluster_partitions_ready")
-                == agg_metric(*n, "cluster_partitions_applying")
-    }) {
-        assert!(
-            settled.elapsed() < Duration::from_secs(240),
-            "the three nodes did not join and become ready within 240 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_within(
+        "the three nodes to join and become ready",
+        Duration::from_secs(240),
+        || {
+            [&a, &b, &x].iter().all(|n| {
+                agg_metric(*n, "cluster_members") == 3.0
+                    && agg_metric(*n, "cluster_partitions_applying") > 0.0
+                    && agg_metric(*n, "cluster_partitions_ready")
+                        == agg_metric(*n, "cluster_partitions_applying")
+            })
+        },
+    );
     let metrics: Vec<String> = (0..24).map(|i| format!("m{i}")).collect();
     let names: Vec<&str> = metrics.iter().map(String::as_str).collect();
     let request = crate::util::push_of_metrics("web-1", &names);
@@ -697,26 +696,26 @@ fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_
     // agg-1 may still be ready for the partition (a former owner applies it until its
     // owners are ready): the question would then be answered here without asking x.
     let handed_over = Instant::now();
+    let rt = runtime();
     loop {
-        let ready: Vec<Vec<String>> = runtime()
+        let ready = rt
             .block_on(partitions_seen_by(&a.grpc))
-            .into_iter()
-            .map(|status| status.ready)
-            .collect();
-        if !ready[p].iter().any(|n| n == "agg-1")
+            .swap_remove(p)
+            .ready;
+        if !ready.iter().any(|n| n == "agg-1")
             && ["agg-x", "agg-2"]
                 .iter()
-                .all(|o| ready[p].iter().any(|n| n == o))
+                .all(|o| ready.iter().any(|n| n == o))
         {
             break;
         }
         assert!(
             handed_over.elapsed() < Duration::from_secs(120),
-            "premise: partition {p} is not handed over to agg-x and agg-2 within 120 s: {:?}",
-            ready[p]
+            "premise: partition {p} is not handed over to agg-x and agg-2 within 120 s: {ready:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    drop(rt);
     runtime().block_on(push_until_answered(&a, request.clone()));
     for link in to_nats.iter().chain([&to_x]) {
         link.cut(true);

@@ -3,7 +3,7 @@
 //! running after the final flush; it must be refused whole, never acknowledged unshipped.
 
 use hourglass_rpc::proto::v1;
-use hourglass_rpc::time::unix_now;
+use hourglass_rpc::time::{hour_of, unix_now};
 use tonic::Request;
 
 use super::stop_taking;
@@ -11,12 +11,12 @@ use super::testing::{service, sketches};
 use crate::config::Config;
 use hourglass_rpc::proto::v1::ingest_server::Ingest;
 
-fn one_event(item: &str) -> v1::IngestRequest {
+fn one_event(item: &str, time: i64) -> v1::IngestRequest {
     v1::IngestRequest {
         events: vec![v1::Event {
             metric: "m".into(),
             item: item.as_bytes().to_vec().into(),
-            time_unix_seconds: unix_now(),
+            time_unix_seconds: time,
             weight: 1,
             ..Default::default()
         }],
@@ -27,9 +27,10 @@ fn one_event(item: &str) -> v1::IngestRequest {
 #[tokio::test]
 async fn a_request_after_the_agent_stopped_taking_events_is_refused_and_adds_nothing() {
     let (service, table) = service(&Config::default(), None);
-    let hour = u32::try_from(unix_now() / 3600).unwrap();
+    let now = unix_now();
+    let hour = hour_of(now).expect("an hour");
     let taken = service
-        .send(Request::new(one_event("before")))
+        .send(Request::new(one_event("before", now)))
         .await
         .expect("taken while running");
     assert_eq!(taken.into_inner().accepted, 1);
@@ -38,7 +39,7 @@ async fn a_request_after_the_agent_stopped_taking_events_is_refused_and_adds_not
 
     stop_taking(&table, &service.taking);
     let refused = service
-        .send(Request::new(one_event("after")))
+        .send(Request::new(one_event("after", now)))
         .await
         .expect_err("refused once stopped");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
