@@ -68,6 +68,15 @@ pub fn format_day(day: u32) -> String {
         .to_string()
 }
 
+/// `n` hours as a sentence says it: "1 hour", "168 hours".
+pub fn hours_text(n: u32) -> String {
+    if n == 1 {
+        "1 hour".to_string()
+    } else {
+        format!("{n} hours")
+    }
+}
+
 /// The instant an hour starts, in RFC 3339 to the second: `2026-11-23T14:00:00Z`.
 pub fn rfc3339_hour(hour: u32) -> String {
     hour_start(hour).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -217,6 +226,13 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, DurationError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hours_are_counted_as_a_sentence_counts_them() {
+        assert_eq!(hours_text(1), "1 hour");
+        assert_eq!(hours_text(0), "0 hours");
+        assert_eq!(hours_text(168), "168 hours");
+    }
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)

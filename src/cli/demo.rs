@@ -108,7 +108,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let report = runtime.block_on(report(&url, &truth))?;
         let mut out = std::io::stdout().lock();
         out.write_all(report.as_bytes())?;
-        writeln!(out, "{}", next_steps(&url, &truth))?;
+        writeln!(out, "{}", next_steps(&program_as_typed(), &url, &truth))?;
         writeln!(out, "{}", dashboard_line(&dashboard, &truth))?;
         out.flush()?;
         Ok(())
@@ -695,7 +695,46 @@ async fn present_users_report(ask: &Asking, truth: &Value) -> anyhow::Result<Str
     Ok(out)
 }
 
-fn next_steps(url: &str, truth: &Value) -> String {
+/// How a user types this program in a shell here: `hourglass` when that name on `PATH`
+/// is this very binary, else its path (relative to the current directory when it lies
+/// under it, as `target/debug/hourglass` does after `scripts/demo`), so that the commands
+/// the report prints run as printed.
+fn program_as_typed() -> String {
+    let Ok(exe) = std::env::current_exe().and_then(std::fs::canonicalize) else {
+        return "hourglass".to_string();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path)
+            .any(|dir| std::fs::canonicalize(dir.join("hourglass")).is_ok_and(|found| found == exe))
+    });
+    if on_path {
+        return "hourglass".to_string();
+    }
+    let typed = std::env::current_dir()
+        .and_then(std::fs::canonicalize)
+        .ok()
+        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(std::path::Path::to_path_buf))
+        .unwrap_or_else(|| exe.clone());
+    shell_word(&typed.to_string_lossy())
+}
+
+/// `word` as a shell reads it back: as it is when it holds only characters a shell takes
+/// literally, else in single quotes.
+fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// The report's last lines: commands to ask the demo's aggregator more, as `program`
+/// ([`program_as_typed`]).
+fn next_steps(program: &str, url: &str, truth: &Value) -> String {
     let start = hourglass_rpc::time::hour_start(u(&truth["start_hour"]) as u32).to_rfc3339();
     let end = hourglass_rpc::time::hour_start(u(&truth["end_hour"]) as u32).to_rfc3339();
     let agg = if url == "http://127.0.0.1:7700" {
@@ -704,7 +743,7 @@ fn next_steps(url: &str, truth: &Value) -> String {
         format!(" --aggregator {url}")
     };
     format!(
-        "\nTry next:\n  hourglass query distinct --metric visitors --from {start} --to {end} --group-by day{agg}\n  hourglass query distinct --metric visitors --from {start} --to {end} --label region=eu --group-by server{agg}\n  hourglass query topk --metric pages --from {start} --to {end} --k 5 --group-by day{agg}\n  hourglass query frequency --metric pages --item /page/3 --from {start} --to {end}{agg}\n  hourglass query membership --metric visitors --item user42 --from {start} --to {end} --json{agg}\n"
+        "\nTry next:\n  {program} query distinct --metric visitors --from {start} --to {end} --group-by day{agg}\n  {program} query distinct --metric visitors --from {start} --to {end} --label region=eu --group-by server{agg}\n  {program} query topk --metric pages --from {start} --to {end} --k 5 --group-by day{agg}\n  {program} query frequency --metric pages --item /page/3 --from {start} --to {end}{agg}\n  {program} query membership --metric visitors --item user42 --from {start} --to {end} --json{agg}\n"
     )
 }
 

@@ -525,8 +525,19 @@ def check_chart(dom, reply, grouping, what):
         for attr, field in (("data-estimate", "estimate"), ("data-lower95", "lower95"),
                             ("data-upper95", "upper95"), ("data-std-error", "std_error")):
             same_number(point.attrs.get(attr), group["answer"][field], f"{at} {attr}")
+        # A period the range cuts holds fewer hours: marked, with its hours, so that its
+        # lower count does not read as a fall in traffic.
+        length = 1 if grouping == "hour" else 24
+        start = int(datetime.fromisoformat(group["time"].replace("Z", "+00:00")).timestamp()) // 3600
+        hours = min(reply["range"]["end_hour"], start + length) - max(reply["range"]["start_hour"], start)
+        need(point.attrs.get("data-hours") == str(hours),
+             f"{at}: data-hours {point.attrs.get('data-hours')!r}, the range holds {hours} of its hours")
+        need(("short" in point.attrs.get("class", "").split()) == (hours < length),
+             f"{at}: class {point.attrs.get('class')!r} for a period of which the range holds {hours} of {length} hours")
     times = [g["time"] for g in groups]
     need(times == sorted(times), f"{what}: the API's groups are not in time order")
+    title = svg.find(lambda n: n.attrs.get("data-role") == "y-title")
+    need(title is not None and grouping in title.text(), f"{what}: the count axis has no title naming the {grouping}")
     return len(points)
 
 
@@ -538,6 +549,18 @@ def check_total(dom, reply, what):
     for attr, field in (("data-estimate", "estimate"), ("data-std-error", "std_error"),
                         ("data-lower95", "lower95"), ("data-upper95", "upper95")):
         same_number(figure.attrs.get(attr), reply["answer"][field], f"{what}: total {attr}")
+    # Nothing stored and nothing missing is no data, never "every server reported".
+    coverage = reply["coverage"]
+    empty = coverage["sketches_merged"] == 0 and coverage["server_hours_missing"] == 0 \
+        and coverage.get("partitions_missing", 0) == 0
+    need(figure.attrs.get("data-state") == ("empty" if empty else "data"),
+         f"{what}: the total is drawn {figure.attrs.get('data-state')!r} with {coverage['sketches_merged']} sketches merged")
+    note = total.find(lambda n: "coverage-note" in n.attrs.get("class", "").split())
+    need(note is not None, f"{what}: the total has no coverage note")
+    if empty:
+        need("reported every hour" not in note.text() and "no data" in note.text(),
+             f"{what}: nothing was merged, yet the total's note says {note.text()!r}")
+    return empty
 
 
 def check_coverage(dom, daily, servers, what):
@@ -551,14 +574,17 @@ def check_coverage(dom, daily, servers, what):
     # most 100 servers while `server_hours_missing` counts all, and partitions that did
     # not answer leave any server's day incomplete. Those cells must be "unknown".
     expected = {}
+    empty_days = {}
     for group in daily["groups"]:
         day = group["key"] if len(group["key"]) == 10 else group["time"][:10]
         coverage = group["coverage"]
         missing = {m["server"]: m["hours"] for m in coverage["missing"]}
         unknown = (sum(missing.values()) < coverage["server_hours_missing"]
                    or coverage.get("partitions_missing", 0) > 0)
+        empty = coverage["sketches_merged"] == 0
         for name in names | set(missing):
             expected[(name, day)] = missing.get(name, None if unknown else 0)
+            empty_days[(name, day)] = empty
     need(set(shown) == set(expected),
          f"{what}: grid cells {sorted(set(shown) ^ set(expected))[:6]}... differ from servers x days of the API")
     for key, hours in expected.items():
@@ -572,8 +598,13 @@ def check_coverage(dom, daily, servers, what):
             need(attrs.get("data-missing") is not None and int(attrs["data-missing"]) == hours,
                  f"{what}: cell {key} shows {attrs.get('data-missing')} missing hours, the API says {hours}")
             need(attrs.get("data-level") != "unknown", f"{what}: cell {key} is unknown, the API says {hours} hours")
-            need((attrs.get("data-level") == "ok") == (hours == 0),
-                 f"{what}: cell {key} is {attrs.get('data-level')} with {hours} missing hours")
+            # No hour missing is "ok" only where something was stored: a day with nothing
+            # merged and nothing missing is "none" (no server reported), not complete.
+            level = "none" if hours == 0 and empty_days[key] else "ok" if hours == 0 else None
+            need((attrs.get("data-level") in ("ok", "none")) == (hours == 0)
+                 and (level is None or attrs.get("data-level") == level),
+                 f"{what}: cell {key} is {attrs.get('data-level')} with {hours} missing hours "
+                 f"({'nothing' if empty_days[key] else 'something'} merged that day)")
     legend = dom.by_id("coverage-legend")
     need(legend is not None and len(list(legend.all(lambda n: n.tag == "li"))) >= 4, f"{what}: no legend")
     return len(cells), sum(h for h in expected.values() if h is not None)
@@ -612,21 +643,38 @@ def check_membership(dom, item, reply, what):
         same_number(answer.attrs.get("data-" + field.replace("_", "-")), a[field], f"{what}: {field}")
     need(answer.attrs.get("data-definitely-absent") == str(a["definitely_absent"]).lower(),
          f"{what}: definitely-absent {answer.attrs.get('data-definitely-absent')}, the API says {a['definitely_absent']}")
-    # Where it was seen: one row per filter the API lists, in its order, with its numbers.
+    # Where it was seen: one row per span of a server's consecutive filters the API lists,
+    # in its order, with their hours summed and the highest of their rates.
+    spans = []
+    for seen in a["seen_in"]:
+        last = spans[-1] if spans else None
+        if last and last["server"] == seen["server"] and last["start_hour"] + last["hours"] == seen["start_hour"]:
+            last["hours"] += seen["hours"]
+            last["filters"] += 1
+            last["fpr_high"] = max(last["fpr_high"], seen["fpr"])
+        else:
+            spans.append({"server": seen["server"], "start_hour": seen["start_hour"], "hours": seen["hours"],
+                          "filters": 1, "fpr_high": seen["fpr"]})
     rows = list(result.all(lambda n: n.tag == "tr" and "data-server" in n.attrs))
-    need(len(rows) == len(a["seen_in"]),
-         f"{what}: {len(rows)} 'seen in' rows, the API lists {len(a['seen_in'])}")
-    for row, seen in zip(rows, a["seen_in"]):
-        need(row.attrs["data-server"] == seen["server"],
-             f"{what}: a 'seen in' row names {row.attrs['data-server']!r}, the API {seen['server']!r}")
-        for field in ("start_hour", "hours", "fpr"):
-            same_number(row.attrs.get("data-" + field.replace("_", "-")), seen[field], f"{what}: seen in {field}")
+    need(len(rows) == len(spans),
+         f"{what}: {len(rows)} 'seen in' rows, the API's {len(a['seen_in'])} filters make {len(spans)} spans")
+    for row, span in zip(rows, spans):
+        need(row.attrs["data-server"] == span["server"],
+             f"{what}: a 'seen in' row names {row.attrs['data-server']!r}, the API {span['server']!r}")
+        for field in ("start_hour", "hours", "filters", "fpr_high"):
+            same_number(row.attrs.get("data-" + field.replace("_", "-")), span[field], f"{what}: seen in {field}")
     coverage = reply["coverage"]
     complete = coverage["server_hours_missing"] == 0 and coverage.get("partitions_missing", 0) == 0
     certain = not a["maybe_present"] and complete
     need(answer.attrs.get("data-certain") == str(certain).lower(),
          f"{what}: 'absent' certain={answer.attrs.get('data-certain')}, but maybe_present={a['maybe_present']} and "
          f"the coverage is {'complete' if complete else 'incomplete'}")
+    # The coverage note speaks of the verdict shown: never of "absent" under a "maybe".
+    note = result.find(lambda n: "coverage-note" in n.attrs.get("class", "").split())
+    need((note is not None) == (not complete), f"{what}: the coverage note is "
+         f"{'shown' if note is not None else 'missing'} while the coverage is {'complete' if complete else 'incomplete'}")
+    if note is not None and a["maybe_present"]:
+        need("absent" not in note.text(), f"{what}: under a 'maybe' verdict the note says {note.text()!r}")
     warning = dom.by_id("member-warning")
     need((warning is not None) == a["past_design_point"], f"{what}: the past-design-point warning is "
          f"{'shown' if warning is not None else 'missing'} while the API says {a['past_design_point']}")
@@ -850,6 +898,49 @@ def main():
 
         ok(check_view(lambda: phone.load(url, "pages per day"), base, queries, "pages per day", phone_checks))
         ok(f"phone screenshot (whole page): {phone.screenshot(os.path.join(work, 'phone.png'), full_page=True)}")
+
+        # ---- a range that cuts its first and last days: those are marked partial
+        cut = [("from", (start + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M:%SZ")),
+               ("to", (today - timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ"))]
+        sel = [("metric", "visitors"), *cut, ("group_by", "day")]
+        queries = {"daily": ("/api/v1/distinct", sel)}
+
+        def partial_checks(dom, body, a):
+            what = "a range that cuts its first and last days"
+            check_ready_without_errors(dom, body, what)
+            points = check_chart(dom, a["daily"], "day", what)
+            svg = dom.by_id("distinct-chart").find(lambda n: n.tag == "svg")
+            short = [p.attrs.get("data-hours") for p in svg.all(lambda n: n.attrs.get("data-role") == "point")
+                     if "short" in p.attrs.get("class", "").split()]
+            need(short == ["12", "18"], f"{what}: partial days {short}, expected the first (12 h) and the last (18 h)")
+            need(svg.find(lambda n: n.attrs.get("data-role") == "line-partial") is not None,
+                 f"{what}: no dashed segment to the partial days")
+            return f"{what}: {points} days, the first (12 h) and the last (18 h) marked partial"
+
+        ok(check_view(lambda: desktop.load(view_url(base, sel), "a range cutting its days"), base, queries,
+                      "a range that cuts its first and last days", partial_checks))
+
+        # ---- a week before any server existed: no data, not a complete zero
+        before = [("from", (start - timedelta(days=14)).strftime("%Y-%m-%d")),
+                  ("to", (start - timedelta(days=7)).strftime("%Y-%m-%d"))]
+        sel = [("metric", "visitors"), *before]
+        queries = {"daily": ("/api/v1/distinct", sel + [("group_by", "day")])}
+
+        def empty_checks(dom, body, a):
+            what = "a week before any server existed"
+            check_ready_without_errors(dom, body, what)
+            coverage = a["daily"]["coverage"]
+            need(coverage["sketches_merged"] == 0 and coverage["server_hours_missing"] == 0,
+                 f"{what}: the premise is nothing merged and nothing missing; the API says {coverage}")
+            need(check_total(dom, a["daily"], what), f"{what}: the total is not drawn as no data")
+            cells, _ = check_coverage(dom, a["daily"], servers, what)
+            summary = dom.by_id("coverage-summary")
+            need(summary is not None and "no data" in summary.text(),
+                 f"{what}: the coverage summary says {summary.text() if summary else None!r}")
+            return f"{what}: the total says no data and its {cells} coverage cells are 'none', not complete"
+
+        ok(check_view(lambda: desktop.load(view_url(base, sel), "a week before any server existed"), base, queries,
+                      "a week before any server existed", empty_checks))
 
         # ---- an error from the API, shown as the API says it
         sel = [("metric", "no-such-metric"), *week]

@@ -15,8 +15,10 @@
 //! requirement) when that has one, and checks bearer tokens (`Authorization: Bearer
 //! TOKEN`) and client certificates with the very check that guards the gRPC `Query`
 //! service (`Auth::check`).
-//! The dashboard's three static files (`/`, `/app.js`, `/style.css`) and the OpenAPI
-//! document need no token: they hold no data, and the page sends the token it is given.
+//! The dashboard's static files (`/`, `/app.js`, `/style.css`, `/favicon.svg`) and the
+//! OpenAPI document need no token: they hold no data, and the page sends the token it is
+//! given. They carry an entity tag (a client that holds the version answers `304`), a
+//! Content-Security-Policy that lets the page load only from this port, and `nosniff`.
 //!
 //! Every failure is JSON, `{"error": {"code": "NOT_FOUND", "message": "…"}}`, with the
 //! gRPC code's name and its exact message, and the HTTP status of that code; a bad query
@@ -81,17 +83,21 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<HttpState>>)> {
     let mut routes = vec![
         (
             "/",
-            get(|| static_file(include_str!("dashboard/index.html"), HTML)),
+            static_route(include_str!("dashboard/index.html"), HTML),
         ),
         (
             "/app.js",
-            get(|| static_file(include_str!("dashboard/app.js"), "text/javascript")),
+            static_route(include_str!("dashboard/app.js"), "text/javascript"),
         ),
         (
             "/style.css",
-            get(|| static_file(include_str!("dashboard/style.css"), "text/css")),
+            static_route(include_str!("dashboard/style.css"), "text/css"),
         ),
-        ("/api/v1/openapi.json", get(|| static_file(OPENAPI, JSON))),
+        (
+            "/favicon.svg",
+            static_route(include_str!("dashboard/favicon.svg"), "image/svg+xml"),
+        ),
+        ("/api/v1/openapi.json", static_route(OPENAPI, JSON)),
     ];
     routes.extend(api::routes());
     routes
@@ -112,8 +118,59 @@ pub(crate) fn router(state: Arc<HttpState>) -> Router {
 /// The content type of the dashboard page.
 const HTML: &str = "text/html; charset=utf-8";
 
-async fn static_file(body: &'static str, content_type: &'static str) -> Response {
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+/// What the dashboard's page may load and run: its own script, style sheet and icon, and
+/// requests to this port (the API); nothing from elsewhere, no inline script or style,
+/// and no framing by another site.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// A route serving `body`, a file compiled into the binary, with its entity tag.
+fn static_route(body: &'static str, content_type: &'static str) -> MethodRouter<Arc<HttpState>> {
+    let tag = entity_tag(body);
+    get(move |headers: axum::http::HeaderMap| async move {
+        static_file(body, content_type, &tag, &headers)
+    })
+}
+
+/// The entity tag of a static file: a hash of its bytes, so that it changes with them
+/// (a new build) and only then.
+fn entity_tag(body: &str) -> String {
+    format!("\"{:016x}\"", xxhash_rust::xxh3::xxh3_64(body.as_bytes()))
+}
+
+/// A static file, or `304 Not Modified` when the client already holds this version
+/// (`If-None-Match` names its tag): browsers revalidate on every load (`no-cache`) and
+/// fetch the bytes again only after an upgrade changed them.
+fn static_file(
+    body: &'static str,
+    content_type: &'static str,
+    tag: &str,
+    request: &axum::http::HeaderMap,
+) -> Response {
+    let held = request
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| matches!(t.trim(), "*") || t.trim().trim_start_matches("W/") == tag);
+    let mut response = if held {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        ([(header::CONTENT_TYPE, content_type)], body).into_response()
+    };
+    let headers = response.headers_mut();
+    if let Ok(tag) = HeaderValue::from_str(tag) {
+        headers.insert(header::ETAG, tag);
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(PAGE_POLICY),
+    );
+    response
 }
 
 async fn not_found(request: axum::extract::Request) -> Response {

@@ -342,6 +342,7 @@ async fn static_files_and_the_document_need_no_token_and_the_api_does() {
         ("/", "text/html; charset=utf-8"),
         ("/app.js", "text/javascript"),
         ("/style.css", "text/css"),
+        ("/favicon.svg", "image/svg+xml"),
         ("/api/v1/openapi.json", "application/json"),
     ] {
         let (status, headers, body) = call(&app, Method::GET, path, &[]).await;
@@ -365,4 +366,52 @@ async fn static_files_and_the_document_need_no_token_and_the_api_does() {
     let query = [("authorization", "Bearer query-token-0123456789")];
     let (status, v) = get_json(&app, "/api/v1/servers", &query).await;
     assert_eq!(status, StatusCode::OK, "{v}");
+}
+
+#[tokio::test]
+async fn static_files_are_revalidated_by_their_tag_and_the_page_loads_only_from_this_port() {
+    let app = app(stocked(), Auth::default());
+    let mut tags = BTreeSet::new();
+    for path in [
+        "/",
+        "/app.js",
+        "/style.css",
+        "/favicon.svg",
+        "/api/v1/openapi.json",
+    ] {
+        let (status, headers, body) = call(&app, Method::GET, path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(headers[header::CACHE_CONTROL], "no-cache", "{path}");
+        assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
+        let policy = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+        ] {
+            assert!(policy.contains(directive), "{path}: {policy}");
+        }
+        assert!(!policy.contains("unsafe"), "{path}: {policy}");
+        let tag = headers[header::ETAG].to_str().unwrap().to_string();
+        assert!(tag.starts_with('"') && tag.ends_with('"'), "{path}: {tag}");
+        // The client holds this version: nothing is sent again, the tag is.
+        for held in [tag.clone(), format!("\"other\", W/{tag}"), "*".to_string()] {
+            let (status, headers, again) =
+                call(&app, Method::GET, path, &[("if-none-match", &held)]).await;
+            assert_eq!(status, StatusCode::NOT_MODIFIED, "{path} with {held}");
+            assert_eq!(headers[header::ETAG], tag.as_str(), "{path}");
+            assert!(again.is_empty(), "{path}: a 304 has no body");
+        }
+        // Another version: the whole file.
+        let (status, _, again) =
+            call(&app, Method::GET, path, &[("if-none-match", "\"other\"")]).await;
+        assert_eq!((status, again), (StatusCode::OK, body), "{path}");
+        assert!(tags.insert(tag), "{path}: every file has a tag of its own");
+    }
+    // The page names its icon, so a browser does not ask for /favicon.ico (a 404).
+    let (_, _, page) = call(&app, Method::GET, "/", &[]).await;
+    assert!(
+        page.contains(r#"<link rel="icon" href="/favicon.svg" type="image/svg+xml">"#),
+        "{page}"
+    );
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use hourglass_rpc::proto::code_label as outcome_label;
 use hourglass_rpc::proto::v1::{self, query_server::Query};
+use hourglass_rpc::time::hours_text;
 use hourglass_sketch::Kind;
 use hourglass_sketch::Sketch;
 use hourglass_sketch::distinct::{Distinct, DistinctForm};
@@ -501,12 +502,16 @@ fn retention_periods(
     let count = span.div_ceil(period_hours);
     if count < 2 {
         return Err(Status::invalid_argument(format!(
-            "the range of {span} hours holds one period of {period_hours} hours: a retention table needs at least two"
+            "the range of {} holds one period of {}: a retention table needs at least two",
+            hours_text(span),
+            hours_text(period_hours)
         )));
     }
     if count > MAX_RETENTION_PERIODS {
         return Err(Status::invalid_argument(format!(
-            "the range of {span} hours holds {count} periods of {period_hours} hours, more than {MAX_RETENTION_PERIODS}: ask for longer periods or a shorter range"
+            "the range of {} holds {count} periods of {}, more than {MAX_RETENTION_PERIODS}: ask for longer periods or a shorter range",
+            hours_text(span),
+            hours_text(period_hours)
         )));
     }
     Ok((0..count)

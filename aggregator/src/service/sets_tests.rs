@@ -305,6 +305,13 @@ async fn retention_period_count_bounds() {
         .await
         .expect_err("54 periods");
     assert!(e.message().contains("more than 53"), "{}", e.message());
+    // Counted in words: one hour is "1 hour", never "1 hours".
+    assert!(
+        e.message()
+            .starts_with("the range of 54 hours holds 54 periods of 1 hour, more than 53"),
+        "{}",
+        e.message()
+    );
     let r = service
         .retention(Request::new(ask(HOUR..HOUR + 105, 2)))
         .await

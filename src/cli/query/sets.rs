@@ -138,8 +138,9 @@ pub(crate) fn present_retention(
         })
         .collect();
     let mut text = format!(
-        "{}, periods of {period_hours} hours\n",
-        describe_selection(args)
+        "{}, periods of {}\n",
+        describe_selection(args),
+        hourglass_rpc::time::hours_text(period_hours)
     );
     // One line per cohort: its start, its size, then its share seen again in each later
     // period; a share too small to tell from zero shows as `<` its upper bound.

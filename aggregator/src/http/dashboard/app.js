@@ -370,21 +370,25 @@
     const box = $('#distinct-total');
     const relative = answer.estimate > 0 ? answer.std_error / answer.estimate : 0;
     const warning = coverageWarning(coverage, { consequence: 'the count may be low', who: true });
+    // Nothing stored and nothing missing: no server reported in the range (none existed
+    // yet, or none sent this metric). That is no data, not a complete zero.
+    const empty = coverage.sketches_merged === 0 && !warning;
     box.replaceChildren(
       h(
         'div',
         {
-          class: 'figure',
+          class: empty ? 'figure empty' : 'figure',
           dataset: {
+            state: empty ? 'empty' : 'data',
             estimate: answer.estimate,
             stdError: answer.std_error,
             lower95: answer.lower95,
             upper95: answer.upper95,
           },
         },
-        h('span', { class: 'estimate', text: count(answer.estimate) }),
-        h('span', { class: 'pm', text: `± ${percent(relative)} (±${spread(answer.std_error)})` }),
-        h('span', { class: 'interval', text: `95%: ${count(answer.lower95)} – ${count(answer.upper95)}` }),
+        h('span', { class: 'estimate', text: empty ? 'no data' : count(answer.estimate) }),
+        empty ? null : h('span', { class: 'pm', text: `± ${percent(relative)} (±${spread(answer.std_error)})` }),
+        empty ? null : h('span', { class: 'interval', text: `95%: ${count(answer.lower95)} – ${count(answer.upper95)}` }),
       ),
       h('p', {
         class: warning ? 'coverage-note warn' : 'coverage-note muted',
@@ -393,7 +397,9 @@
           partitionsMissing: coverage.partitions_missing || 0,
           sketchesMerged: coverage.sketches_merged,
         },
-        text: `${count(coverage.sketches_merged)} sketches merged; ${warning || 'every selected server reported every hour'}`,
+        text: empty
+          ? 'no data in this range: nothing was stored for the selected servers and hours, and none of their hours is missing (no server reported in it)'
+          : `${count(coverage.sketches_merged)} sketches merged; ${warning || 'every selected server reported every hour'}`,
       }),
     );
   }
@@ -419,15 +425,20 @@
     const { groups, grouping, range } = chartData;
     const width = Math.max(280, Math.floor(box.clientWidth || 800));
     const height = width < 560 ? 220 : 300;
-    const margin = { left: width < 560 ? 44 : 60, right: 14, top: 12, bottom: 34 };
+    const margin = { left: width < 560 ? 44 : 60, right: 14, top: 26, bottom: 34 };
     const plotW = width - margin.left - margin.right;
     const plotH = height - margin.top - margin.bottom;
     const step = grouping === 'hour' ? HOUR_MS : DAY_MS;
 
-    const points = groups.map((g) => ({
-      group: g,
-      t: g.time ? Date.parse(g.time) : hourOfDayStart(dayOfGroup(g)) * HOUR_MS,
-    }));
+    const points = groups.map((g) => {
+      const t = g.time ? Date.parse(g.time) : hourOfDayStart(dayOfGroup(g)) * HOUR_MS;
+      // The hours of its period the range holds: a day cut by the range's start or end
+      // counts fewer hours, and its count is lower for that, not for less traffic.
+      const start = t / HOUR_MS;
+      const length = grouping === 'hour' ? 1 : 24;
+      const hours = Math.min(range.end_hour, start + length) - Math.max(range.start_hour, start);
+      return { group: g, t, hours, short: hours < length };
+    });
     let t0 = points.length ? points[0].t : range.start_hour * HOUR_MS;
     let t1 = points.length ? points[points.length - 1].t : range.end_hour * HOUR_MS;
     if (t1 <= t0) {
@@ -466,6 +477,17 @@
         s('text', { x: margin.left - 6, y: fmt(y(v)), dy: '0.32em', 'text-anchor': 'end', text: axisCount(v, yStep, yMax) }),
       );
     }
+    // The axis's title, above it: what is counted, and per what.
+    yAxis.append(
+      s('text', {
+        class: 'axis-title',
+        'data-role': 'y-title',
+        x: 4,
+        y: 12,
+        'text-anchor': 'start',
+        text: `distinct ${chartData.metric} per ${grouping} (estimate, 95% band)`,
+      }),
+    );
     chart.append(yAxis);
 
     // X axis: days (each one when they fit, else every few), or hours within days.
@@ -508,13 +530,22 @@
     if (points.length) {
       const upper = points.map((p) => `${fmt(x(p.t))},${fmt(y(p.group.answer.upper95))}`);
       const lower = points.map((p) => `${fmt(x(p.t))},${fmt(y(p.group.answer.lower95))}`).reverse();
+      const at = (p) => `${fmt(x(p.t))},${fmt(y(p.group.answer.estimate))}`;
+      // The line is solid between whole periods; a partial period (the range holds only
+      // some of its hours) is reached by a dashed segment, so that its lower count does
+      // not read as a fall in traffic.
+      const cut = (i) => i === 0 || points[i].short || points[i - 1].short;
+      const partial = points
+        .map((p, i) => (i > 0 && cut(i) ? `M${at(points[i - 1])}L${at(p)}` : ''))
+        .join('');
       chart.append(
         s('path', { d: `M${upper.join('L')}L${lower.join('L')}Z`, class: 'band', 'data-role': 'band' }),
         s('path', {
-          d: `M${points.map((p) => `${fmt(x(p.t))},${fmt(y(p.group.answer.estimate))}`).join('L')}`,
+          d: points.map((p, i) => `${cut(i) ? 'M' : 'L'}${at(p)}`).join(''),
           class: 'line',
           'data-role': 'line',
         }),
+        ...(partial ? [s('path', { d: partial, class: 'line partial-period', 'data-role': 'line-partial' })] : []),
       );
     }
 
@@ -533,7 +564,7 @@
             cx: fmt(x(p.t)),
             cy: fmt(y(a.estimate)),
             r: dense ? (lacks ? 2.4 : 1.6) : 3.2,
-            class: lacks ? 'point partial' : 'point',
+            class: `point${lacks ? ' partial' : ''}${p.short ? ' short' : ''}`,
             'data-role': 'point',
             dataset: {
               key: p.group.key,
@@ -544,10 +575,14 @@
               upper95: a.upper95,
               missing,
               partitionsMissing: partitions,
+              hours: p.hours,
             },
           },
           s('title', {
-            text: `${when}: ${count(a.estimate)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` + (lacks ? `; ${lacks}` : ''),
+            text:
+              `${when}: ${count(a.estimate)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` +
+              (p.short ? `; a partial day: the range holds ${p.hours} of its 24 hours` : '') +
+              (lacks ? `; ${lacks}` : ''),
           }),
         ),
       );
@@ -557,7 +592,7 @@
     // A cursor that follows the pointer and reads out the nearest point.
     const cursor = s('line', { class: 'cursor', y1: margin.top, y2: margin.top + plotH, x1: -10, x2: -10 });
     chart.append(cursor);
-    chart.addEventListener('pointermove', (event) => {
+    const readout = (event) => {
       if (!points.length) return;
       const rect = chart.getBoundingClientRect();
       const px = ((event.clientX - rect.left) / rect.width) * width;
@@ -572,9 +607,19 @@
       const lacks = coverageWarning(best.group.coverage, { consequence: 'the count may be low' });
       $('#chart-readout').textContent =
         `${when}: ${count(a.estimate)} ± ${spread(a.std_error)} (95%: ${count(a.lower95)} – ${count(a.upper95)})` +
+        (best.short ? `; a partial day: ${best.hours} of its 24 hours are in the range` : '') +
         (lacks ? `; ${lacks}` : '');
-    });
-    box.replaceChildren(chart);
+    };
+    // A mouse moving over the chart, or a finger touching it, reads out the nearest point.
+    chart.addEventListener('pointermove', readout);
+    chart.addEventListener('pointerdown', readout);
+    const shortPeriods = points.filter((p) => p.short).length;
+    box.replaceChildren(
+      chart,
+      ...(shortPeriods
+        ? [h('p', { class: 'muted chart-note', text: `dashed: ${shortPeriods === 1 ? 'a partial day' : `${shortPeriods} partial days`} (the range holds only some of ${shortPeriods === 1 ? 'its' : 'their'} hours; each point's readout says how many)` })]
+        : []),
+    );
   }
 
   function renderTopK(reply) {
@@ -636,12 +681,42 @@
     $('#topk-coverage').replaceChildren(...(note ? [note] : []));
   }
 
+  /**
+   * The filters that say "maybe" as spans: consecutive filters of one server (each
+   * starting where the one before ends) make one span, with their hours summed and the
+   * lowest and highest of their rates.
+   */
+  function seenSpans(seenIn) {
+    const spans = [];
+    for (const f of seenIn) {
+      const last = spans[spans.length - 1];
+      if (last && last.server === f.server && last.start + last.hours === f.start_hour) {
+        last.hours += f.hours;
+        last.filters += 1;
+        last.fprLow = Math.min(last.fprLow, f.fpr);
+        last.fprHigh = Math.max(last.fprHigh, f.fpr);
+      } else {
+        spans.push({ server: f.server, start: f.start_hour, hours: f.hours, filters: 1, fprLow: f.fpr, fprHigh: f.fpr });
+      }
+    }
+    return spans;
+  }
+
+  /** A span of hours as a row says it: its start, and its end when it is longer than an hour. */
+  function spanText(span) {
+    const from = isoMinute(span.start * HOUR_MS);
+    if (span.hours === 1) return `${from} (1 hour)`;
+    return `${from} → ${isoMinute((span.start + span.hours) * HOUR_MS)} (${count(span.hours)} hours)`;
+  }
+
   function renderMembership(item, reply) {
     const a = reply.answer;
     const box = $('#member-result');
     // "Absent" is certain only when every server reported every hour and every partition
     // answered; otherwise the item may be in what is missing.
-    const note = coverageNote(reply.coverage, { consequence: '“absent” covers only what was reported' });
+    const note = coverageNote(reply.coverage, {
+      consequence: a.maybe_present ? 'what was not reported may hold it too' : '“absent” covers only what was reported',
+    });
     const verdict = a.maybe_present
       ? h('p', { class: 'verdict maybe', text: `“${item}” may be present: seen in ${count(a.seen_in_count)} of ${count(a.filters_consulted)} filters` })
       : note
@@ -654,24 +729,31 @@
       : `${count(a.filters_consulted)} filters consulted; an absent item would have been seen somewhere with probability ${percent(a.range_fpr)}`;
     let seen = null;
     if (a.seen_in.length) {
-      const head = h('thead', {}, h('tr', {}, h('th', { text: 'server' }), h('th', { text: 'from (UTC)' }), h('th', { class: 'num', text: 'hours' }), h('th', { class: 'num', text: 'filter false-positive rate' })));
+      const head = h(
+        'thead',
+        {},
+        h('tr', {}, h('th', { text: 'server' }), h('th', { text: 'hours (UTC)' }), h('th', { class: 'num', text: 'false-positive rate' })),
+      );
       const body = h('tbody');
-      for (const s of a.seen_in) {
+      for (const span of seenSpans(a.seen_in)) {
+        const rate = span.fprLow === span.fprHigh ? percent(span.fprHigh) : `${percent(span.fprLow)} – ${percent(span.fprHigh)}`;
         body.append(
           h(
             'tr',
-            { dataset: { server: s.server, startHour: s.start_hour, hours: s.hours, fpr: s.fpr } },
-            h('td', { text: s.server }),
-            h('td', { text: isoMinute(s.start_hour * 3600 * 1000) }),
-            h('td', { class: 'num', text: String(s.hours) }),
-            h('td', { class: 'num', text: percent(s.fpr) }),
+            {
+              dataset: { server: span.server, startHour: span.start, hours: span.hours, filters: span.filters, fprHigh: span.fprHigh },
+              title: `${span.filters} ${span.filters === 1 ? 'filter' : 'filters'} say “maybe”; each one's own rate is what an absent item would get from it`,
+            },
+            h('td', { text: span.server }),
+            h('td', { text: spanText(span) }),
+            h('td', { class: 'num', text: rate }),
           ),
         );
       }
       seen = h(
         'div',
         { class: 'scroll' },
-        h('table', { id: 'member-seen' }, head, body),
+        h('table', { id: 'member-seen', class: 'compact' }, head, body),
         a.seen_in_count > a.seen_in.length
           ? h('p', { class: 'muted', text: `the first ${a.seen_in.length} of ${count(a.seen_in_count)} filters that say “maybe”` })
           : null,
@@ -817,6 +899,7 @@
     { name: 'many', text: 'more than a quarter missing' },
     { name: 'all', text: 'every hour missing' },
   ];
+  const NONE = { name: 'none', text: 'no data: nothing stored that day and no hour missing (no server reported)' };
   const UNKNOWN = {
     name: 'unknown',
     text: `unknown: not named by the API (it names at most ${MAX_MISSING_LISTED} servers per answer), or partitions did not answer`,
@@ -842,7 +925,10 @@
       // all in the answer. Either way a server not named is unknown, not complete.
       const unnamed = Math.max(0, (g.coverage.server_hours_missing || 0) - listedHours(g.coverage));
       const partitions = g.coverage.partitions_missing || 0;
-      return { day, hours, missing, unnamed, partitions, coverage: g.coverage };
+      // Nothing stored that day and no hour missing: no server reported (none existed
+      // yet, or none sent this metric). Not "no hour missing", which claims reports.
+      const empty = (g.coverage.sketches_merged || 0) === 0;
+      return { day, hours, missing, unnamed, partitions, empty, coverage: g.coverage };
     });
     const names = new Set(servers.filter((sv) => serverSelected(sv, view)).map((sv) => sv.name));
     for (const d of days) for (const name of d.missing.keys()) names.add(name);
@@ -865,6 +951,7 @@
     });
     const body = h('tbody');
     let unknownCells = 0;
+    let emptyCells = 0;
     for (const name of rows) {
       const tr = h('tr', { dataset: { server: name } }, h('th', { scope: 'row', text: name }));
       for (const d of days) {
@@ -895,14 +982,15 @@
           continue;
         }
         const missing = d.missing.get(name) || 0;
-        const level = levelOf(missing, d.hours);
+        const level = missing === 0 && d.empty ? 'none' : levelOf(missing, d.hours);
+        if (level === 'none') emptyCells += 1;
         tr.append(
           h(
             'td',
             {
               class: `cell ${level}`,
               title:
-                `${name}, ${d.day}: ${missing ? `${missing} of ${d.hours} hours without data` : 'no hour missing'}` +
+                `${name}, ${d.day}: ${missing ? `${missing} of ${d.hours} hours without data` : level === 'none' ? NONE.text : 'no hour missing'}` +
                 (partitionsText ? `; ${partitionsText}` : ''),
               dataset: { server: name, day: d.day, missing, hours: d.hours, level },
             },
@@ -918,7 +1006,7 @@
     $('#coverage-grid').classList.toggle('compact', compactDays);
     $('#coverage-grid').replaceChildren(h('thead', {}, head), body);
     $('#coverage-legend').replaceChildren(
-      ...[...LEVELS, ...(unknownCells ? [UNKNOWN] : [])].map((l) =>
+      ...[...LEVELS, ...(emptyCells ? [NONE] : []), ...(unknownCells ? [UNKNOWN] : [])].map((l) =>
         h('li', { dataset: { level: l.name } }, h('span', { class: `swatch cell ${l.name}`, 'aria-hidden': 'true' }), l.text),
       ),
       h('li', { class: 'muted', text: 'numbers: hours without data that day (UTC)' }),
@@ -929,7 +1017,8 @@
     });
     const summary = $('#coverage-summary');
     summary.className = warning ? 'warn' : 'muted';
-    summary.textContent = `${rows.length} servers × ${days.length} days; ${warning || 'no server-hour missing'}`;
+    const allEmpty = days.length > 0 && days.every((d) => d.empty);
+    summary.textContent = `${rows.length} servers × ${days.length} days; ${warning || (allEmpty ? 'no data in this range' : 'no server-hour missing')}`;
     $('#coverage').dataset.serverHoursMissing = String(missingTotal);
     $('#coverage').dataset.partitionsMissing = String(reply.coverage.partitions_missing || 0);
     $('#coverage').dataset.unknownCells = String(unknownCells);
