@@ -14,7 +14,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use super::tests::start;
-use super::{HTML, JSON, static_file};
+use super::{HTML, JSON, static_route};
 use crate::keys::{Epoch, Hour, HourKey};
 use crate::store::{Dictionaries, Hourly, MemoryStore, SeriesName};
 use hourglass_sketch::Kind;
@@ -263,15 +263,19 @@ fn canned(kinds: &'static [&'static str]) -> Router {
     Router::new()
         .route(
             "/",
-            get(|| static_file(include_str!("dashboard/index.html"), HTML)),
+            static_route(include_str!("dashboard/index.html"), HTML),
         )
         .route(
             "/app.js",
-            get(|| static_file(include_str!("dashboard/app.js"), "text/javascript")),
+            static_route(include_str!("dashboard/app.js"), "text/javascript"),
         )
         .route(
             "/style.css",
-            get(|| static_file(include_str!("dashboard/style.css"), "text/css")),
+            static_route(include_str!("dashboard/style.css"), "text/css"),
+        )
+        .route(
+            "/favicon.svg",
+            static_route(include_str!("dashboard/favicon.svg"), "image/svg+xml"),
         )
         .route(
             "/api/v1/series",

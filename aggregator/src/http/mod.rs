@@ -124,7 +124,10 @@ const HTML: &str = "text/html; charset=utf-8";
 const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// A route serving `body`, a file compiled into the binary, with its entity tag.
-fn static_route(body: &'static str, content_type: &'static str) -> MethodRouter<Arc<HttpState>> {
+fn static_route<S: Clone + Send + Sync + 'static>(
+    body: &'static str,
+    content_type: &'static str,
+) -> MethodRouter<S> {
     let tag = entity_tag(body);
     get(move |headers: axum::http::HeaderMap| async move {
         static_file(body, content_type, &tag, &headers)
