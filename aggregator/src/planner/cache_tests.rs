@@ -10,8 +10,9 @@ use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
 use crate::store::{
-    DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, MemoryStore, PutOutcome, Replica,
-    Retention, RocksStore, Rollups, ServerIndex, StoreOptions, StoredSketch, StreamPosition,
+    DayConflict, DayWrite, Dictionaries, DirtyDay, HourCache, Hourly, MemoryStore, PutOutcome,
+    Replica, Retention, RocksStore, Rollups, ServerIndex, StoreOptions, StoredSketch,
+    StreamPosition,
 };
 use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use std::collections::BTreeSet;
@@ -203,6 +204,14 @@ struct ListedEarlier {
 }
 
 impl Hourly for ListedEarlier {
+    fn write_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, crate::store::Bytes)],
+    ) -> Result<Vec<PutOutcome>, StoreError> {
+        self.inner.write_push(live, batch)
+    }
+
     fn put_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
@@ -273,6 +282,10 @@ impl Rollups for ListedEarlier {
         reason: &str,
     ) -> Result<bool, StoreError> {
         self.inner.mark_day_conflict(series, day, mark, reason)
+    }
+
+    fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError> {
+        self.inner.write_day(write)
     }
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
