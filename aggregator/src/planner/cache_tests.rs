@@ -212,14 +212,6 @@ impl Hourly for ListedEarlier {
         self.inner.write_push(live, batch)
     }
 
-    fn put_push(
-        &self,
-        live: Option<(ServerId, &[Hour])>,
-        batch: &[(HourKey, u64, crate::store::Bytes)],
-    ) -> Result<Vec<PutOutcome>, StoreError> {
-        self.inner.put_push(live, batch)
-    }
-
     fn scan_hourly(
         &self,
         series: SeriesId,
@@ -262,26 +254,6 @@ impl Rollups for ListedEarlier {
 
     fn is_day_dirty(&self, series: SeriesId, day: Day) -> Result<bool, StoreError> {
         self.inner.is_day_dirty(series, day)
-    }
-
-    fn replace_rollups(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
-        self.inner.replace_rollups(series, day, rollups, mark)
-    }
-
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.mark_day_conflict(series, day, mark, reason)
     }
 
     fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError> {
@@ -367,15 +339,6 @@ impl Replica for ListedEarlier {
         held: &[(SeriesId, Day)],
     ) -> Result<(), StoreError> {
         self.inner.put_index(live, server, held)
-    }
-
-    fn put_copied_day(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError> {
-        self.inner.put_copied_day(series, day, rollups)
     }
 
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
