@@ -277,15 +277,6 @@ impl Agent {
         }
         let (shipping, ship_died_rx) = spawn_shipper(shipper, ship_stop_rx);
 
-        let grpc_stop = {
-            let stopped = stop.stopped();
-            async move {
-                tokio::select! {
-                    _ = stopped => {}
-                    _ = ship_died_rx => tracing::error!("the shipping task ended on its own; stopping"),
-                }
-            }
-        };
         let grpc = serve_ingest(
             listeners.ingest,
             listeners.ingest_tls,
@@ -296,7 +287,7 @@ impl Agent {
                 Arc::clone(&ingesting),
             ),
             Arc::clone(&metrics),
-            grpc_stop,
+            grpc_stop(stop.stopped(), ship_died_rx),
         )
         .await;
         // Under the table's lock: an Ingest request still running (the gRPC drain is
@@ -313,6 +304,19 @@ impl Agent {
         stop.release();
         let admin = admin.await;
         stopped_cleanly(grpc, shipped, admin)
+    }
+}
+
+/// What ends the gRPC server: `stopped` (the agent's stop), or the shipping task ending on
+/// its own (`ship_died`, [`spawn_shipper`]), since an agent whose shipper is gone would take
+/// events it can never ship.
+async fn grpc_stop(
+    stopped: impl Future<Output = ()>,
+    ship_died: tokio::sync::oneshot::Receiver<()>,
+) {
+    tokio::select! {
+        _ = stopped => {}
+        _ = ship_died => tracing::error!("the shipping task ended on its own; stopping"),
     }
 }
 

@@ -249,6 +249,20 @@ mod tests {
         }
     }
 
+    /// The sketch `which` of [`one_of_each`], encoded, with each `(at, byte)` of `edits`
+    /// written into its body (`at` modulo the body's length) and the frame made again
+    /// around it, so its checksum holds and the damage reaches the kind's decoder.
+    fn damaged(which: usize, edits: Vec<(usize, u8)>) -> Vec<u8> {
+        let good = one_of_each()[which].encode();
+        let (kind, body) = crate::format::decode_frame(&good).unwrap();
+        let mut body = body.to_vec();
+        for (at, byte) in edits {
+            let at = at % body.len();
+            body[at] = byte;
+        }
+        crate::format::encode_frame(kind, &body)
+    }
+
     proptest! {
         /// Whatever the bytes, decoding any kind is an error or a sketch, never a panic.
         #[test]
@@ -259,14 +273,7 @@ mod tests {
         /// Validation accepts exactly what decoding accepts, for any damage.
         #[test]
         fn validate_agrees_with_decode(which in 0usize..4, edits in prop::collection::vec((any::<usize>(), any::<u8>()), 0..4)) {
-            let good = one_of_each()[which].encode();
-            let (kind, body) = crate::format::decode_frame(&good).unwrap();
-            let mut body = body.to_vec();
-            for (at, byte) in edits {
-                let at = at % body.len();
-                body[at] = byte;
-            }
-            let bytes = crate::format::encode_frame(kind, &body);
+            let bytes = damaged(which, edits);
             prop_assert_eq!(Sketch::validate(&bytes).ok(), Sketch::decode(&bytes).ok().map(|s| s.kind()));
         }
 
@@ -274,14 +281,7 @@ mod tests {
         /// recomputed) and still never panic.
         #[test]
         fn damaged_bodies_never_panic(which in 0usize..4, edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
-            let good = one_of_each()[which].encode();
-            let (kind, body) = crate::format::decode_frame(&good).unwrap();
-            let mut body = body.to_vec();
-            for (at, byte) in edits {
-                let at = at % body.len();
-                body[at] = byte;
-            }
-            let _ = Sketch::decode(&crate::format::encode_frame(kind, &body));
+            let _ = Sketch::decode(&damaged(which, edits));
         }
     }
 }

@@ -10,8 +10,9 @@ use super::*;
 use crate::keys::Epoch;
 use crate::rollup::build_dirty_days;
 use crate::store::{
-    DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, MemoryStore, PutOutcome, Replica,
-    Retention, RocksStore, Rollups, ServerIndex, StoreOptions, StoredSketch, StreamPosition,
+    DayConflict, DayWrite, Dictionaries, DirtyDay, HourCache, Hourly, MemoryStore, PutOutcome,
+    Replica, Retention, RocksStore, Rollups, ServerIndex, StoreOptions, StoredSketch,
+    StreamPosition,
 };
 use hourglass_sketch::distinct::{Distinct, DistinctForm};
 use std::collections::BTreeSet;
@@ -203,12 +204,12 @@ struct ListedEarlier {
 }
 
 impl Hourly for ListedEarlier {
-    fn put_push(
+    fn write_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
         batch: &[(HourKey, u64, crate::store::Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError> {
-        self.inner.put_push(live, batch)
+        self.inner.write_push(live, batch)
     }
 
     fn scan_hourly(
@@ -255,24 +256,8 @@ impl Rollups for ListedEarlier {
         self.inner.is_day_dirty(series, day)
     }
 
-    fn replace_rollups(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
-        self.inner.replace_rollups(series, day, rollups, mark)
-    }
-
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.mark_day_conflict(series, day, mark, reason)
+    fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError> {
+        self.inner.write_day(write)
     }
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
@@ -354,15 +339,6 @@ impl Replica for ListedEarlier {
         held: &[(SeriesId, Day)],
     ) -> Result<(), StoreError> {
         self.inner.put_index(live, server, held)
-    }
-
-    fn put_copied_day(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError> {
-        self.inner.put_copied_day(series, day, rollups)
     }
 
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {

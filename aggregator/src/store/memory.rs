@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
-use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome, written_hours};
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
 use super::{
-    Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
-    Rollups, SeriesName, ServerEntry, ServerIndex, StoreError, StoredSketch, StreamPosition,
-    check_frame, check_hourly_batch, check_rollups, is_empty_range, sorted_labels,
+    Bytes, DayConflict, DayRecord, DayWrite, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome,
+    Replica, Retention, Rollups, SeriesName, ServerEntry, ServerIndex, StoreError, StoredSketch,
+    StreamPosition, check_frame, is_empty_range, sorted_labels,
 };
 use crate::keys::{Day, DayKey, Hour, HourKey, SeriesId, ServerId};
 
@@ -82,12 +82,6 @@ impl Inner {
             .retain(|k, _| !(k.series == series && k.day == day));
         self.rollups.extend(rollups);
     }
-
-    /// Records `(series, day)` built up to `mark`, and returns whether it is now clean.
-    fn built_up_to(&mut self, series: SeriesId, day: Day, mark: u64) -> bool {
-        self.built.insert((day, series), mark);
-        !self.is_dirty(&(day, series))
-    }
 }
 
 impl MemoryStore {
@@ -137,12 +131,11 @@ impl MemoryStore {
 }
 
 impl Hourly for MemoryStore {
-    fn put_push(
+    fn write_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
         batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError> {
-        check_hourly_batch(batch)?;
         let mut inner = self.lock();
         inner.mark_live(live);
         let mut outcomes = Vec::with_capacity(batch.len());
@@ -164,8 +157,6 @@ impl Hourly for MemoryStore {
             }
             outcomes.push(outcome);
         }
-        drop(inner);
-        written_hours(&self.hour_cache, batch, &outcomes);
         Ok(outcomes)
     }
 
@@ -245,31 +236,24 @@ impl Rollups for MemoryStore {
         Ok(self.lock().is_dirty(&(day, series)))
     }
 
-    fn replace_rollups(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
-        check_rollups(&rollups)?;
+    fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError> {
+        let key = (write.day, write.series);
         let mut inner = self.lock();
-        inner.replace_day(series, day, rollups);
-        inner.conflicts.remove(&(day, series));
-        Ok(inner.built_up_to(series, day, mark))
-    }
-
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
-        inner.replace_day(series, day, Vec::new());
-        inner.conflicts.insert((day, series), reason.to_string());
-        Ok(inner.built_up_to(series, day, mark))
+        inner.replace_day(write.series, write.day, write.rollups);
+        match write.record {
+            DayRecord::Built(mark) => {
+                inner.conflicts.remove(&key);
+                inner.built.insert(key, mark);
+            }
+            DayRecord::Conflict { mark, reason } => {
+                inner.conflicts.insert(key, reason.to_string());
+                inner.built.insert(key, mark);
+            }
+            DayRecord::Copied => {
+                inner.expired.insert(key);
+            }
+        }
+        Ok(())
     }
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
@@ -468,19 +452,6 @@ impl Replica for MemoryStore {
         for (series, day) in held {
             inner.server_series.insert((server, *day, *series));
         }
-        Ok(())
-    }
-
-    fn put_copied_day(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError> {
-        check_rollups(&rollups)?;
-        let mut inner = self.lock();
-        inner.replace_day(series, day, rollups);
-        inner.expired.insert((day, series));
         Ok(())
     }
 

@@ -17,6 +17,10 @@
 //!
 //! The rules every engine follows (which version replaces, when a day is dirty, the next
 //! id, how live hours count) are written once in `rules.rs`, and each engine calls them.
+//! What is done around an engine's write (frames checked before it, the hour cache told
+//! after it, what a rebuilt, unbuildable or copied day records) is written once in the
+//! traits' provided methods, around the engine's own write ([`Hourly::write_push`],
+//! [`Rollups::write_day`]).
 //!
 //! What a store holds (DESIGN §4):
 //! - **hourly snapshots**, keyed by [`HourKey`], each with the version the agent gave it.
@@ -54,6 +58,8 @@ mod cache;
 mod memory;
 mod rocks;
 mod rules;
+
+use rules::written_hours;
 
 pub use cache::{HourCache, HourCacheStats};
 pub(crate) use cache::{HourMerge, HourSelection};
@@ -163,6 +169,41 @@ pub struct DirtyDay {
     pub(crate) day: Day,
     /// The mark the day carries.
     pub(crate) mark: u64,
+}
+
+/// One atomic, durable write of the rollups of a (series, day), with what the day records
+/// besides them: [`Rollups::write_day`], the one write behind [`Rollups::replace_rollups`],
+/// [`Rollups::mark_day_conflict`] and [`Replica::put_copied_day`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DayWrite<'a> {
+    /// The series.
+    pub(crate) series: SeriesId,
+    /// The day.
+    pub(crate) day: Day,
+    /// The day's rollups, their frames checked, replacing every one it holds: none
+    /// deletes them.
+    pub(crate) rollups: Vec<(DayKey, Vec<u8>)>,
+    /// What the day records with them.
+    pub(crate) record: DayRecord<'a>,
+}
+
+/// What a [`DayWrite`] records of its day besides the rollups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DayRecord<'a> {
+    /// Built from its hours up to this mark ([`Rollups::replace_rollups`]): a conflict
+    /// recorded before is cleared.
+    Built(u64),
+    /// Its rollups cannot be built, for `reason`, and it is built up to `mark`
+    /// ([`Rollups::mark_day_conflict`]).
+    Conflict {
+        /// The mark the day is built up to.
+        mark: u64,
+        /// Why, as the merge reported it.
+        reason: &'a str,
+    },
+    /// Copied from another store whose retention deleted its hourly rows: expired
+    /// ([`Replica::put_copied_day`]).
+    Copied,
 }
 
 /// A registered server: its id, name and current labels.
@@ -314,7 +355,27 @@ pub trait Hourly {
     /// One push: [`Hourly::mark_live`] for `live` (a server and the hours it declares live)
     /// and [`Hourly::put_hourly`] for `batch`, in one atomic, durable write, so a push
     /// costs one WAL sync, not two.
+    ///
+    /// Every store follows the same rules around its own write ([`Hourly::write_push`]):
+    /// every frame is checked before anything is written, and the hour cache learns the
+    /// hours of the stored entries after the write, never before.
     fn put_push(
+        &self,
+        live: Option<(ServerId, &[Hour])>,
+        batch: &[(HourKey, u64, Bytes)],
+    ) -> Result<Vec<PutOutcome>, StoreError> {
+        check_hourly_batch(batch)?;
+        let outcomes = self.write_push(live, batch)?;
+        if let Some(cache) = self.hour_cache() {
+            written_hours(cache, batch, &outcomes);
+        }
+        Ok(outcomes)
+    }
+
+    /// The store's own write of a push whose frames [`Hourly::put_push`] checked: the live
+    /// hours and each entry by version, with its dirty mark and series index, in one
+    /// atomic, durable write. Returns one outcome per entry, in order.
+    fn write_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
         batch: &[(HourKey, u64, Bytes)],
@@ -385,7 +446,17 @@ pub trait Rollups {
         day: Day,
         rollups: Vec<(DayKey, Vec<u8>)>,
         mark: u64,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        check_rollups(&rollups)?;
+        let record = DayRecord::Built(mark);
+        self.write_day(DayWrite {
+            series,
+            day,
+            rollups,
+            record,
+        })?;
+        Ok(!self.is_day_dirty(series, day)?)
+    }
 
     /// Records that the rollups of `(series, day)` cannot be built, and why, with the
     /// day built up to `mark` (so the builder does not retry it until a new snapshot
@@ -398,7 +469,20 @@ pub trait Rollups {
         day: Day,
         mark: u64,
         reason: &str,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let record = DayRecord::Conflict { mark, reason };
+        self.write_day(DayWrite {
+            series,
+            day,
+            rollups: Vec::new(),
+            record,
+        })?;
+        Ok(!self.is_day_dirty(series, day)?)
+    }
+
+    /// The store's own write of a day's rollups and record ([`DayWrite`]), in one atomic,
+    /// durable write; the rollups' frames were checked by the caller.
+    fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError>;
 
     /// Every day whose rollups could not be built, in (day, series) order.
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError>;
@@ -486,8 +570,9 @@ pub trait ServerIndex {
 
 /// What only cluster mode asks of a store (DESIGN §10): its position in each subject of
 /// the cluster's stream, the writes of the live subject and of catch-up copies, and write
-/// groups for the apply of a batch of messages.
-pub trait Replica {
+/// groups for the apply of a batch of messages. A replica's copied days are written as
+/// every day's rollups are ([`Rollups::write_day`]).
+pub trait Replica: Rollups {
     /// Cluster mode's live subject: [`Hourly::mark_live`] for `live`, and that `server`
     /// holds each of `held`'s series on its day (the index of
     /// [`ServerIndex::server_series`]), in one atomic, durable write that stores no
@@ -509,7 +594,16 @@ pub trait Replica {
         series: SeriesId,
         day: Day,
         rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        check_rollups(&rollups)?;
+        let record = DayRecord::Copied;
+        self.write_day(DayWrite {
+            series,
+            day,
+            rollups,
+            record,
+        })
+    }
 
     /// Forgets that hourly retention expired `(series, day)`: its hourly rows are back
     /// (copied whole from another store), so its rollups are built from them again.

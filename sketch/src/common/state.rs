@@ -66,6 +66,58 @@ macro_rules! state_fields {
 }
 pub(crate) use state_fields;
 
+/// The public methods both sketches have alike, for the sketch's own `impl` block: making
+/// one, its precision and state, adding an item, merging, folding and its size, each a
+/// check or a move of [`SparseOrDense`]. `$held` names what the sketch keeps while sparse
+/// (HyperLogLog's entries, UltraLogLog's tokens), for the docs. The sketch's module has
+/// `MIN_PRECISION` and `MAX_PRECISION`, and its own `insert_hash`.
+macro_rules! shared_methods {
+    ($held:literal) => {
+        /// An empty sketch with `2^precision` registers; `precision` must be in
+        /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
+        pub fn new(precision: u8) -> Result<Self, $crate::error::ParameterError> {
+            $crate::common::check_precision(precision)?;
+            Ok(Self::empty(precision))
+        }
+
+        /// The precision `p`: the sketch has `2^p` registers once dense.
+        pub fn precision(&self) -> u8 {
+            self.precision
+        }
+
+        #[doc = concat!("Whether the sketch still holds sparse ", $held, " rather than registers.")]
+        pub fn is_sparse(&self) -> bool {
+            matches!(self.repr, $crate::common::state::Repr::Sparse(_))
+        }
+
+        /// Adds an item, hashed with [`crate::hash::item_hash`].
+        #[inline]
+        pub fn insert(&mut self, item: &[u8]) {
+            self.insert_hash($crate::hash::item_hash(item));
+        }
+
+        /// Adds every item of `other`. The result has the smaller of the two precisions: a
+        /// sketch of higher precision folds down exactly, so this never fails; the `Result`
+        /// keeps the signature of every other sketch's merge.
+        pub fn merge(&mut self, other: &Self) -> Result<(), $crate::error::MergeError> {
+            self.merge_from(other);
+            Ok(())
+        }
+
+        /// The sketch of the same items at a lower (or equal) precision. Exact: the result
+        /// equals a sketch built at `precision` from the start.
+        pub fn fold_to(&self, precision: u8) -> Result<Self, $crate::error::ParameterError> {
+            self.fold_to_precision(precision)
+        }
+
+        #[doc = concat!("Bytes of the ", $held, " or registers held in memory, for memory accounting.")]
+        pub fn size_bytes(&self) -> usize {
+            self.held_bytes()
+        }
+    };
+}
+pub(crate) use shared_methods;
+
 /// A distinct sketch, HyperLogLog or UltraLogLog: what each keeps its own, with the moves
 /// between its states kept once as provided methods.
 pub(crate) trait SparseOrDense: Sized {

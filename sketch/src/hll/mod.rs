@@ -76,9 +76,9 @@ mod sparse;
 
 use crate::common::body::invalid;
 use crate::common::cache::EstimateCache;
-use crate::common::state::{Repr, SparseOrDense, SparseSet, state_fields};
+use crate::common::state::{Repr, SparseOrDense, SparseSet, shared_methods, state_fields};
 use crate::common::{self, check_precision};
-use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::error::DecodeError;
 use crate::estimate::Estimate;
 use crate::format::{BodyReader, Kind, decode_frame, encode_frame};
 use sparse::SparseList;
@@ -129,28 +129,7 @@ fn sparse_limit(precision: u8) -> usize {
 }
 
 impl Hll {
-    /// An empty sketch with `2^precision` registers; `precision` must be in
-    /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
-    pub fn new(precision: u8) -> Result<Hll, ParameterError> {
-        check_precision(precision)?;
-        Ok(Hll::empty(precision))
-    }
-
-    /// The precision `p`: the sketch has `2^p` registers once dense.
-    pub fn precision(&self) -> u8 {
-        self.precision
-    }
-
-    /// Whether the sketch still holds sparse entries rather than registers.
-    pub fn is_sparse(&self) -> bool {
-        matches!(self.repr, Repr::Sparse(_))
-    }
-
-    /// Adds an item, hashed with [`crate::hash::item_hash`].
-    #[inline]
-    pub fn insert(&mut self, item: &[u8]) {
-        self.insert_hash(crate::hash::item_hash(item));
-    }
+    shared_methods!("entries");
 
     /// Adds an item by its hash, for callers that already computed
     /// [`crate::hash::item_hash`]. Any other 64-bit hash works as well, but sketches only
@@ -177,20 +156,6 @@ impl Hll {
                 }
             }
         }
-    }
-
-    /// Adds every item of `other`. The result has the smaller of the two precisions: a
-    /// sketch of higher precision folds down exactly, so this never fails; the `Result`
-    /// keeps the signature of every other sketch's merge.
-    pub fn merge(&mut self, other: &Hll) -> Result<(), MergeError> {
-        self.merge_from(other);
-        Ok(())
-    }
-
-    /// The sketch of the same items at a lower (or equal) precision. Exact: the result
-    /// equals a sketch built at `precision` from the start.
-    pub fn fold_to(&self, precision: u8) -> Result<Hll, ParameterError> {
-        self.fold_to_precision(precision)
     }
 
     /// The estimated number of distinct items, with its standard error and 95% interval.
@@ -282,13 +247,6 @@ impl Hll {
             }
         }
         reader.finish()
-    }
-}
-
-impl Hll {
-    /// Bytes of the entries or registers held in memory, for memory accounting.
-    pub fn size_bytes(&self) -> usize {
-        self.held_bytes()
     }
 }
 

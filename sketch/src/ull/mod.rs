@@ -85,11 +85,11 @@ mod estimate;
 mod registers;
 mod sparse;
 
+use crate::common;
 use crate::common::body::invalid;
 use crate::common::cache::EstimateCache;
-use crate::common::state::{Repr, SparseOrDense, state_fields};
-use crate::common::{self, check_precision};
-use crate::error::{DecodeError, MergeError, ParameterError};
+use crate::common::state::{Repr, SparseOrDense, shared_methods, state_fields};
+use crate::error::DecodeError;
 use crate::estimate::Estimate;
 use crate::format::BodyReader;
 use crate::hll::Hll;
@@ -132,28 +132,7 @@ fn sparse_limit(precision: u8) -> usize {
 }
 
 impl Ull {
-    /// An empty sketch with `2^precision` registers; `precision` must be in
-    /// [`MIN_PRECISION`]`..=`[`MAX_PRECISION`].
-    pub fn new(precision: u8) -> Result<Ull, ParameterError> {
-        check_precision(precision)?;
-        Ok(Ull::empty(precision))
-    }
-
-    /// The precision `p`: the sketch has `2^p` registers once dense.
-    pub fn precision(&self) -> u8 {
-        self.precision
-    }
-
-    /// Whether the sketch still holds sparse tokens rather than registers.
-    pub fn is_sparse(&self) -> bool {
-        matches!(self.repr, Repr::Sparse(_))
-    }
-
-    /// Adds an item, hashed with [`crate::hash::item_hash`].
-    #[inline]
-    pub fn insert(&mut self, item: &[u8]) {
-        self.insert_hash(crate::hash::item_hash(item));
-    }
+    shared_methods!("tokens");
 
     /// Whether `body` (as [`Ull::encode_body`] writes it) holds dense registers, one byte
     /// each, by its representation byte alone: for a store choosing how to compress it.
@@ -215,20 +194,6 @@ impl Ull {
         }
     }
 
-    /// Adds every item of `other`. The result has the smaller of the two precisions: a
-    /// sketch of higher precision folds down exactly, so this never fails, as
-    /// [`Hll::merge`]; the `Result` keeps the signature of every other sketch's merge.
-    pub fn merge(&mut self, other: &Ull) -> Result<(), MergeError> {
-        self.merge_from(other);
-        Ok(())
-    }
-
-    /// The sketch of the same items at a lower (or equal) precision. Exact: the result
-    /// equals a sketch built at `precision` from the start.
-    pub fn fold_to(&self, precision: u8) -> Result<Ull, ParameterError> {
-        self.fold_to_precision(precision)
-    }
-
     /// The estimated number of distinct items, with its standard error and 95% interval.
     pub fn estimate(&self) -> Estimate {
         // 0.761/√m is the asymptotic error of the ML estimate; below a few m items (and
@@ -279,11 +244,6 @@ impl Ull {
                 registers.iter().map(|&r| r >> 2).collect(),
             ),
         }
-    }
-
-    /// Bytes of the tokens or registers held in memory, for memory accounting.
-    pub fn size_bytes(&self) -> usize {
-        self.held_bytes()
     }
 
     /// Appends the body (docs/FORMAT.md, representations 2 and 3 of the distinct kind) to

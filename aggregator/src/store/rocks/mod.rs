@@ -49,12 +49,12 @@ use rocksdb::{
     SliceTransform, WriteBatch, WriteOptions,
 };
 
-use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome, written_hours};
+use super::rules::{LiveMasks, hour_bit, is_dirty, next_id, put_outcome};
 use super::{
-    Bytes, DayConflict, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome, Replica, Retention,
-    Rollups, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION, SeriesName, ServerEntry, ServerIndex,
-    StoreError, StoredSketch, StreamPosition, check_frame, check_hourly_batch, check_rollups,
-    is_empty_range, sorted_labels,
+    Bytes, DayConflict, DayRecord, DayWrite, Dictionaries, DirtyDay, HourCache, Hourly, PutOutcome,
+    Replica, Retention, Rollups, SCHEMA_UPGRADES_FROM, SCHEMA_VERSION, SeriesName, ServerEntry,
+    ServerIndex, StoreError, StoredSketch, StreamPosition, check_frame, is_empty_range,
+    sorted_labels,
 };
 use crate::keys::{
     Day, DayKey, Hour, HourKey, PREFIX_LEN, SeriesId, ServerId, day_range_bounds,
@@ -361,14 +361,14 @@ impl RocksStore {
             .expect("column family checked at open")
     }
 
-    /// A batch that replaces every rollup of `(series, day)` with `rollups` (checked).
+    /// A batch that replaces every rollup of `(series, day)` with `rollups` (their frames
+    /// checked by the caller); none deletes them.
     fn rollups_batch(
         &self,
         series: SeriesId,
         day: Day,
         rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<WriteBatch, StoreError> {
-        check_rollups(&rollups)?;
+    ) -> WriteBatch {
         let cf = self.cf(CF_ROLLUPS);
         let prefix = series_time_prefix(series.0, day.0);
         let mut batch = WriteBatch::default();
@@ -376,7 +376,7 @@ impl RocksStore {
         for (key, sketch) in rollups {
             batch.put_cf(cf, key.encode(), sketch);
         }
-        Ok(batch)
+        batch
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -751,12 +751,11 @@ impl Drop for GroupEnd {
 }
 
 impl Hourly for RocksStore {
-    fn put_push(
+    fn write_push(
         &self,
         live: Option<(ServerId, &[Hour])>,
         batch: &[(HourKey, u64, Bytes)],
     ) -> Result<Vec<PutOutcome>, StoreError> {
-        check_hourly_batch(batch)?;
         let mut write = WriteBatch::default();
         put_live(&mut write, self.cf(CF_META), live);
         if batch.is_empty() {
@@ -771,9 +770,9 @@ impl Hourly for RocksStore {
         if !write.is_empty() {
             self.write(write)?;
         }
-        // After the write, not before: the caches' rule of validity.
+        // After the write, not before: the live cache's rule of validity (`put_push` tells
+        // the hour cache).
         self.live_written(live);
-        written_hours(&self.hour_cache, batch, &outcomes);
         Ok(outcomes)
     }
 
@@ -912,44 +911,28 @@ impl Rollups for RocksStore {
         Ok(is_dirty(dirty, built))
     }
 
-    fn replace_rollups(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-        mark: u64,
-    ) -> Result<bool, StoreError> {
-        let mut batch = self.rollups_batch(series, day, rollups)?;
-        let built = meta::day_series(meta::BUILT, series, day);
-        batch.put_cf(self.cf(CF_META), built, mark.to_be_bytes());
-        batch.delete_cf(
-            self.cf(CF_META),
-            meta::day_series(meta::CONFLICT, series, day),
-        );
-        self.write(batch)?;
-        Ok(!self.is_day_dirty(series, day)?)
-    }
-
-    fn mark_day_conflict(
-        &self,
-        series: SeriesId,
-        day: Day,
-        mark: u64,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        let prefix = series_time_prefix(series.0, day.0);
+    fn write_day(&self, write: DayWrite<'_>) -> Result<(), StoreError> {
+        let DayWrite {
+            series,
+            day,
+            rollups,
+            record,
+        } = write;
         let meta = self.cf(CF_META);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.cf(CF_ROLLUPS), prefix.to_vec(), prefix_end(&prefix));
-        batch.put_cf(
-            meta,
-            meta::day_series(meta::CONFLICT, series, day),
-            reason.as_bytes(),
-        );
-        let built = meta::day_series(meta::BUILT, series, day);
-        batch.put_cf(meta, built, mark.to_be_bytes());
-        self.write(batch)?;
-        Ok(!self.is_day_dirty(series, day)?)
+        let key = |prefix| meta::day_series(prefix, series, day);
+        let mut batch = self.rollups_batch(series, day, rollups);
+        match record {
+            DayRecord::Built(mark) => {
+                batch.put_cf(meta, key(meta::BUILT), mark.to_be_bytes());
+                batch.delete_cf(meta, key(meta::CONFLICT));
+            }
+            DayRecord::Conflict { mark, reason } => {
+                batch.put_cf(meta, key(meta::CONFLICT), reason.as_bytes());
+                batch.put_cf(meta, key(meta::BUILT), mark.to_be_bytes());
+            }
+            DayRecord::Copied => batch.put_cf(meta, key(meta::EXPIRED), []),
+        }
+        self.write(batch)
     }
 
     fn day_conflicts(&self) -> Result<Vec<DayConflict>, StoreError> {
@@ -1219,18 +1202,6 @@ impl Replica for RocksStore {
             self.live_written(live);
         }
         Ok(())
-    }
-
-    fn put_copied_day(
-        &self,
-        series: SeriesId,
-        day: Day,
-        rollups: Vec<(DayKey, Vec<u8>)>,
-    ) -> Result<(), StoreError> {
-        let mut batch = self.rollups_batch(series, day, rollups)?;
-        let expired = meta::day_series(meta::EXPIRED, series, day);
-        batch.put_cf(self.cf(CF_META), expired, []);
-        self.write(batch)
     }
 
     fn unexpire_day(&self, series: SeriesId, day: Day) -> Result<(), StoreError> {
