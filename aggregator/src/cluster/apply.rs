@@ -409,6 +409,7 @@ async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Strea
         identity,
         complete,
         delivered,
+        ack_all,
     } = open(work, p, &stream, &name, &subject)
         .await
         .map_err(|detail| consumer_error(work, &name, detail))?;
@@ -429,6 +430,7 @@ async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Strea
         identity,
         complete,
         delivered,
+        ack_all,
     };
     Ok((applying, messages))
 }
@@ -455,6 +457,8 @@ struct Subject<'a> {
     complete: bool,
     /// The consumer sequence of the last delivery applied: the next must follow it.
     delivered: u64,
+    /// Whether one acknowledgement covers every delivery before it ([`Opened::ack_all`]).
+    ack_all: bool,
 }
 
 impl Subject<'_> {
@@ -554,16 +558,28 @@ impl Subject<'_> {
             );
         }
         let mut pending = 0;
-        for (delivery, outcome) in batch.iter().zip(outcomes) {
+        // Under `AckPolicy::All` one acknowledgement, of the furthest delivery in the
+        // stream with an outcome, covers the batch (a redelivery may come last with an
+        // earlier stream sequence); a refused one among them is then not redelivered, as
+        // its Term would have done. A delivery without an outcome is never acknowledged.
+        let furthest = batch[..outcomes.len().min(batch.len())]
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, d)| d.stream_sequence)
+            .map(|(i, _)| i);
+        for (i, (delivery, outcome)) in batch.iter().zip(outcomes).enumerate() {
             // Every message of the subject still to come was published after this one.
             cluster
                 .barrier()
                 .fresh_since(p, &self.identity, delivery.published);
             self.delivered = delivery.consumer_sequence;
             pending = delivery.pending;
+            if self.ack_all && Some(i) != furthest {
+                continue;
+            }
             let ack = match outcome {
-                Applied::Refused => AckKind::Term,
-                Applied::Ok | Applied::Retry => AckKind::Ack,
+                Applied::Refused if !self.ack_all => AckKind::Term,
+                Applied::Refused | Applied::Ok | Applied::Retry => AckKind::Ack,
             };
             // A lost acknowledgement only means a redelivery, which the version rule
             // absorbs; nothing here depends on it (the ack floor vouches for nothing,
@@ -875,6 +891,9 @@ struct Opened {
     complete: bool,
     /// The consumer sequence of its last delivery: the next one must follow it.
     delivered: u64,
+    /// Whether one acknowledgement covers every delivery before it (`AckPolicy::All`;
+    /// consumers made before that policy acknowledge each delivery).
+    ack_all: bool,
 }
 
 /// Opens the durable consumer `name` of `subject` (partition `p` or [`LIVE`]) for this
@@ -1002,7 +1021,10 @@ fn consumer_config(
         description: Some(format!("hourglass node {} applies {subject}", config.node)),
         filter_subject: subject.to_string(),
         deliver_policy,
-        ack_policy: AckPolicy::Explicit,
+        // One acknowledgement a batch, for every delivery of it: each acknowledgement of a
+        // replicated consumer is a consensus round of its servers, and nothing here relies
+        // on the ack floor (DESIGN §10), only on redelivery of what was not acknowledged.
+        ack_policy: AckPolicy::All,
         ack_wait: ACK_WAIT,
         max_ack_pending: MAX_ACK_PENDING,
         // The consumer of a store that is gone (a wiped node) is removed by the
@@ -1105,6 +1127,7 @@ async fn finish_opening(
         identity,
         complete,
         delivered: info.delivered.consumer_sequence,
+        ack_all: info.config.ack_policy == AckPolicy::All,
     })
 }
 
