@@ -736,7 +736,8 @@
       );
       const body = h('tbody');
       for (const span of seenSpans(a.seen_in)) {
-        const rate = span.fprLow === span.fprHigh ? percent(span.fprHigh) : `${percent(span.fprLow)} – ${percent(span.fprHigh)}`;
+        const [low, high] = [percent(span.fprLow), percent(span.fprHigh)];
+        const rate = low === high ? high : `${low} – ${high}`;
         body.append(
           h(
             'tr',
