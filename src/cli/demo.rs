@@ -695,27 +695,53 @@ async fn present_users_report(ask: &Asking, truth: &Value) -> anyhow::Result<Str
     Ok(out)
 }
 
-/// How a user types this program in a shell here: `hourglass` when that name on `PATH`
-/// is this very binary, else its path (relative to the current directory when it lies
-/// under it, as `target/debug/hourglass` does after `scripts/demo`), so that the commands
-/// the report prints run as printed.
+/// How a user types this program in a shell here: `hourglass` when the `hourglass` a shell
+/// finds first on `PATH` is this very binary, else its path (relative to the current
+/// directory when it lies under it, as `target/debug/hourglass` does after `scripts/demo`,
+/// and `./hourglass` in it), so that the commands the report prints run as printed.
 fn program_as_typed() -> String {
     let Ok(exe) = std::env::current_exe().and_then(std::fs::canonicalize) else {
         return "hourglass".to_string();
     };
-    let on_path = std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path)
-            .any(|dir| std::fs::canonicalize(dir.join("hourglass")).is_ok_and(|found| found == exe))
+    let path = std::env::var_os("PATH");
+    let cwd = std::env::current_dir().and_then(std::fs::canonicalize).ok();
+    program_typed(&exe, path.as_deref(), cwd.as_deref())
+}
+
+/// [`program_as_typed`] for the binary `exe` (canonical), in a shell whose `PATH` is
+/// `path` and whose current directory is `cwd` (canonical).
+fn program_typed(exe: &Path, path: Option<&std::ffi::OsStr>, cwd: Option<&Path>) -> String {
+    // A shell runs the first `hourglass` on PATH it can execute (an empty entry is the
+    // current directory), not any of them: this binary only if it is that one.
+    let first = path.and_then(|path| {
+        std::env::split_paths(path).find_map(|dir| {
+            let dir = match (dir.as_os_str().is_empty(), cwd) {
+                (true, Some(cwd)) => cwd.to_path_buf(),
+                _ => dir,
+            };
+            executable(&dir.join("hourglass"))
+        })
     });
-    if on_path {
+    if first.as_deref() == Some(exe) {
         return "hourglass".to_string();
     }
-    let typed = std::env::current_dir()
-        .and_then(std::fs::canonicalize)
-        .ok()
-        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(std::path::Path::to_path_buf))
-        .unwrap_or_else(|| exe.clone());
+    let typed = match cwd.and_then(|cwd| exe.strip_prefix(cwd).ok()) {
+        // A bare name is looked up on PATH: one in the current directory is `./name`.
+        Some(relative) if relative.components().count() == 1 => Path::new(".").join(relative),
+        Some(relative) => relative.to_path_buf(),
+        None => exe.to_path_buf(),
+    };
     shell_word(&typed.to_string_lossy())
+}
+
+/// `candidate`, canonical, if it is a file a shell would run (its execute bits).
+fn executable(candidate: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata = std::fs::metadata(candidate).ok()?;
+    if !metadata.is_file() || metadata.permissions().mode() & 0o111 == 0 {
+        return None;
+    }
+    std::fs::canonicalize(candidate).ok()
 }
 
 /// `word` as a shell reads it back: as it is when it holds only characters a shell takes
@@ -724,7 +750,7 @@ fn shell_word(word: &str) -> String {
     if !word.is_empty()
         && word
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c))
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:,@%".contains(c))
     {
         word.to_string()
     } else {
@@ -791,4 +817,66 @@ fn wait_for_ctrl_c() -> anyhow::Result<()> {
         stop.await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes an executable `dir/hourglass` holding `text`; returns its canonical path.
+    fn program(dir: &Path, text: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).unwrap();
+        let file = dir.join("hourglass");
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::canonicalize(file).unwrap()
+    }
+
+    #[test]
+    fn the_program_is_named_as_a_shell_runs_it() {
+        let root = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(root.path()).unwrap();
+        let (other, mine, elsewhere) = (root.join("other"), root.join("mine"), root.join("cwd"));
+        program(&other, "another hourglass");
+        let exe = program(&mine, "this one");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+        let typed = |dirs: &[&Path], cwd: &Path| program_typed(&exe, Some(&path(dirs)), Some(cwd));
+        // First on PATH: its name.
+        assert_eq!(typed(&[&mine, &other], &elsewhere), "hourglass");
+        // Another `hourglass` comes first on PATH: a shell runs that one, so not its name.
+        assert_eq!(
+            typed(&[&other, &mine], &elsewhere),
+            shell_word(&exe.to_string_lossy())
+        );
+        // A file by that name a shell cannot run is passed over, as a shell does.
+        let plain = root.join("plain");
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::write(plain.join("hourglass"), "not a program").unwrap();
+        assert_eq!(typed(&[&plain, &mine], &elsewhere), "hourglass");
+        // Under the current directory: its relative path.
+        assert_eq!(typed(&[&other], &root), "mine/hourglass");
+        // In the current directory itself: a bare name would be looked up on PATH.
+        assert_eq!(typed(&[&other], &mine), "./hourglass");
+        assert_eq!(program_typed(&exe, None, Some(&mine)), "./hourglass");
+        // An empty entry of PATH is the current directory, to a shell.
+        assert_eq!(typed(&[Path::new(""), &other], &mine), "hourglass");
+    }
+
+    #[test]
+    fn a_word_a_shell_would_not_read_back_as_it_is_is_quoted() {
+        assert_eq!(
+            shell_word("target/debug/hourglass"),
+            "target/debug/hourglass"
+        );
+        assert_eq!(
+            shell_word("/opt/my tools/hourglass"),
+            "'/opt/my tools/hourglass'"
+        );
+        assert_eq!(shell_word("it's/hourglass"), r"'it'\''s/hourglass'");
+        // A first word with `=` before any quoting is an assignment to a shell, not a
+        // command.
+        assert_eq!(shell_word("v=2/hourglass"), "'v=2/hourglass'");
+    }
 }
