@@ -561,7 +561,10 @@ impl Subject<'_> {
         // Under `AckPolicy::All` one acknowledgement, of the furthest delivery in the
         // stream with an outcome, covers the batch (a redelivery may come last with an
         // earlier stream sequence); a refused one among them is then not redelivered, as
-        // its Term would have done. A delivery without an outcome is never acknowledged.
+        // its Term would have done. A delivery without an outcome (none today: the apply
+        // gives each one) is never acknowledged, unless it repeats a message of the
+        // stream before the furthest, which this consumer delivered and the node applied
+        // first (first deliveries come in stream order, and a gap ends the batch).
         let furthest = batch[..outcomes.len().min(batch.len())]
             .iter()
             .enumerate()
