@@ -899,6 +899,31 @@ def main():
         ok(check_view(lambda: phone.load(url, "pages per day"), base, queries, "pages per day", phone_checks))
         ok(f"phone screenshot (whole page): {phone.screenshot(os.path.join(work, 'phone.png'), full_page=True)}")
 
+        # ---- where a "maybe" was seen, on a phone: spans, and the table within its card
+        item = "user0"
+        sel = [("metric", "visitors"), *week]
+        queries = {"member": ("/api/v1/membership", sel + [("item", item)])}
+
+        def phone_member_checks(dom, body, a):
+            what = f"{item} looked up on a 390x844 phone"
+            check_ready_without_errors(dom, body, what)
+            member = check_membership(dom, item, a["member"], what)
+            need(member == "maybe present", f"{what}: {item} is sent every hour, yet the filter says {member}")
+            spans = len(list(dom.by_id("member-seen").all(lambda n: n.tag == "tr" and "data-server" in n.attrs)))
+            need(spans < len(a["member"]["answer"]["seen_in"]),
+                 f"{what}: {spans} rows for {len(a['member']['answer']['seen_in'])} filters of consecutive hours")
+            fits = phone.evaluate(
+                "(() => { const t = document.getElementById('member-seen').getBoundingClientRect();"
+                " const c = document.getElementById('member-result').getBoundingClientRect();"
+                " return t.left >= c.left - 0.5 && t.right <= c.right + 0.5; })()")
+            need(fits, f"{what}: the 'seen in' table runs out of its card")
+            overflow = phone.evaluate("document.documentElement.scrollWidth")
+            need(overflow <= PHONE[0], f"{what}: the page is {overflow}px wide on a {PHONE[0]}px screen")
+            return f"{what}: {spans} spans for {len(a['member']['answer']['seen_in'])} filters, within the card"
+
+        ok(check_view(lambda: phone.load(view_url(base, sel + [("item", item)]), f"{item} on a phone"), base, queries,
+                      f"{item} looked up on a phone", phone_member_checks))
+
         # ---- a range that cuts its first and last days: those are marked partial
         cut = [("from", (start + timedelta(hours=12)).strftime("%Y-%m-%dT%H:%M:%SZ")),
                ("to", (today - timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ"))]
