@@ -1175,8 +1175,8 @@ fn catch_up(
 }
 
 /// Drains every subject of `stream` (its partitions and live subject) through one new
-/// durable pull consumer each, acknowledging each message with a plain ack as it comes;
-/// returns the messages received.
+/// durable pull consumer each, acknowledging each message with a plain ack as it comes,
+/// until it received what the stream holds of its subject; returns the messages received.
 async fn bare_drain(nats: &Nats, stream: &str, partitions: u32) -> u64 {
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use tokio_stream::StreamExt;
@@ -1190,11 +1190,24 @@ async fn bare_drain(nats: &Nats, stream: &str, partitions: u32) -> u64 {
         .map(|p| format!("{prefix}.p.{p}"))
         .chain([format!("{prefix}.live")])
         .collect();
+    // What each subject holds, from the stream itself: a consumer's own count of what it
+    // has pending, read right after it is made, was at times short of it (the drain then
+    // stopped early and its rate was taken over fewer messages than the node applied).
+    let mut held: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut counts = stream
+        .info_with_subjects(format!("{prefix}.>"))
+        .await
+        .expect("the stream's subjects");
+    while let Some(count) = counts.next().await {
+        let (subject, count) = count.expect("a subject's count");
+        held.insert(subject, count as u64);
+    }
     let mut tasks = Vec::new();
     for (i, subject) in subjects.into_iter().enumerate() {
         let stream = stream.clone();
+        let left = held.get(&subject).copied().unwrap_or(0);
         tasks.push(tokio::spawn(async move {
-            let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            let consumer: async_nats::jetstream::consumer::PullConsumer = stream
                 .create_consumer(pull::Config {
                     durable_name: Some(format!("bare-drain-{i}")),
                     filter_subject: subject,
@@ -1204,7 +1217,6 @@ async fn bare_drain(nats: &Nats, stream: &str, partitions: u32) -> u64 {
                 })
                 .await
                 .expect("a consumer");
-            let left = consumer.info().await.expect("its info").num_pending;
             let mut messages = consumer.messages().await.expect("its messages");
             let mut received = 0u64;
             while received < left {
