@@ -888,6 +888,14 @@ def main():
             need(width <= PHONE[0], f"{what}: the chart is {width}px wide on a {PHONE[0]}px screen")
             overflow = phone.evaluate("document.documentElement.scrollWidth")
             need(overflow <= PHONE[0], f"{what}: the page is {overflow}px wide on a {PHONE[0]}px screen")
+            # A finger on the chart reads out the point under it, as hovering does.
+            readout = phone.evaluate(
+                "(() => { const svg = document.querySelector('#distinct-chart svg');"
+                " const r = svg.getBoundingClientRect();"
+                " svg.dispatchEvent(new PointerEvent('pointerdown', {bubbles: true, pointerType: 'touch',"
+                " clientX: r.left + r.width / 2, clientY: r.top + r.height / 2}));"
+                " return document.getElementById('chart-readout').textContent; })()")
+            need(readout and "95%" in readout, f"{what}: a touch on the chart reads out {readout!r}")
             check_total(dom, a["daily"], what)
             cells, _ = check_coverage(dom, a["daily"], servers, what)
             rows = check_topk(dom, a["topk"], what)

@@ -136,8 +136,9 @@ fn static_route<S: Clone + Send + Sync + 'static>(
 
 /// The entity tag of a static file: a hash of its bytes, so that it changes with them
 /// (a new build) and only then.
-fn entity_tag(body: &str) -> String {
-    format!("\"{:016x}\"", xxhash_rust::xxh3::xxh3_64(body.as_bytes()))
+fn entity_tag(body: &str) -> HeaderValue {
+    let tag = format!("\"{:016x}\"", xxhash_rust::xxh3::xxh3_64(body.as_bytes()));
+    HeaderValue::from_str(&tag).expect("hex digits in quotes are a header value")
 }
 
 /// A static file, or `304 Not Modified` when the client already holds this version
@@ -146,24 +147,22 @@ fn entity_tag(body: &str) -> String {
 fn static_file(
     body: &'static str,
     content_type: &'static str,
-    tag: &str,
+    tag: &HeaderValue,
     request: &axum::http::HeaderMap,
 ) -> Response {
     let held = request
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| matches!(t.trim(), "*") || t.trim().trim_start_matches("W/") == tag);
+        .flat_map(|v| v.split(',').map(str::trim))
+        .any(|t| t == "*" || t.trim_start_matches("W/").as_bytes() == tag.as_bytes());
     let mut response = if held {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         ([(header::CONTENT_TYPE, content_type)], body).into_response()
     };
     let headers = response.headers_mut();
-    if let Ok(tag) = HeaderValue::from_str(tag) {
-        headers.insert(header::ETAG, tag);
-    }
+    headers.insert(header::ETAG, tag.clone());
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,

@@ -25,8 +25,9 @@ use tower::ServiceExt;
 /// one (a new connection, or a kept-alive one between requests).
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// How long the requests in flight have to finish once shutdown begins.
-pub(crate) const DRAIN: Duration = Duration::from_secs(10);
+/// How long the requests in flight have to finish once shutdown begins: the gRPC port's
+/// bound ([`hourglass_rpc::tls::DRAIN`]), so that every port of the process drains alike.
+pub(crate) const DRAIN: Duration = hourglass_rpc::tls::DRAIN;
 
 /// Serves `app` on the connections `listener` accepts until `shutdown` completes; then
 /// stops accepting, lets the requests in flight finish for up to [`DRAIN`], and drops
