@@ -291,11 +291,11 @@ fn group(request: v1::IngestRequest) -> v1::IngestRequest {
             .iter_mut()
             .find(|b| b.metric == e.metric && b.tags == e.tags)
         {
-            Some(b) => b.items.push(e.item),
+            Some(b) => b.items.push(&e.item),
             None => batches.push(v1::SeriesBatch {
                 metric: e.metric,
                 tags: e.tags,
-                items: vec![e.item],
+                items: std::iter::once(e.item).collect(),
                 ..Default::default()
             }),
         }
@@ -395,11 +395,7 @@ fn memory(sizes: &Sizes, runtime: &tokio::runtime::Runtime) {
                         value: format!("p{s}"),
                     }],
                     items: (0..sizes.memory_items)
-                        .map(|_| {
-                            format!("user{}", users.next(u64::MAX >> 1))
-                                .into_bytes()
-                                .into()
-                        })
+                        .map(|_| format!("user{}", users.next(u64::MAX >> 1)))
                         .collect(),
                     times_unix_seconds: Vec::new(),
                     weights: Vec::new(),

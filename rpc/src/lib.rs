@@ -28,6 +28,7 @@ pub mod process;
 pub mod proto;
 pub mod selection;
 pub mod series;
+pub mod series_batch;
 pub mod size_limit;
 pub mod time;
 pub mod tls;

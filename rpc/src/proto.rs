@@ -9,6 +9,8 @@ pub use prost::bytes::Bytes;
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("hourglass.v1");
+
+    pub use crate::series_batch::{Items, SeriesBatch};
 }
 
 /// The encoded `FileDescriptorSet` of `hourglass.v1`, for gRPC server reflection.

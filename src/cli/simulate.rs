@@ -545,19 +545,13 @@ fn hour_request(hour: u32, visits: &[Visit]) -> v1::IngestRequest {
         batches: vec![
             v1::SeriesBatch {
                 metric: VISITORS.into(),
-                items: visits
-                    .iter()
-                    .map(|v| user_name(v.user).into_bytes().into())
-                    .collect(),
+                items: visits.iter().map(|v| user_name(v.user)).collect(),
                 times_unix_seconds: times.clone(),
                 ..Default::default()
             },
             v1::SeriesBatch {
                 metric: PAGES.into(),
-                items: visits
-                    .iter()
-                    .map(|v| page_name(v.page).into_bytes().into())
-                    .collect(),
+                items: visits.iter().map(|v| page_name(v.page)).collect(),
                 times_unix_seconds: times,
                 ..Default::default()
             },

@@ -811,10 +811,7 @@ async fn series_batches_take_per_item_times_and_refuse_mismatched_columns() {
     let batch = |items: Vec<&str>, times: Vec<i64>| v1::SeriesBatch {
         metric: "visitors".into(),
         tags: vec![tag("country", "de")],
-        items: items
-            .into_iter()
-            .map(|i| i.as_bytes().to_vec().into())
-            .collect(),
+        items: items.into_iter().map(str::as_bytes).collect(),
         times_unix_seconds: times,
         ..Default::default()
     };
@@ -859,7 +856,7 @@ async fn packed_items_count_as_items_and_a_cut_field_refuses_its_batch() {
     let batch = |field: Vec<u8>, items: Vec<&str>, times: Vec<i64>| v1::SeriesBatch {
         metric: "visitors".into(),
         packed_items: field.into(),
-        items: items.iter().map(|i| i.as_bytes().to_vec().into()).collect(),
+        items: items.iter().map(|i| i.as_bytes()).collect(),
         times_unix_seconds: times,
         ..Default::default()
     };

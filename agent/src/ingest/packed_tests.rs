@@ -53,7 +53,7 @@ async fn a_packed_batch_is_the_items_batch() {
     let (by_items, items_table) = service(Config::default());
     let (by_packed, packed_table) = service(Config::default());
     let mut plain = batch("m");
-    plain.items = items.iter().map(|i| i.to_vec().into()).collect();
+    plain.items = items.iter().collect();
     plain.times_unix_seconds = times.clone();
     plain.weights = weights.clone();
     let mut packed_batch = batch("m");
@@ -102,7 +102,7 @@ async fn refused_indexes_number_across_events_and_batches() {
     cut_after_length.push(3);
     // Both fields: refused whole.
     let mut both = batch("m");
-    both.items = vec![b"s".to_vec().into()];
+    both.items = [b"s"].into_iter().collect();
     both.packed_items = packed::pack([&b"t"[..], b"u"]).into();
     let mut good = batch("m");
     good.packed_items = packed::pack([&b"v"[..], b"", b"w"]).into();
@@ -111,7 +111,7 @@ async fn refused_indexes_number_across_events_and_batches() {
     let mut cut2 = batch("m");
     cut2.packed_items = cut_after_length.into();
     let mut plain = batch("m");
-    plain.items = vec![b"x".to_vec().into(), b"".to_vec().into()];
+    plain.items = [&b"x"[..], b""].into_iter().collect();
     let reply = send(
         &service,
         v1::IngestRequest {

@@ -51,9 +51,9 @@ fn batch(events: &[Ev], packed_form: bool) -> v1::SeriesBatch {
     v1::SeriesBatch {
         metric: "m".into(),
         items: if packed_form {
-            vec![]
+            Default::default()
         } else {
-            events.iter().map(|e| e.0.clone().into()).collect()
+            events.iter().map(|e| &e.0).collect()
         },
         packed_items: if packed_form {
             packed::pack(events.iter().map(|e| e.0.as_slice())).into()
