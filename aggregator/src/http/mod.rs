@@ -128,51 +128,120 @@ fn static_route<S: Clone + Send + Sync + 'static>(
     body: &'static str,
     content_type: &'static str,
 ) -> MethodRouter<S> {
-    let tag = entity_tag(body);
-    get(move |headers: axum::http::HeaderMap| async move {
-        static_file(body, content_type, &tag, &headers)
-    })
+    let file = Arc::new(StaticFile::new(body, content_type));
+    get(move |headers: axum::http::HeaderMap| async move { file.response(&headers) })
+}
+
+/// A file built into the binary, served as is or gzipped (made once, at start-up).
+struct StaticFile {
+    body: &'static str,
+    content_type: &'static str,
+    /// Its entity tag ([`entity_tag`]).
+    tag: HeaderValue,
+    /// The gzipped bytes and their own tag (another representation has another tag), or
+    /// `None` where gzip would not make it smaller.
+    gzipped: Option<(axum::body::Bytes, HeaderValue)>,
+}
+
+impl StaticFile {
+    fn new(body: &'static str, content_type: &'static str) -> StaticFile {
+        let tag = entity_tag(body, "");
+        let gzipped = gzip(body.as_bytes())
+            .filter(|zipped| zipped.len() < body.len())
+            .map(|zipped| (axum::body::Bytes::from(zipped), entity_tag(body, "-gzip")));
+        StaticFile {
+            body,
+            content_type,
+            tag,
+            gzipped,
+        }
+    }
+
+    /// The file, gzipped when the client accepts it, or `304 Not Modified` when the
+    /// client already holds this version (`If-None-Match` names its tag): browsers
+    /// revalidate on every load (`no-cache`) and fetch the bytes again only after an
+    /// upgrade changed them.
+    fn response(&self, request: &axum::http::HeaderMap) -> Response {
+        let zipped = self.gzipped.as_ref().filter(|_| accepts_gzip(request));
+        let tag = zipped.map_or(&self.tag, |(_, tag)| tag);
+        let held = request
+            .get_all(header::IF_NONE_MATCH)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(',').map(str::trim))
+            .any(|t| t == "*" || t.trim_start_matches("W/").as_bytes() == tag.as_bytes());
+        let content_type = [(header::CONTENT_TYPE, self.content_type)];
+        let mut response = match zipped {
+            _ if held => StatusCode::NOT_MODIFIED.into_response(),
+            Some((bytes, _)) => (
+                content_type,
+                [(header::CONTENT_ENCODING, "gzip")],
+                bytes.clone(),
+            )
+                .into_response(),
+            None => (content_type, self.body).into_response(),
+        };
+        let headers = response.headers_mut();
+        headers.insert(header::ETAG, tag.clone());
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        // Caches keep the gzipped and the plain bytes apart.
+        if self.gzipped.is_some() {
+            headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+        }
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(PAGE_POLICY),
+        );
+        response
+    }
 }
 
 /// The entity tag of a static file: a hash of its bytes, so that it changes with them
-/// (a new build) and only then.
-fn entity_tag(body: &str) -> HeaderValue {
-    let tag = format!("\"{:016x}\"", xxhash_rust::xxh3::xxh3_64(body.as_bytes()));
+/// (a new build) and only then; `suffix` tells its representations apart.
+fn entity_tag(body: &str, suffix: &str) -> HeaderValue {
+    let tag = format!(
+        "\"{:016x}{suffix}\"",
+        xxhash_rust::xxh3::xxh3_64(body.as_bytes())
+    );
     HeaderValue::from_str(&tag).expect("hex digits in quotes are a header value")
 }
 
-/// A static file, or `304 Not Modified` when the client already holds this version
-/// (`If-None-Match` names its tag): browsers revalidate on every load (`no-cache`) and
-/// fetch the bytes again only after an upgrade changed them.
-fn static_file(
-    body: &'static str,
-    content_type: &'static str,
-    tag: &HeaderValue,
-    request: &axum::http::HeaderMap,
-) -> Response {
-    let held = request
-        .get_all(header::IF_NONE_MATCH)
+/// `bytes` gzipped at the best compression (once per file, at start-up).
+fn gzip(bytes: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(bytes).ok()?;
+    encoder.finish().ok()
+}
+
+/// Whether the request's `Accept-Encoding` takes gzip: `gzip` (or `x-gzip`, or `*` when
+/// gzip is not named) with a quality above 0 (RFC 9110, 12.5.3).
+fn accepts_gzip(request: &axum::http::HeaderMap) -> bool {
+    let mut named = None;
+    let mut any = None;
+    let codings = request
+        .get_all(header::ACCEPT_ENCODING)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(str::trim))
-        .any(|t| t == "*" || t.trim_start_matches("W/").as_bytes() == tag.as_bytes());
-    let mut response = if held {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        ([(header::CONTENT_TYPE, content_type)], body).into_response()
-    };
-    let headers = response.headers_mut();
-    headers.insert(header::ETAG, tag.clone());
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(PAGE_POLICY),
-    );
-    response
+        .flat_map(|v| v.split(','));
+    for coding in codings {
+        let mut parts = coding.split(';');
+        let name = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let quality = parts
+            .filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match name.as_str() {
+            "gzip" | "x-gzip" => named = Some(named.unwrap_or(0.0f32).max(quality)),
+            "*" => any = Some(quality),
+            _ => {}
+        }
+    }
+    named.or(any).is_some_and(|q| q > 0.0)
 }
 
 async fn not_found(request: axum::extract::Request) -> Response {

@@ -415,3 +415,84 @@ async fn static_files_are_revalidated_by_their_tag_and_the_page_loads_only_from_
         "{page}"
     );
 }
+
+/// The bytes of a GET of `path` with `headers`: status, headers, body as sent.
+async fn get_raw(
+    app: &Router,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let mut request = Request::builder().method(Method::GET).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, headers, body.to_vec())
+}
+
+#[tokio::test]
+async fn static_files_are_gzipped_for_clients_that_take_gzip_under_a_tag_of_their_own() {
+    use std::io::Read;
+    let app = app(stocked(), Auth::default());
+    for path in ["/", "/app.js", "/style.css", "/api/v1/openapi.json"] {
+        let (status, plain_headers, plain) = get_raw(&app, path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            plain_headers.get(header::CONTENT_ENCODING).is_none(),
+            "{path}"
+        );
+        assert_eq!(plain_headers[header::VARY], "accept-encoding", "{path}");
+        // What browsers send, and quality values that do or do not take gzip.
+        for accept in [
+            "gzip, deflate, br, zstd",
+            "br;q=1.0, gzip;q=0.5",
+            "*",
+            "identity, *;q=0.1",
+        ] {
+            let (status, headers, zipped) =
+                get_raw(&app, path, &[("accept-encoding", accept)]).await;
+            assert_eq!(status, StatusCode::OK, "{path} {accept}");
+            assert_eq!(headers[header::CONTENT_ENCODING], "gzip", "{path} {accept}");
+            assert_eq!(headers[header::VARY], "accept-encoding", "{path}");
+            assert!(
+                zipped.len() * 2 < plain.len(),
+                "{path}: {} of {}",
+                zipped.len(),
+                plain.len()
+            );
+            let mut unzipped = Vec::new();
+            flate2::read::GzDecoder::new(zipped.as_slice())
+                .read_to_end(&mut unzipped)
+                .unwrap();
+            assert_eq!(unzipped, plain, "{path}: gunzipped, the same bytes");
+            // Another representation, another tag; each revalidates by its own.
+            let tag = headers[header::ETAG].to_str().unwrap();
+            assert_ne!(tag, plain_headers[header::ETAG].to_str().unwrap(), "{path}");
+            let (status, _, _) = get_raw(
+                &app,
+                path,
+                &[("accept-encoding", accept), ("if-none-match", tag)],
+            )
+            .await;
+            assert_eq!(status, StatusCode::NOT_MODIFIED, "{path} {accept}");
+            let (status, _, body) = get_raw(&app, path, &[("if-none-match", tag)]).await;
+            assert_eq!((status, body), (StatusCode::OK, plain.clone()), "{path}");
+        }
+        for refused in ["identity", "gzip;q=0", "br", "*;q=0", "gzip;q=0, *"] {
+            let (_, headers, body) = get_raw(&app, path, &[("accept-encoding", refused)]).await;
+            assert!(
+                headers.get(header::CONTENT_ENCODING).is_none(),
+                "{path} {refused}"
+            );
+            assert_eq!(body, plain, "{path} {refused}");
+        }
+    }
+}
