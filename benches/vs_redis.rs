@@ -7,12 +7,14 @@
 //!   persistence): one HyperLogLog per server-hour (`PFADD hll:SERVER:HOUR`), pipelined;
 //!   questions are `PFCOUNT` over the keys of the range.
 //! - **hourglass**: one real agent process per server (`--default-kinds distinct`), fed
-//!   the same items through its Ingest API (one `SeriesBatch` per server-hour, its items
-//!   in `packed_items`), shipping to one real aggregator; the agents are stopped (a final
-//!   flush), then questions are `Query/Distinct` over gRPC.
+//!   the same items through its Ingest API (one `SeriesBatch` per server-hour), shipping
+//!   to one real aggregator; the agents are stopped (a final flush), then questions are
+//!   `Query/Distinct` over gRPC. This runs twice, on fresh agents and aggregators: with
+//!   the items in `packed_items` (the form `hourglass send` writes), then in `items` (the
+//!   natural field, what a user's own gRPC client sends).
 //!
 //! Printed, one table of ratios: events per server-side CPU-second (Redis's process;
-//! the agents' and the aggregator's, from `/proc`), stored bytes per server-hour (Redis's
+//! the agents' and the aggregator's, from `/proc`), for each form of the items, stored bytes per server-hour (Redis's
 //! `used_memory` growth; the aggregator's data directory while running and after a clean
 //! stop), and per question its p50 and p99 latency over the repetitions and its error
 //! against the exact answer, counted here.
@@ -330,6 +332,35 @@ fn redis_side(sizes: &Sizes, dir: &Path, questions: &[Question], events: u64) ->
     }
 }
 
+/// How a `SeriesBatch` carries its items.
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    /// In `packed_items`, one bytes field (what `hourglass send` writes).
+    Packed,
+    /// In `items`, one bytes value each (what a plain gRPC client writes).
+    Items,
+}
+
+/// One server-hour's batch of `users`, at `times`, its items in `form`.
+fn batch(users: &[u32], times: Vec<i64>, form: Form) -> v1::SeriesBatch {
+    let mut batch = v1::SeriesBatch {
+        metric: "visitors".into(),
+        times_unix_seconds: times,
+        ..Default::default()
+    };
+    match form {
+        Form::Packed => {
+            let mut field = Vec::new();
+            for &u in users {
+                hourglass_rpc::packed::push(&mut field, &item(u));
+            }
+            batch.packed_items = field.into();
+        }
+        Form::Items => batch.items = users.iter().map(|&u| item(u)).collect(),
+    }
+    batch
+}
+
 fn hourglass_side(
     sizes: &Sizes,
     dir: &Path,
@@ -337,6 +368,7 @@ fn hourglass_side(
     start_hour: u32,
     events: u64,
     distinct: &str,
+    form: Form,
 ) -> Side {
     let agg = support::aggregator(dir);
     let url = format!("http://{}", agg.addrs[0]);
@@ -397,19 +429,7 @@ fn hourglass_side(
                 let r = client
                     .send(v1::IngestRequest {
                         events: vec![],
-                        batches: vec![v1::SeriesBatch {
-                            metric: "visitors".into(),
-                            tags: vec![],
-                            packed_items: users
-                                .iter()
-                                .fold(Vec::new(), |mut field, &u| {
-                                    hourglass_rpc::packed::push(&mut field, &item(u));
-                                    field
-                                })
-                                .into(),
-                            times_unix_seconds: times,
-                            ..Default::default()
-                        }],
+                        batches: vec![batch(&users, times, form)],
                     })
                     .await
                     .expect("ingest")
@@ -435,7 +455,7 @@ fn hourglass_side(
     let agents_cpu = cpu_of_ended_children() - ended_before - agents_started;
     let agg_cpu = cpu_of(agg.child.id()) - agg_cpu_before;
     eprintln!(
-        "vs_redis: server-side CPU seconds: agents {agents_cpu:.2} ({:.0} ns an event), aggregator {agg_cpu:.2} ({:.0} ns an event)",
+        "vs_redis: server-side CPU seconds ({form:?} form): agents {agents_cpu:.2} ({:.0} ns an event), aggregator {agg_cpu:.2} ({:.0} ns an event)",
         agents_cpu * 1e9 / events as f64,
         agg_cpu * 1e9 / events as f64
     );
@@ -574,15 +594,39 @@ fn main() {
         start_hour,
         events,
         &distinct,
+        Form::Packed,
     );
+    let plain = hourglass_side(
+        sizes,
+        &dir.join("hourglass-items"),
+        &questions,
+        start_hour,
+        events,
+        &distinct,
+        Form::Items,
+    );
+    // The same sketches whatever the form: the same estimates.
+    for (i, q) in questions.iter().enumerate() {
+        assert_eq!(
+            ours.answers[i].2, plain.answers[i].2,
+            "{}: the two forms of the items gave different estimates",
+            q.name
+        );
+    }
 
     println!("| | Redis | hourglass | hourglass ÷ Redis |");
     println!("|---|---:|---:|---:|");
     println!(
-        "| events per server-side CPU-second | {:.0} | {:.0} | {:.2}× |",
+        "| events per server-side CPU-second, `packed_items` | {:.0} | {:.0} | {:.2}× |",
         redis.events_per_cpu_second,
         ours.events_per_cpu_second,
         ours.events_per_cpu_second / redis.events_per_cpu_second
+    );
+    println!(
+        "| events per server-side CPU-second, `items` | {:.0} | {:.0} | {:.2}× |",
+        redis.events_per_cpu_second,
+        plain.events_per_cpu_second,
+        plain.events_per_cpu_second / redis.events_per_cpu_second
     );
     println!(
         "| stored bytes per server-hour, after a clean stop | {:.0} | {:.0} | {:.2}× |",

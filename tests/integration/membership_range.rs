@@ -289,3 +289,89 @@ async fn a_range_lookup_says_definitely_absent_or_where_against_the_truth() {
     );
     agg.stop().await;
 }
+
+/// `Query/MembershipBatch` and `/api/v1/membership/batch`: many items in one request, each
+/// answered exactly as `Query/Membership` answers it alone, in the request's order; an
+/// empty or oversized batch is refused with what is wrong.
+#[tokio::test]
+async fn a_batch_of_lookups_answers_each_item_as_a_lookup_alone() {
+    let dir = TempDir::new("membership-batch");
+    let agg = InProcessAggregator::start(&dir.file("data"));
+    let base = stock(&agg).await;
+    let mut q = QueryClient::new(channel(&agg.grpc).await);
+    // Found, absent, the empty item, a repeat, and grouped.
+    let items = ["user7", "nobody-1", "", "user12", "user7", "nobody-2"];
+    for group_by in [v1::GroupBy::None, v1::GroupBy::Server] {
+        let batch = q
+            .membership_batch(v1::MembershipBatchRequest {
+                selector: selector(base, group_by),
+                items: items.iter().map(|i| i.as_bytes().to_vec()).collect(),
+            })
+            .await
+            .expect("a batch")
+            .into_inner();
+        assert_eq!(batch.answers.len(), items.len());
+        for (item, answer) in items.iter().zip(&batch.answers) {
+            assert_eq!(
+                *answer,
+                look_up(&mut q, base, item, group_by).await,
+                "{item:?} grouped {group_by:?}"
+            );
+        }
+        let found = batch.answers[0].answer.as_ref().expect("answer");
+        assert!(found.maybe_present && !truth("user7", base).is_empty());
+    }
+    // Refused whole, saying why.
+    for (n, says) in [(0, "items is empty"), (1001, "at most 1000")] {
+        let e = q
+            .membership_batch(v1::MembershipBatchRequest {
+                selector: selector(base, v1::GroupBy::None),
+                items: (0..n).map(|i| format!("x{i}").into_bytes()).collect(),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains(says), "{n}: {}", e.message());
+    }
+
+    // The HTTP API: `item` once per item, the answers in order, each the single lookup's
+    // JSON.
+    let addr: std::net::SocketAddr = agg.http.trim_start_matches("http://").parse().unwrap();
+    let range = format!(
+        "from={}&to={}",
+        hourglass_rpc::time::rfc3339_hour(base),
+        hourglass_rpc::time::rfc3339_hour(base + HOURS)
+    );
+    let (status, body) = crate::util::http_get(
+        addr,
+        &format!("/api/v1/membership/batch?metric=users&item=user7&item=nobody-1&item=%FF&{range}"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let batch: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let answers = batch["answers"].as_array().expect("answers");
+    assert_eq!(answers.len(), 3, "{batch}");
+    for (answer, item) in answers.iter().zip(["user7", "nobody-1"]) {
+        let (status, body) = crate::util::http_get(
+            addr,
+            &format!("/api/v1/membership?metric=users&item={item}&{range}"),
+        );
+        assert_eq!(status, 200, "{body}");
+        let alone: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(*answer, alone, "{item}");
+    }
+    assert_eq!(answers[2]["item_base64"], "/w==", "{batch}");
+    // The single lookup takes one item, and says where many go.
+    let (status, body) = crate::util::http_get(
+        addr,
+        &format!("/api/v1/membership?metric=users&item=a&item=b&{range}"),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("/api/v1/membership/batch"), "{body}");
+    let (status, body) = crate::util::http_get(
+        addr,
+        &format!("/api/v1/membership/batch?metric=users&{range}"),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("items is empty"), "{body}");
+    agg.stop().await;
+}

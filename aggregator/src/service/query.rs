@@ -203,6 +203,22 @@ fn groups<G>(answer: &Answer, f: impl Fn(&str, &Merged) -> G) -> Vec<G> {
     answer.groups.iter().map(|(key, m)| f(key, m)).collect()
 }
 
+/// The most items one `MembershipBatch` looks up.
+pub const MAX_BATCH_ITEMS: usize = 1000;
+
+/// Checks the number of items of a `MembershipBatch`.
+fn check_batch(items: usize) -> Result<(), Status> {
+    match items {
+        0 => Err(Status::invalid_argument(
+            "items is empty: a membership batch looks up 1 to 1000 items",
+        )),
+        n if n > MAX_BATCH_ITEMS => Err(Status::invalid_argument(format!(
+            "{n} items: a membership batch looks up at most {MAX_BATCH_ITEMS} (send several batches)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Checks `k` against the merged sketch's frequent-items capacity.
 fn check_k(k: u32, sketch: Option<&Sketch>) -> Result<usize, Status> {
     if k == 0 {
@@ -300,33 +316,24 @@ impl Query for QueryService {
         let metadata = request.metadata().clone();
         let request = request.into_inner();
         self.measured("membership", &metadata, async {
-            let a = self
-                .plan_with(
-                    request.selector.as_ref(),
-                    Kind::Membership,
-                    Some(request.item),
-                )
-                .await?;
-            // Combining reads the bits of the filters that say "maybe": off the async
-            // threads, like the lookups.
-            off_the_async_threads(move || {
-                Ok::<_, Status>(v1::MembershipResponse {
-                    answer: Some(convert::membership(&a.total.filters)?),
-                    coverage: Some(convert::coverage(&a.total.coverage)),
-                    groups: a
-                        .groups
-                        .iter()
-                        .map(|(key, m)| {
-                            Ok(v1::MembershipGroup {
-                                key: key.to_string(),
-                                answer: Some(convert::membership(&m.filters)?),
-                                coverage: Some(convert::coverage(&m.coverage)),
-                            })
-                        })
-                        .collect::<Result<_, Status>>()?,
-                })
-            })
-            .await?
+            self.look_up(request.selector.as_ref(), request.item).await
+        })
+        .await
+    }
+
+    async fn membership_batch(
+        &self,
+        request: Request<v1::MembershipBatchRequest>,
+    ) -> Result<Response<v1::MembershipBatchResponse>, Status> {
+        let metadata = request.metadata().clone();
+        let request = request.into_inner();
+        self.measured("membership_batch", &metadata, async {
+            check_batch(request.items.len())?;
+            let mut answers = Vec::with_capacity(request.items.len());
+            for item in request.items {
+                answers.push(self.look_up(request.selector.as_ref(), item).await?);
+            }
+            Ok(v1::MembershipBatchResponse { answers })
         })
         .await
     }
@@ -534,6 +541,37 @@ async fn off_the_async_threads<T: Send + 'static>(
 }
 
 impl QueryService {
+    /// What `Membership` answers for `item` over `selector`.
+    async fn look_up(
+        &self,
+        selector: Option<&v1::Selector>,
+        item: Vec<u8>,
+    ) -> Result<v1::MembershipResponse, Status> {
+        let a = self
+            .plan_with(selector, Kind::Membership, Some(item))
+            .await?;
+        // Combining reads the bits of the filters that say "maybe": off the async threads,
+        // like the lookups.
+        off_the_async_threads(move || {
+            Ok::<_, Status>(v1::MembershipResponse {
+                answer: Some(convert::membership(&a.total.filters)?),
+                coverage: Some(convert::coverage(&a.total.coverage)),
+                groups: a
+                    .groups
+                    .iter()
+                    .map(|(key, m)| {
+                        Ok(v1::MembershipGroup {
+                            key: key.to_string(),
+                            answer: Some(convert::membership(&m.filters)?),
+                            coverage: Some(convert::coverage(&m.coverage)),
+                        })
+                    })
+                    .collect::<Result<_, Status>>()?,
+            })
+        })
+        .await?
+    }
+
     /// The merged distinct sketch of one selection of a set question, in the form the
     /// merge gave (an empty one when nothing was merged), and its coverage; errors name
     /// the selection `name`.

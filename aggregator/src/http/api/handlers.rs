@@ -52,6 +52,14 @@ pub(super) const MEMBERSHIP: Route = Route {
     ],
     handler: || get(membership),
 };
+/// `/api/v1/membership/batch`: `item` given once per item.
+pub(super) const MEMBERSHIP_BATCH: Route = Route {
+    path: "/api/v1/membership/batch",
+    parameters: &[
+        "metric", "tag", "from", "to", "server", "label", "group_by", "item",
+    ],
+    handler: || get(membership_batch),
+};
 /// `/api/v1/overlap`: selection A, and B as A with what the `vs_` parameters replace.
 pub(super) const OVERLAP: Route = Route {
     path: "/api/v1/overlap",
@@ -171,6 +179,37 @@ async fn membership(State(state): State<Arc<HttpState>>, request: HttpRequest) -
             };
             let reply = state.query.membership(asked.request(message)).await?;
             Ok(asked.answered(reply.into_inner()).about(&item))
+        }
+        .await,
+    )
+}
+
+/// Many lookups' answers, each the JSON of `/api/v1/membership` for its item.
+#[derive(Serialize)]
+struct BatchJson<A> {
+    answers: Vec<A>,
+}
+
+async fn membership_batch(State(state): State<Arc<HttpState>>, request: HttpRequest) -> Response {
+    respond(
+        async {
+            let mut asked = Asked::read(&state, &request, MEMBERSHIP_BATCH)?;
+            let items = asked.params.items();
+            let message = v1::MembershipBatchRequest {
+                selector: asked.selector(),
+                items: items.clone(),
+            };
+            let reply = state
+                .query
+                .membership_batch(asked.request(message))
+                .await?
+                .into_inner();
+            let answers = items
+                .iter()
+                .zip(reply.answers)
+                .map(|(item, answer)| asked.answered(answer).about(item))
+                .collect();
+            Ok(BatchJson { answers })
         }
         .await,
     )

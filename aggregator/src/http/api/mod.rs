@@ -26,11 +26,12 @@ use route::Route;
 use crate::http::state::HttpState;
 
 /// Every API route with its parameters.
-pub(crate) const ROUTES: [Route; 8] = [
+pub(crate) const ROUTES: [Route; 9] = [
     handlers::DISTINCT,
     handlers::FREQUENCY,
     handlers::TOPK,
     handlers::MEMBERSHIP,
+    handlers::MEMBERSHIP_BATCH,
     handlers::OVERLAP,
     handlers::RETENTION,
     handlers::SERIES,

@@ -96,12 +96,26 @@ impl Params {
 
     /// The item asked about: required, and any bytes (the empty item too).
     pub(super) fn item(&self, route: Route) -> Result<Vec<u8>, ApiError> {
-        self.bytes("item").map(<[u8]>::to_vec).ok_or_else(|| {
-            ApiError::invalid(format!(
+        match self.items().as_slice() {
+            [item] => Ok(item.clone()),
+            [] => Err(ApiError::invalid(format!(
                 "item is required: {} asks about one item",
                 route.path
-            ))
-        })
+            ))),
+            _ => Err(ApiError::invalid(format!(
+                "parameter \"item\" is given more than once: {} asks about one item (/api/v1/membership/batch looks up many)",
+                route.path
+            ))),
+        }
+    }
+
+    /// Every item asked about, in order (the service refuses none, or too many).
+    pub(super) fn items(&self) -> Vec<Vec<u8>> {
+        self.pairs
+            .iter()
+            .filter(|(n, _)| n == "item")
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 }
 

@@ -24,5 +24,14 @@ pub(crate) struct Route {
 pub(super) const SELECTION: &[&str] =
     &["metric", "tag", "from", "to", "server", "label", "group_by"];
 /// Parameters that may be given more than once.
-pub(super) const REPEATABLE: &[&str] =
-    &["tag", "server", "label", "vs_tag", "vs_server", "vs_label"];
+/// (`item` only where a route takes many: [`super::params::Params::item`] refuses a second
+/// one.)
+pub(super) const REPEATABLE: &[&str] = &[
+    "tag",
+    "server",
+    "label",
+    "vs_tag",
+    "vs_server",
+    "vs_label",
+    "item",
+];
