@@ -614,6 +614,13 @@ fn main() {
         );
     }
 
+    print_table(&redis, &ours, &plain, &questions);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The record's table: Redis beside hourglass with the items packed (`ours`) and plain
+/// (`plain`).
+fn print_table(redis: &Side, ours: &Side, plain: &Side, questions: &[Question]) {
     println!("| | Redis | hourglass | hourglass ÷ Redis |");
     println!("|---|---:|---:|---:|");
     println!(
@@ -654,5 +661,4 @@ fn main() {
             r.0 / o.0
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -334,6 +334,61 @@ async fn a_batch_of_lookups_answers_each_item_as_a_lookup_alone() {
         assert!(e.message().contains(says), "{n}: {}", e.message());
     }
 
+    // The command: `--item` again and again, one request; each answer as alone.
+    let from = hour_start(base).to_rfc3339();
+    let to = hour_start(base + HOURS).to_rfc3339();
+    let command = |items: &[&str], json: bool| {
+        let mut a = vec!["query", "membership", "--metric", "users"];
+        for item in items {
+            a.extend(["--item", *item]);
+        }
+        a.extend([
+            "--aggregator",
+            agg.grpc.as_str(),
+            "--from",
+            &from,
+            "--to",
+            &to,
+        ]);
+        if json {
+            a.push("--json");
+        }
+        hourglass(&a, b"")
+    };
+    let both = command(&["user7", "nobody-1"], true).ok().json();
+    let answers = both["answers"].as_array().expect("answers");
+    assert_eq!(answers.len(), 2, "{both}");
+    for (answer, item) in answers.iter().zip(["user7", "nobody-1"]) {
+        assert_eq!(*answer, command(&[item], true).ok().json(), "{item}");
+    }
+    let text = command(&["user7", "nobody-1"], false).ok().text();
+    let alone = [
+        command(&["user7"], false).ok().text(),
+        command(&["nobody-1"], false).ok().text(),
+    ];
+    assert_eq!(text, alone.join("\n"));
+    let refused = hourglass(
+        &[
+            "query",
+            "frequency",
+            "--metric",
+            "users",
+            "--item",
+            "a",
+            "--item",
+            "b",
+            "--aggregator",
+            agg.grpc.as_str(),
+        ],
+        b"",
+    );
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("query frequency takes one --item"),
+        "{}",
+        refused.stderr
+    );
+
     // The HTTP API: `item` once per item, the answers in order, each the single lookup's
     // JSON.
     let addr: std::net::SocketAddr = agg.http.trim_start_matches("http://").parse().unwrap();

@@ -41,9 +41,10 @@ pub(crate) struct QueryArgs {
     pub(crate) aggregator: String,
     #[command(flatten)]
     pub(crate) selection: Selection,
-    /// frequency, membership: the item to ask about.
+    /// frequency, membership: the item to ask about. membership takes it up to 1,000
+    /// times: the items are looked up in one request, each answered as alone.
     #[arg(long)]
-    pub(super) item: Option<String>,
+    pub(super) item: Vec<String>,
     /// topk: how many items.
     #[arg(long = "k", default_value_t = 10)]
     pub(super) k: u32,
@@ -129,13 +130,14 @@ pub(crate) fn b_selector(
         .map_err(|e| anyhow::anyhow!("selection B: {e}"))
 }
 
-pub(crate) fn describe_selection(args: &QueryArgs) -> String {
+/// The question as a person reads it, about `item` when it has one.
+pub(crate) fn describe_selection(args: &QueryArgs, item: Option<&str>) -> String {
     let mut text = format!(
         "{} of {}",
         question_name(args.question),
         describe(&args.selection)
     );
-    if let Some(item) = &args.item {
+    if let Some(item) = item {
         text += &format!(", item {item:?}");
     }
     text

@@ -33,20 +33,20 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         Question::Overlap => Some(b_selector(&args, now)?),
         _ => None,
     };
-    let item = match (args.question, &args.item) {
-        (Question::Frequency | Question::Membership, None) => {
+    let items = match (args.question, args.item.len()) {
+        (Question::Frequency | Question::Membership, 0) => {
             bail!("query {} needs --item X", question_name(args.question))
         }
-        (
-            Question::Distinct | Question::Topk | Question::Overlap | Question::Retention,
-            Some(_),
-        ) => {
+        (Question::Frequency, 2..) => {
+            bail!("query frequency takes one --item (query membership takes many)")
+        }
+        (Question::Distinct | Question::Topk | Question::Overlap | Question::Retention, 1..) => {
             bail!(
                 "--item does not apply to query {}",
                 question_name(args.question)
             )
         }
-        (_, item) => item.clone().unwrap_or_default().into_bytes(),
+        _ => args.item.clone(),
     };
     // A worker thread of its own lets the trace exporter, when configured, flush after
     // the answer is in.
@@ -65,7 +65,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         metric = args.selection.metric.as_str()
     );
     let answer = runtime.block_on(tracing::Instrument::instrument(
-        ask(&args, selector, b, period_hours, item),
+        ask(&args, selector, b, period_hours, &items),
         span,
     ));
     drop(telemetry);
@@ -111,7 +111,7 @@ async fn ask(
     selector: v1::Selector,
     b: Option<v1::Selector>,
     period_hours: u32,
-    item: Vec<u8>,
+    items: &[String],
 ) -> anyhow::Result<(Value, String)> {
     let channel = connect(&args.aggregator, "aggregator", "--aggregator", &args.tls).await?;
     let mut client = QueryClient::with_interceptor(channel, auth(&args.tls)?)
@@ -141,8 +141,20 @@ async fn ask(
                 .into_inner();
             return Ok(sets::present_retention(args, period_hours, &reply));
         }
+        Question::Membership if items.len() > 1 => {
+            let reply = client
+                .membership_batch(v1::MembershipBatchRequest {
+                    selector: Some(selector),
+                    items: items.iter().map(|i| i.clone().into_bytes()).collect(),
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            return Ok(present_batch(args, items, reply));
+        }
         _ => {}
     }
+    let item = items.first().cloned().unwrap_or_default().into_bytes();
     let selector = Some(selector);
     let reply = match args.question {
         Question::Distinct => Reply::Distinct(
@@ -184,7 +196,31 @@ async fn ask(
         ),
         Question::Overlap | Question::Retention => unreachable!("asked above"),
     };
-    Ok(present(&describe_selection(args), reply, &item))
+    let header = describe_selection(args, items.first().map(String::as_str));
+    Ok(present(&header, reply, &item))
+}
+
+/// A batch of membership answers: JSON `{"answers": [...]}`, each what one lookup prints,
+/// and the text of each in turn.
+fn present_batch(
+    args: &QueryArgs,
+    items: &[String],
+    reply: v1::MembershipBatchResponse,
+) -> (Value, String) {
+    let mut values = Vec::with_capacity(items.len());
+    let mut text = String::new();
+    for (item, answer) in items.iter().zip(reply.answers) {
+        let header = describe_selection(args, Some(item));
+        let (mut value, one) = present(&header, Reply::Membership(answer), item.as_bytes());
+        value["kind"] = json!("membership");
+        strip_text_only_fields(&mut value);
+        values.push(value);
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text += &one;
+    }
+    (json!({ "answers": values }), text)
 }
 
 #[cfg(test)]

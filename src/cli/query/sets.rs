@@ -138,7 +138,7 @@ pub(crate) fn present_retention(
         })
         .collect();
     let period = hourglass_rpc::time::hours_text(period_hours);
-    let mut text = format!("{}, periods of {period}\n", describe_selection(args));
+    let mut text = format!("{}, periods of {period}\n", describe_selection(args, None));
     // One line per cohort: its start, its size, then its share seen again in each later
     // period; a share too small to tell from zero shows as `<` its upper bound.
     let later = periods.len().saturating_sub(1);
