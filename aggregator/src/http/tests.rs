@@ -600,3 +600,23 @@ async fn no_gzip_for_an_accept_encoding_that_does_not_take_it() {
         }
     }
 }
+
+#[test]
+fn the_openapi_document_says_which_static_files_may_come_gzipped() {
+    let doc = document();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let app = app(stocked(), Auth::default());
+    for path in static_paths() {
+        let (_, headers, _) = runtime.block_on(get_raw(&app, path, &[("accept-encoding", "gzip")]));
+        let served = headers.get(header::CONTENT_ENCODING).is_some();
+        let documented = doc["paths"][path]["get"]["responses"]["200"]["headers"]
+            .get("Content-Encoding")
+            .is_some();
+        assert_eq!(
+            documented, served,
+            "{path}: gzipped to a client that takes it, and the document says so"
+        );
+    }
+}
