@@ -1796,3 +1796,107 @@ fn server_labels_do_not_depend_on_the_order_of_independent_consumers() {
     // first, so that the nodes' graceful drain does not wait for them forever.
     drop(rt);
 }
+
+/// `Query/MembershipBatch` asked of each node of a cluster, whose partitions are spread
+/// over the nodes: every answer is, in the request's order, what `Query/Membership`
+/// answers for that item alone on that node, and what a single aggregator holding the
+/// same pushes answers.
+#[test]
+fn a_membership_batch_is_answered_across_the_cluster_as_lookups_one_by_one() {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("cluster-membership-batch");
+    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
+        .iter()
+        .map(|name| node(&dir, &nats, name, name))
+        .collect();
+    let single = InProcessAggregator::start(&dir.file("single"));
+    wait_until("three members", || {
+        nodes
+            .iter()
+            .all(|n| agg_metric(n, "cluster_members") == 3.0)
+    });
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+    // 16 series (pages) of one metric, over the 8 partitions; two servers.
+    for server in ["web-1", "web-2"] {
+        let snapshots = (0..16u32)
+            .map(|i| {
+                let mut bloom = hourglass_sketch::bloom::Bloom::new(1000, 0.01).unwrap();
+                bloom.insert(format!("u{i}").as_bytes());
+                bloom.insert(format!("{server}-u{i}").as_bytes());
+                let mut s = crate::util::snapshot(
+                    "members",
+                    hour,
+                    1,
+                    v1::SketchKind::Membership,
+                    bloom.encode(),
+                );
+                s.series.as_mut().unwrap().tags = vec![v1::Tag {
+                    key: "page".into(),
+                    value: format!("p{i}"),
+                }];
+                s
+            })
+            .collect();
+        let request = v1::PushRequest {
+            server: Some(v1::Server {
+                name: server.into(),
+                labels: vec![],
+            }),
+            snapshots,
+            live_hours: vec![hour],
+        };
+        let outcomes = rt.block_on(push_until_answered(&nodes[0], request.clone()));
+        assert!(outcomes.iter().all(|o| *o == v1::PushOutcome::Stored));
+        rt.block_on(push_until_answered(&single, request));
+    }
+    wait_applied(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let items: Vec<Vec<u8>> = ["u3", "nobody", "web-2-u15", "", "u3", "web-1-u0", "u15"]
+        .iter()
+        .map(|i| i.as_bytes().to_vec())
+        .collect();
+    rt.block_on(async {
+        let mut alone_here = QueryClient::new(channel(&single.grpc).await);
+        for node in &nodes {
+            let mut q = QueryClient::new(channel(&node.grpc).await);
+            for group_by in [v1::GroupBy::None, v1::GroupBy::Server] {
+                let selector = Some(v1::Selector {
+                    metric: "members".into(),
+                    range: Some(v1::TimeRange {
+                        start_hour: hour,
+                        end_hour: hour + 1,
+                    }),
+                    group_by: group_by as i32,
+                    ..Default::default()
+                });
+                let batch = q
+                    .membership_batch(v1::MembershipBatchRequest {
+                        selector: selector.clone(),
+                        items: items.clone(),
+                    })
+                    .await
+                    .expect("a batch")
+                    .into_inner();
+                assert_eq!(batch.answers.len(), items.len());
+                for (item, answer) in items.iter().zip(&batch.answers) {
+                    let ask = v1::MembershipRequest {
+                        selector: selector.clone(),
+                        item: item.clone(),
+                    };
+                    let alone = q.membership(ask.clone()).await.expect("a lookup");
+                    let what = (String::from_utf8_lossy(item), group_by, &node.grpc);
+                    assert_eq!(*answer, alone.into_inner(), "{what:?}");
+                    let single = alone_here.membership(ask).await.expect("a lookup");
+                    assert_eq!(
+                        *answer,
+                        single.into_inner(),
+                        "{what:?}: a single aggregator's"
+                    );
+                }
+                let seen = |i: usize| batch.answers[i].answer.as_ref().unwrap().maybe_present;
+                assert!(seen(0) && seen(2) && seen(4) && seen(5) && seen(6));
+                assert!(!seen(1));
+            }
+        }
+    });
+}

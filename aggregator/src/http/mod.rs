@@ -231,10 +231,7 @@ fn accepts_gzip(request: &axum::http::HeaderMap) -> bool {
     for coding in codings {
         let mut parts = coding.split(';');
         let name = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
-        let quality = parts
-            .filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q=")))
-            .find_map(|q| q.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
+        let quality = quality(parts);
         match name.as_str() {
             "gzip" | "x-gzip" => named = Some(named.unwrap_or(0.0f32).max(quality)),
             "*" => any = Some(quality),
@@ -242,6 +239,24 @@ fn accepts_gzip(request: &axum::http::HeaderMap) -> bool {
         }
     }
     named.or(any).is_some_and(|q| q > 0.0)
+}
+
+/// The weight of one `Accept-Encoding` element, from its parameters: its `q`, 1 without
+/// one. A `q` that is not a quality from 0 to 1 (`q=`, `q=none`) counts as 0: it does not
+/// say that the coding is acceptable.
+fn quality<'a>(parameters: impl Iterator<Item = &'a str>) -> f32 {
+    for parameter in parameters {
+        let Some((name, value)) = parameter.split_once('=') else {
+            continue;
+        };
+        if name.trim().eq_ignore_ascii_case("q") {
+            return match value.trim().parse::<f32>() {
+                Ok(q) if (0.0..=1.0).contains(&q) => q,
+                _ => 0.0,
+            };
+        }
+    }
+    1.0
 }
 
 async fn not_found(request: axum::extract::Request) -> Response {

@@ -496,3 +496,127 @@ async fn static_files_are_gzipped_for_clients_that_take_gzip_under_a_tag_of_thei
         }
     }
 }
+
+/// The static files' paths: every route that is not an API route.
+fn static_paths() -> Vec<&'static str> {
+    let api: BTreeSet<&str> = ROUTES.iter().map(|r| r.path).collect();
+    routes()
+        .into_iter()
+        .map(|(path, _)| path)
+        .filter(|path| !api.contains(path))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_head_of_a_static_file_has_the_get_headers_and_no_body() {
+    let app = app(stocked(), Auth::default());
+    for path in static_paths() {
+        for accept in [None, Some("gzip"), Some("identity")] {
+            let headers: Vec<(&str, &str)> =
+                accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+            let (status, got, body) = get_raw(&app, path, &headers).await;
+            let mut request = Request::builder().method(Method::HEAD).uri(path);
+            for (name, value) in &headers {
+                request = request.header(*name, *value);
+            }
+            let response = app
+                .clone()
+                .oneshot(request.body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let head_status = response.status();
+            let head = response.headers().clone();
+            let head_body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            assert_eq!((head_status, status), (StatusCode::OK, StatusCode::OK));
+            assert!(
+                head_body.is_empty(),
+                "{path} {accept:?}: a HEAD has no body"
+            );
+            for name in [
+                header::CONTENT_TYPE,
+                header::CONTENT_ENCODING,
+                header::ETAG,
+                header::VARY,
+            ] {
+                assert_eq!(head.get(&name), got.get(&name), "{path} {accept:?}: {name}");
+            }
+            if let Some(length) = head.get(header::CONTENT_LENGTH) {
+                assert_eq!(
+                    length.to_str().unwrap(),
+                    body.len().to_string(),
+                    "{path} {accept:?}: the length of what a GET sends"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_gzip_for_an_accept_encoding_that_does_not_take_it() {
+    let app = app(stocked(), Auth::default());
+    for path in static_paths() {
+        let (_, _, plain) = get_raw(&app, path, &[]).await;
+        // An empty field (no coding wanted), gzip at quality 0 however spelt, and a
+        // quality that is not a qvalue (RFC 9110, 12.4.2): none says gzip is acceptable.
+        for refused in [
+            "",
+            " GZIP ; Q=0 ",
+            "gzip;q=0.000",
+            "x-gzip;q=0",
+            "gzip;q=0, deflate",
+            "deflate, *;q=0",
+            "gzip;q=",
+            "gzip;q=none",
+            "gzip;q=-1",
+            "gzip; q = 0",
+        ] {
+            let (status, headers, body) =
+                get_raw(&app, path, &[("accept-encoding", refused)]).await;
+            assert_eq!(status, StatusCode::OK, "{path} {refused:?}");
+            assert!(
+                headers.get(header::CONTENT_ENCODING).is_none(),
+                "{path}: {refused:?} does not take gzip"
+            );
+            assert_eq!(body, plain, "{path} {refused:?}");
+        }
+        // And whatever takes it, with gzip named or not, gets the gzip representation.
+        for taken in [
+            "GZIP",
+            "x-gzip",
+            "gzip;q=0.001",
+            "deflate;q=1, *;q=0.5",
+            "gzip ;q=1",
+        ] {
+            let (_, headers, _) = get_raw(&app, path, &[("accept-encoding", taken)]).await;
+            assert_eq!(
+                headers
+                    .get(header::CONTENT_ENCODING)
+                    .map(|v| v.to_str().unwrap()),
+                Some("gzip"),
+                "{path}: {taken:?} takes gzip"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_openapi_document_says_which_static_files_may_come_gzipped() {
+    let doc = document();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let app = app(stocked(), Auth::default());
+    for path in static_paths() {
+        let (_, headers, _) = runtime.block_on(get_raw(&app, path, &[("accept-encoding", "gzip")]));
+        let served = headers.get(header::CONTENT_ENCODING).is_some();
+        let documented = doc["paths"][path]["get"]["responses"]["200"]["headers"]
+            .get("Content-Encoding")
+            .is_some();
+        assert_eq!(
+            documented, served,
+            "{path}: gzipped to a client that takes it, and the document says so"
+        );
+    }
+}

@@ -3,7 +3,7 @@
 
 use hourglass_rpc::selection::{DEFAULT_FROM, DEFAULT_TO, Selection, VsSelection};
 
-use super::route::{REPEATABLE, Route};
+use super::route::{Route, given_twice, repeatable};
 use crate::http::error::ApiError;
 
 /// A query string, decoded: names with their values, in order. Values are bytes, since
@@ -33,10 +33,8 @@ impl Params {
                     route.path
                 )));
             }
-            if !REPEATABLE.contains(&name.as_str()) && params.bytes(&name).is_some() {
-                return Err(ApiError::invalid(format!(
-                    "parameter {name:?} is given more than once"
-                )));
+            if !repeatable(route, &name) && params.bytes(&name).is_some() {
+                return Err(ApiError::invalid(given_twice(route, &name)));
             }
             params.pairs.push((name, decode(value)));
         }
@@ -102,10 +100,8 @@ impl Params {
                 "item is required: {} asks about one item",
                 route.path
             ))),
-            _ => Err(ApiError::invalid(format!(
-                "parameter \"item\" is given more than once: {} asks about one item (/api/v1/membership/batch looks up many)",
-                route.path
-            ))),
+            // Refused as the query string is read ([`Params::parse`]); here too.
+            _ => Err(ApiError::invalid(given_twice(route, "item"))),
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::routing::MethodRouter;
 
+use super::handlers::{MEMBERSHIP, MEMBERSHIP_BATCH};
 use crate::http::state::HttpState;
 
 /// One route of the API: its path, the query-string parameters it takes and its
@@ -23,15 +24,28 @@ pub(crate) struct Route {
 /// ([`Selection`](hourglass_rpc::selection::Selection)'s fields).
 pub(super) const SELECTION: &[&str] =
     &["metric", "tag", "from", "to", "server", "label", "group_by"];
-/// Parameters that may be given more than once.
-/// (`item` only where a route takes many: [`super::params::Params::item`] refuses a second
-/// one.)
-pub(super) const REPEATABLE: &[&str] = &[
-    "tag",
-    "server",
-    "label",
-    "vs_tag",
-    "vs_server",
-    "vs_label",
-    "item",
-];
+/// Parameters that may be given more than once, on every route that takes them.
+pub(super) const REPEATABLE: &[&str] =
+    &["tag", "server", "label", "vs_tag", "vs_server", "vs_label"];
+
+/// Whether `route` takes `name` more than once: [`REPEATABLE`], and `item` on the route
+/// that looks up many (every other route that takes `item` asks about one).
+pub(super) fn repeatable(route: Route, name: &str) -> bool {
+    REPEATABLE.contains(&name) || (name == "item" && route.path == MEMBERSHIP_BATCH.path)
+}
+
+/// The refusal of a second `name` on `route`.
+pub(super) fn given_twice(route: Route, name: &str) -> String {
+    if name != "item" {
+        return format!("parameter {name:?} is given more than once");
+    }
+    let many = if route.path == MEMBERSHIP.path {
+        format!(" ({} looks up many)", MEMBERSHIP_BATCH.path)
+    } else {
+        String::new()
+    };
+    format!(
+        "parameter \"item\" is given more than once: {} asks about one item{many}",
+        route.path
+    )
+}

@@ -101,3 +101,33 @@ fn query_strings_decode_to_bytes() {
     assert!(Params::parse(Some("%FF=1"), route).is_err());
     assert!(Params::parse(Some("item=a&item=b"), route).is_err());
 }
+
+#[tokio::test]
+async fn only_the_batch_route_takes_item_more_than_once() {
+    let route = |path: &str| *ROUTES.iter().find(|r| r.path == path).unwrap();
+    for (path, says) in [
+        (
+            "/api/v1/membership",
+            "/api/v1/membership asks about one item (/api/v1/membership/batch looks up many)",
+        ),
+        ("/api/v1/frequency", "/api/v1/frequency asks about one item"),
+    ] {
+        // Refused as the query string is read, as any other parameter given twice.
+        let e = Params::parse(Some("metric=a&item=x&item=y"), route(path)).unwrap_err();
+        let e = format!("{e:?}");
+        assert!(e.contains(says), "{path}: {e}");
+        // There is no batch of frequencies to point at.
+        if path == "/api/v1/frequency" {
+            assert!(!e.contains("batch"), "{path}: {e}");
+        }
+        // Over HTTP: 400, before the selection is read.
+        let app = app(stocked(), Auth::default());
+        let (status, v) = get_json(&app, &format!("{path}?metric=9x&item=x&item=y"), &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{path}: {message}");
+    }
+    let batch = route("/api/v1/membership/batch");
+    let p = Params::parse(Some("metric=a&item=x&item=%FF&item="), batch).unwrap();
+    assert_eq!(p.items(), [b"x".to_vec(), vec![0xff], vec![]]);
+}
