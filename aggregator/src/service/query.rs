@@ -28,6 +28,7 @@ use crate::planner::{Answer, Merged, Planner, QueryError, Selector};
 use crate::store::Store;
 
 /// The `Query` gRPC service.
+#[derive(Clone)]
 pub(crate) struct QueryService {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -205,6 +206,9 @@ fn groups<G>(answer: &Answer, f: impl Fn(&str, &Merged) -> G) -> Vec<G> {
 
 /// The most items one `MembershipBatch` looks up.
 pub const MAX_BATCH_ITEMS: usize = 1000;
+/// The lookups of one `MembershipBatch` under way at once: each waits on reads (and in
+/// cluster mode on the read barrier and the owners' answers), not on this node's CPU alone.
+const BATCH_LOOKUPS_AT_ONCE: usize = 8;
 
 /// Checks the number of items of a `MembershipBatch`.
 fn check_batch(items: usize) -> Result<(), Status> {
@@ -329,10 +333,7 @@ impl Query for QueryService {
         let request = request.into_inner();
         self.measured("membership_batch", &metadata, async {
             check_batch(request.items.len())?;
-            let mut answers = Vec::with_capacity(request.items.len());
-            for item in request.items {
-                answers.push(self.look_up(request.selector.as_ref(), item).await?);
-            }
+            let answers = self.look_up_all(request.selector, request.items).await?;
             Ok(v1::MembershipBatchResponse { answers })
         })
         .await
@@ -541,6 +542,34 @@ async fn off_the_async_threads<T: Send + 'static>(
 }
 
 impl QueryService {
+    /// What `Membership` answers for each of `items` over `selector`, in order, at most
+    /// [`BATCH_LOOKUPS_AT_ONCE`] under way at a time; the first refusal refuses them all.
+    async fn look_up_all(
+        &self,
+        selector: Option<v1::Selector>,
+        items: Vec<Vec<u8>>,
+    ) -> Result<Vec<v1::MembershipResponse>, Status> {
+        let mut answers = vec![None; items.len()];
+        let mut items = items.into_iter().enumerate();
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            while running.len() < BATCH_LOOKUPS_AT_ONCE {
+                let Some((i, item)) = items.next() else { break };
+                let (service, selector) = (self.clone(), selector.clone());
+                let lookup = async move { (i, service.look_up(selector.as_ref(), item).await) };
+                running.spawn(lookup.in_current_span());
+            }
+            let Some(done) = running.join_next().await else {
+                break;
+            };
+            let (i, answer) =
+                done.map_err(|e| Status::internal(format!("a lookup of the batch failed: {e}")))?;
+            answers[i] = Some(answer?);
+        }
+        // Every item was looked up: the loop ends only when none is left or running.
+        Ok(answers.into_iter().flatten().collect())
+    }
+
     /// What `Membership` answers for `item` over `selector`.
     async fn look_up(
         &self,
