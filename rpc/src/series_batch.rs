@@ -51,6 +51,9 @@ impl fmt::Debug for SeriesBatch {
     }
 }
 
+/// The most bytes reserved for a batch's items when its first is read.
+const FIRST_RESERVE: usize = 64 * 1024;
+
 /// The items of a [`SeriesBatch`]: byte strings kept in one buffer, each ending where
 /// `ends` says.
 #[derive(Clone, PartialEq, Eq, Default)]
@@ -103,11 +106,25 @@ impl Items {
         self.ends.clear();
     }
 
-    /// Reads one item of `len` bytes from `buf`, copied in after the others.
+    /// Reads one item of `len` bytes (`buf` holds them) from `buf`, copied in after the
+    /// others.
     fn read(&mut self, len: usize, buf: &mut impl Buf) {
-        let start = self.bytes.len();
-        self.bytes.resize(start + len, 0);
-        buf.copy_to_slice(&mut self.bytes[start..]);
+        if self.ends.is_empty() {
+            // The first item: room for what is likely to follow, without a growth of the
+            // buffers per doubling (bounded: the rest of the message may be other batches).
+            self.bytes.reserve(buf.remaining().min(FIRST_RESERVE));
+            self.ends.reserve((buf.remaining() / 8).min(FIRST_RESERVE / 8));
+        }
+        let chunk = buf.chunk();
+        if chunk.len() >= len {
+            // The whole message is one chunk as the codec hands it over: one copy.
+            self.bytes.extend_from_slice(&chunk[..len]);
+            buf.advance(len);
+        } else {
+            let start = self.bytes.len();
+            self.bytes.resize(start + len, 0);
+            buf.copy_to_slice(&mut self.bytes[start..]);
+        }
         self.ends.push(self.bytes.len());
     }
 }
