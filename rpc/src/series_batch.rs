@@ -113,7 +113,8 @@ impl Items {
             // The first item: room for what is likely to follow, without a growth of the
             // buffers per doubling (bounded: the rest of the message may be other batches).
             self.bytes.reserve(buf.remaining().min(FIRST_RESERVE));
-            self.ends.reserve((buf.remaining() / 8).min(FIRST_RESERVE / 8));
+            self.ends
+                .reserve((buf.remaining() / 8).min(FIRST_RESERVE / 8));
         }
         let chunk = buf.chunk();
         if chunk.len() >= len {
