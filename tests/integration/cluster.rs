@@ -42,6 +42,14 @@ fn node(dir: &TempDir, nats: &NatsCluster, node: &str, data: &str) -> InProcessA
     node_with(dir, nats, node, data, PARTITIONS)
 }
 
+/// Nodes agg-1, agg-2 and agg-3 of `nats`'s cluster, each with its own data dir.
+fn three_nodes(dir: &TempDir, nats: &NatsCluster) -> Vec<InProcessAggregator> {
+    ["agg-1", "agg-2", "agg-3"]
+        .iter()
+        .map(|name| node(dir, nats, name, name))
+        .collect()
+}
+
 /// [`node`] with `partitions` partitions.
 fn node_with(
     dir: &TempDir,
@@ -194,10 +202,7 @@ fn assert_applied_same(name: &str, node: &impl AggregatorAddrs) {
 fn a_push_to_one_node_is_answered_by_every_node_byte_identically() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-apply");
-    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
-        .iter()
-        .map(|name| node(&dir, &nats, name, name))
-        .collect();
+    let nodes: Vec<InProcessAggregator> = three_nodes(&dir, &nats);
     // The agent pushes to the first node only.
     let agent = start_agent(&dir, &nodes[0].grpc, "agent");
     for p in 0..PARTS {
@@ -362,10 +367,7 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
 fn queries_while_owners_are_lost_are_right_or_name_the_missing_partitions() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-loss");
-    let mut nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
-        .iter()
-        .map(|name| node(&dir, &nats, name, name))
-        .collect();
+    let mut nodes: Vec<InProcessAggregator> = three_nodes(&dir, &nats);
     let agent = start_agent(&dir, &nodes[0].grpc, "agent");
     for p in 0..PARTS {
         send_part(&agent, p);
@@ -1805,10 +1807,7 @@ fn server_labels_do_not_depend_on_the_order_of_independent_consumers() {
 fn a_membership_batch_is_answered_across_the_cluster_as_lookups_one_by_one() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("cluster-membership-batch");
-    let nodes: Vec<InProcessAggregator> = ["agg-1", "agg-2", "agg-3"]
-        .iter()
-        .map(|name| node(&dir, &nats, name, name))
-        .collect();
+    let nodes: Vec<InProcessAggregator> = three_nodes(&dir, &nats);
     let single = InProcessAggregator::start(&dir.file("single"));
     wait_until("three members", || {
         nodes

@@ -66,6 +66,17 @@ pub(crate) async fn call(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, axum::http::HeaderMap, String) {
+    let (status, headers, bytes) = call_raw(app, method, path, headers).await;
+    (status, headers, String::from_utf8(bytes).unwrap())
+}
+
+/// `method path` with `headers`: the status, the headers and the body as sent.
+async fn call_raw(
+    app: &Router,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
     let mut request = Request::builder().method(method).uri(path);
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -75,12 +86,11 @@ pub(crate) async fn call(
         .oneshot(request.body(Body::empty()).unwrap())
         .await
         .unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+    let (status, headers) = (response.status(), response.headers().clone());
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
         .await
         .unwrap();
-    (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+    (status, headers, body.to_vec())
 }
 
 /// A GET's status and JSON body; the content type must be JSON.
@@ -422,20 +432,7 @@ async fn get_raw(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
-    let mut request = Request::builder().method(Method::GET).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = app
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (status, headers, body.to_vec())
+    call_raw(app, Method::GET, path, headers).await
 }
 
 #[tokio::test]
@@ -515,20 +512,7 @@ async fn a_head_of_a_static_file_has_the_get_headers_and_no_body() {
             let headers: Vec<(&str, &str)> =
                 accept.map(|a| ("accept-encoding", a)).into_iter().collect();
             let (status, got, body) = get_raw(&app, path, &headers).await;
-            let mut request = Request::builder().method(Method::HEAD).uri(path);
-            for (name, value) in &headers {
-                request = request.header(*name, *value);
-            }
-            let response = app
-                .clone()
-                .oneshot(request.body(Body::empty()).unwrap())
-                .await
-                .unwrap();
-            let head_status = response.status();
-            let head = response.headers().clone();
-            let head_body = axum::body::to_bytes(response.into_body(), 1 << 20)
-                .await
-                .unwrap();
+            let (head_status, head, head_body) = call_raw(&app, Method::HEAD, path, &headers).await;
             assert_eq!((head_status, status), (StatusCode::OK, StatusCode::OK));
             assert!(
                 head_body.is_empty(),
