@@ -31,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".hourglass.v1.SeriesBatch",
             "crate::series_batch::SeriesBatch",
         )
+        .extern_path(".hourglass.v1.Tag", "crate::series_batch::Tag")
         // Pushed sketches as `Bytes` too: a slice of the received message, with no copy
         // between the decoder and the store (a push is mostly sketch bytes).
         .bytes(".hourglass.v1.EncodedSketch.data")

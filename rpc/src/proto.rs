@@ -10,7 +10,7 @@ pub use prost::bytes::Bytes;
 pub mod v1 {
     tonic::include_proto!("hourglass.v1");
 
-    pub use crate::series_batch::{Items, SeriesBatch};
+    pub use crate::series_batch::{Items, SeriesBatch, Tag};
 }
 
 /// The encoded `FileDescriptorSet` of `hourglass.v1`, for gRPC server reflection.

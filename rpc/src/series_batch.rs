@@ -16,7 +16,18 @@ use prost::bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
-use crate::proto::v1::Tag;
+/// One tag of a series, `key=value` (`hourglass.v1.Tag`, as prost derives it: here
+/// rather than generated so that this module needs nothing of the generated code, which
+/// names it and [`SeriesBatch`] through `extern_path`).
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct Tag {
+    /// Tag key: letters, digits, `_`, `-`, `.`; at most 64 bytes.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// Tag value: any UTF-8 without `,` or `|`; at most 256 bytes.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
 
 /// Many items of one series: the compact form for high rates (`hourglass.v1.SeriesBatch`).
 #[derive(Clone, PartialEq, Default)]

@@ -18,7 +18,7 @@ use super::json::{
     RowJson, SeriesJson, SeriesList, ServerJson, ServerList, SideJson,
 };
 use super::params::Params;
-use super::route::{Route, SELECTION};
+use super::route::{MEMBERSHIP_BATCH_PATH, MEMBERSHIP_PATH, Route, SELECTION};
 use crate::http::error::{ApiError, JSON};
 use crate::http::state::{HttpState, caller};
 
@@ -46,7 +46,7 @@ pub(super) const TOPK: Route = Route {
 };
 /// `/api/v1/membership`.
 pub(super) const MEMBERSHIP: Route = Route {
-    path: "/api/v1/membership",
+    path: MEMBERSHIP_PATH,
     parameters: &[
         "metric", "tag", "from", "to", "server", "label", "group_by", "item",
     ],
@@ -54,7 +54,7 @@ pub(super) const MEMBERSHIP: Route = Route {
 };
 /// `/api/v1/membership/batch`: `item` given once per item.
 pub(super) const MEMBERSHIP_BATCH: Route = Route {
-    path: "/api/v1/membership/batch",
+    path: MEMBERSHIP_BATCH_PATH,
     parameters: &[
         "metric", "tag", "from", "to", "server", "label", "group_by", "item",
     ],

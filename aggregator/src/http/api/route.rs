@@ -5,8 +5,12 @@ use std::sync::Arc;
 
 use axum::routing::MethodRouter;
 
-use super::handlers::{MEMBERSHIP, MEMBERSHIP_BATCH};
 use crate::http::state::HttpState;
+
+/// The path of the route that looks one item up in membership filters.
+pub(super) const MEMBERSHIP_PATH: &str = "/api/v1/membership";
+/// The path of the route that looks many up.
+pub(super) const MEMBERSHIP_BATCH_PATH: &str = "/api/v1/membership/batch";
 
 /// One route of the API: its path, the query-string parameters it takes and its
 /// handler.
@@ -31,7 +35,7 @@ pub(super) const REPEATABLE: &[&str] =
 /// Whether `route` takes `name` more than once: [`REPEATABLE`], and `item` on the route
 /// that looks up many (every other route that takes `item` asks about one).
 pub(super) fn repeatable(route: Route, name: &str) -> bool {
-    REPEATABLE.contains(&name) || (name == "item" && route.path == MEMBERSHIP_BATCH.path)
+    REPEATABLE.contains(&name) || (name == "item" && route.path == MEMBERSHIP_BATCH_PATH)
 }
 
 /// The refusal of a second `name` on `route`.
@@ -39,8 +43,8 @@ pub(super) fn given_twice(route: Route, name: &str) -> String {
     if name != "item" {
         return format!("parameter {name:?} is given more than once");
     }
-    let many = if route.path == MEMBERSHIP.path {
-        format!(" ({} looks up many)", MEMBERSHIP_BATCH.path)
+    let many = if route.path == MEMBERSHIP_PATH {
+        format!(" ({MEMBERSHIP_BATCH_PATH} looks up many)")
     } else {
         String::new()
     };
