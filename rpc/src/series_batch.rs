@@ -6,7 +6,7 @@
 //! CPU on large batches, docs/BENCHMARKS.md). Here the items are copied as they are read
 //! into one buffer with their ends beside it ([`Items`]): a few bytes copied per item and
 //! no per-item allocation or reference count, so a client that fills the natural field
-//! gets the packed form's speed. The wire format is the `.proto`'s, unchanged
+//! gets close to the packed form's speed (docs/BENCHMARKS.md, "hourglass beside Redis"). The wire format is the `.proto`'s, unchanged
 //! (proto/hourglass/v1/ingest.proto); `build.rs` points the generated code here
 //! (`extern_path`).
 
@@ -30,7 +30,7 @@ pub struct Tag {
 }
 
 /// Many items of one series: the compact form for high rates (`hourglass.v1.SeriesBatch`).
-#[derive(Clone, PartialEq, Default)]
+#[derive(Clone, PartialEq, Default, Debug)]
 pub struct SeriesBatch {
     /// Metric name, as in `Event.metric`.
     pub metric: String,
@@ -47,19 +47,6 @@ pub struct SeriesBatch {
     /// The items in one field instead of `items`: each a varint length, then that many
     /// bytes ([`crate::packed`]). A batch uses `items` or `packed_items`, not both.
     pub packed_items: Bytes,
-}
-
-impl fmt::Debug for SeriesBatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SeriesBatch")
-            .field("metric", &self.metric)
-            .field("tags", &self.tags)
-            .field("items", &self.items)
-            .field("times_unix_seconds", &self.times_unix_seconds)
-            .field("weights", &self.weights)
-            .field("packed_items", &self.packed_items)
-            .finish()
-    }
 }
 
 /// The most bytes reserved for a batch's items when its first is read.
@@ -152,9 +139,7 @@ impl fmt::Debug for Items {
 impl<T: AsRef<[u8]>> FromIterator<T> for Items {
     fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Items {
         let mut all = Items::new();
-        for item in items {
-            all.push(item.as_ref());
-        }
+        all.extend(items);
         all
     }
 }

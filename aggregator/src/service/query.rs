@@ -205,7 +205,7 @@ fn groups<G>(answer: &Answer, f: impl Fn(&str, &Merged) -> G) -> Vec<G> {
 }
 
 /// The most items one `MembershipBatch` looks up.
-pub const MAX_BATCH_ITEMS: usize = 1000;
+const MAX_BATCH_ITEMS: usize = 1000;
 /// The lookups of one `MembershipBatch` under way at once: each waits on reads (and in
 /// cluster mode on the read barrier and the owners' answers), not on this node's CPU alone.
 const BATCH_LOOKUPS_AT_ONCE: usize = 8;
@@ -213,9 +213,9 @@ const BATCH_LOOKUPS_AT_ONCE: usize = 8;
 /// Checks the number of items of a `MembershipBatch`.
 fn check_batch(items: usize) -> Result<(), Status> {
     match items {
-        0 => Err(Status::invalid_argument(
-            "items is empty: a membership batch looks up 1 to 1000 items",
-        )),
+        0 => Err(Status::invalid_argument(format!(
+            "items is empty: a membership batch looks up 1 to {MAX_BATCH_ITEMS} items"
+        ))),
         n if n > MAX_BATCH_ITEMS => Err(Status::invalid_argument(format!(
             "{n} items: a membership batch looks up at most {MAX_BATCH_ITEMS} (send several batches)"
         ))),

@@ -72,17 +72,23 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let (mut value, text) = answer?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        value["kind"] = json!(match args.question {
-            Question::Distinct | Question::Overlap | Question::Retention => "distinct",
-            Question::Frequency | Question::Topk => "frequency",
-            Question::Membership => "membership",
-        });
-        strip_text_only_fields(&mut value);
+        finish_json(&mut value, args.question);
         writeln!(out, "{value}")?;
     } else {
         write!(out, "{text}")?;
     }
     Ok(())
+}
+
+/// An answer's JSON as `--json` prints it: the sketch kind asked about, and none of the
+/// fields only the text uses.
+fn finish_json(value: &mut Value, question: Question) {
+    value["kind"] = json!(match question {
+        Question::Distinct | Question::Overlap | Question::Retention => "distinct",
+        Question::Frequency | Question::Topk => "frequency",
+        Question::Membership => "membership",
+    });
+    strip_text_only_fields(value);
 }
 
 /// Turns a gRPC failure into one line a person can act on. UNAVAILABLE is either the
@@ -212,8 +218,7 @@ fn present_batch(
     for (item, answer) in items.iter().zip(reply.answers) {
         let header = describe_selection(args, Some(item));
         let (mut value, one) = present(&header, Reply::Membership(answer), item.as_bytes());
-        value["kind"] = json!("membership");
-        strip_text_only_fields(&mut value);
+        finish_json(&mut value, Question::Membership);
         values.push(value);
         if !text.is_empty() {
             text.push('\n');
