@@ -243,7 +243,7 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
         .map(|name| node_with(&dir, &nats, name, name, 64))
         .collect();
     let single = InProcessAggregator::start(&dir.file("single"));
-    wait_until("three members", || {
+    wait_until_within("three members", JOIN_WAIT, || {
         nodes
             .iter()
             .all(|n| agg_metric(n, "cluster_members") == 3.0)
@@ -559,7 +559,7 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
     });
     to_x.set_target(x.grpc.trim_start_matches("http://").parse().unwrap());
     wait_ready(&x);
-    wait_until("three members", || {
+    wait_until_within("three members", JOIN_WAIT, || {
         [&a, &b, &x]
             .iter()
             .all(|n| agg_metric(*n, "cluster_members") == 3.0)
@@ -1460,7 +1460,7 @@ fn a_node_cut_off_from_nats_never_answers_stale_rows_as_complete() {
         "agg-y",
         |c| c.member_ttl = ttl,
     );
-    wait_until("two members", || {
+    wait_until_within("two members", JOIN_WAIT, || {
         agg_metric(&x, "cluster_members") == 2.0 && agg_metric(&y, "cluster_members") == 2.0
     });
     wait_applied(&[&x, &y]);
@@ -1511,7 +1511,7 @@ fn a_restarted_owner_answers_only_once_its_unacknowledged_messages_are_applied()
     let x = AggregatorProcess::start_on(&listen, &dir.file("agg-1"), &args);
     wait_ready(&x);
     let y = node(&dir, &nats, "agg-2", "agg-2");
-    wait_until("two members", || {
+    wait_until_within("two members", JOIN_WAIT, || {
         agg_metric(&x, "cluster_members") == 2.0 && agg_metric(&y, "cluster_members") == 2.0
     });
     wait_applied(&[&x, &y]);
@@ -1599,7 +1599,7 @@ fn a_node_behind_on_the_live_subject_never_answers_low_without_missing_partition
     let a = node(&dir, &nats, "agg-1", "agg-1");
     let b = node(&dir, &nats, "agg-2", "agg-2");
     let c = node(&dir, &nats, "agg-3", "agg-3");
-    wait_until("three members", || {
+    wait_until_within("three members", JOIN_WAIT, || {
         [&a, &b, &c]
             .iter()
             .all(|n| agg_metric(*n, "cluster_members") == 3.0)
@@ -1809,7 +1809,7 @@ fn a_membership_batch_is_answered_across_the_cluster_as_lookups_one_by_one() {
     let dir = TempDir::new("cluster-membership-batch");
     let nodes: Vec<InProcessAggregator> = three_nodes(&dir, &nats);
     let single = InProcessAggregator::start(&dir.file("single"));
-    wait_until("three members", || {
+    wait_until_within("three members", JOIN_WAIT, || {
         nodes
             .iter()
             .all(|n| agg_metric(n, "cluster_members") == 3.0)

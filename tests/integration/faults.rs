@@ -110,7 +110,7 @@ pub(crate) fn wait_until(what: &str, done: impl FnMut() -> bool) {
 /// How long a cluster node may take to join and be ready: joining alone may take a minute
 /// (the aggregator's `START_TIMEOUT`, while a new NATS cluster elects its JetStream
 /// leaders), then its consumers are made and catch up. Under the whole suite's load on 2
-/// cores, 60 s for both was once too short.
+/// cores, 60 s for both was once too short (twice: the mutual-TLS cluster test in CI).
 pub(crate) const JOIN_WAIT: Duration = Duration::from_secs(150);
 
 /// [`wait_until`] with a limit of its own.

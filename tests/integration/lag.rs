@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::faults::{agg_metric, wait_until};
+use crate::faults::{JOIN_WAIT, agg_metric, wait_until, wait_until_within};
 use crate::nats::NatsCluster;
 use crate::natsfaults::*;
 use crate::netcut::Link;
@@ -37,7 +37,7 @@ fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_del
         // burst slowly.
         c.apply_delay = Duration::from_millis(200);
     });
-    wait_until("two members, both ready", || {
+    wait_until_within("two members, both ready", JOIN_WAIT, || {
         agg_metric(&fast, "cluster_members") == 2.0
             && agg_metric(&slow, "cluster_members") == 2.0
             && ready(&fast)
@@ -206,7 +206,7 @@ fn a_ready_node_that_stalls_past_max_age_never_answers_without_what_the_stream_d
         "agg-2",
         tweak,
     );
-    wait_until("two members, both ready", || {
+    wait_until_within("two members, both ready", JOIN_WAIT, || {
         agg_metric(&a, "cluster_members") == 2.0
             && agg_metric(&b, "cluster_members") == 2.0
             && ready(&a)

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::faults::{agg_metric, wait_until};
+use crate::faults::{JOIN_WAIT, agg_metric, wait_until_within};
 use crate::nats::NatsCluster;
 use crate::util::{AgentProcess, AggregatorProcess, TempDir, hourglass};
 use rcgen::{
@@ -505,17 +505,21 @@ fn cluster_nodes_call_each_other_over_mutual_tls() {
         )
     };
     let (a, b) = (start("agg-1"), start("agg-2"));
-    wait_until("two members, each ready for what it owns", || {
-        [&a, &b].iter().all(|n| {
-            let applying = agg_metric(*n, "cluster_partitions_applying");
-            agg_metric(*n, "cluster_members") == 2.0
-                && applying > 0.0
-                && agg_metric(*n, "cluster_partitions_ready") == applying
-        })
-    });
+    wait_until_within(
+        "two members, each ready for what it owns",
+        JOIN_WAIT,
+        || {
+            [&a, &b].iter().all(|n| {
+                let applying = agg_metric(*n, "cluster_partitions_applying");
+                agg_metric(*n, "cluster_members") == 2.0
+                    && applying > 0.0
+                    && agg_metric(*n, "cluster_partitions_ready") == applying
+            })
+        },
+    );
     // One owner per partition once the hand-over is over: each node answers for only
     // part of them and must call the other for the rest.
-    wait_until("each partition applied by its one owner", || {
+    wait_until_within("each partition applied by its one owner", JOIN_WAIT, || {
         agg_metric(&a, "cluster_partitions_applying")
             + agg_metric(&b, "cluster_partitions_applying")
             == 8.0
