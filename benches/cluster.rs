@@ -429,7 +429,9 @@ fn cluster_config(nats: &Nats, node: &str, stream: &str, partitions: u32) -> Str
 }
 
 /// Waits until every node sees all of them as members and is ready for every partition
-/// it applies, and the nodes together apply each partition `min(owners, nodes)` times.
+/// it applies, each carried by its live consumer (the steady state: one consumer a node;
+/// a build from before that reports no such metric), and the nodes together apply each
+/// partition `min(owners, nodes)` times.
 fn wait_ready(nodes: &[Node], partitions: u32) {
     let n = nodes.len();
     let want = f64::from(partitions) * OWNERS.min(n) as f64;
@@ -444,6 +446,8 @@ fn wait_ready(nodes: &[Node], partitions: u32) {
                 if metric(&text, "cluster_members") != n as f64
                     || applying == 0.0
                     || metric(&text, "cluster_partitions_ready") != applying
+                    || (text.contains("cluster_partitions_carried")
+                        && metric(&text, "cluster_partitions_carried") != applying)
                 {
                     return false;
                 }

@@ -163,6 +163,9 @@ pub struct Metrics {
     pub(crate) cluster_partitions_applying: Gauge,
     /// Cluster mode: partitions this node answers for (applied completely).
     pub(crate) cluster_partitions_ready: Gauge,
+    /// Cluster mode: partitions this node's live consumer carries (DESIGN §10); the rest
+    /// of those it applies catch up through consumers of their own.
+    pub(crate) cluster_partitions_carried: Gauge,
     /// Cluster mode: partitions missing from query answers (no ready node answered).
     pub(crate) cluster_partitions_missing: Counter,
 }
@@ -227,6 +230,7 @@ impl Metrics {
             cluster_members: Gauge::default(),
             cluster_partitions_applying: Gauge::default(),
             cluster_partitions_ready: Gauge::default(),
+            cluster_partitions_carried: Gauge::default(),
             cluster_partitions_missing: Counter::default(),
             registry: Registry::default(),
         };
@@ -465,6 +469,11 @@ impl Metrics {
             self.cluster_partitions_ready.clone(),
         );
         r.register(
+            "cluster_partitions_carried",
+            "Cluster mode: partitions applied through this node's live consumer (one consumer a node); the others catch up through consumers of their own",
+            self.cluster_partitions_carried.clone(),
+        );
+        r.register(
             "cluster_partitions_missing",
             "Cluster mode: partitions left out of query answers because no ready node answered for them",
             self.cluster_partitions_missing.clone(),
@@ -486,9 +495,11 @@ impl Metrics {
         members: usize,
         applying: usize,
         ready: usize,
+        carried: usize,
         pending: u64,
     ) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.cluster_partitions_carried.set(clamp(carried as u64));
         self.cluster_members.set(clamp(members as u64));
         self.cluster_partitions_applying.set(clamp(applying as u64));
         self.cluster_partitions_ready.set(clamp(ready as u64));

@@ -58,6 +58,7 @@ fn node_with(
     data: &str,
     partitions: u32,
 ) -> InProcessAggregator {
+    crate::natsfaults::test_log();
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(node, nats.urls());
     cluster.partitions = partitions;
     // Quick membership, so that a lost node's partitions move within seconds.
@@ -257,6 +258,31 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
             .sum();
         applying == 2.0 * 64.0
     });
+    // Then each node applies what it owns through one replicated consumer (DESIGN §10):
+    // its live consumer's filter holds the live subject and every partition it applies.
+    wait_until(
+        "each node's partitions carried by its live consumer",
+        || {
+            nodes.iter().all(|n| {
+                let applying = agg_metric(n, "cluster_partitions_applying");
+                applying > 0.0 && agg_metric(n, "cluster_partitions_carried") == applying
+            })
+        },
+    );
+    for (n, name) in nodes.iter().zip(["agg-1", "agg-2", "agg-3"]) {
+        let durable =
+            std::fs::read_to_string(std::path::Path::new(&dir.file(name)).join("cluster-consumer"))
+                .unwrap();
+        let info = crate::natsfaults::js_api(
+            &nats.urls()[0],
+            &format!("$JS.API.CONSUMER.INFO.HOURGLASS.{}-live", durable.trim()),
+            "",
+        )
+        .unwrap();
+        let subjects = info["config"]["filter_subjects"].as_array().map(Vec::len);
+        let applying = agg_metric(n, "cluster_partitions_applying");
+        assert_eq!(subjects, Some(applying as usize + 1), "{name}: {info}");
+    }
     let hour = crate::util::this_hour();
     let series = 300u32;
     let request = v1::PushRequest {

@@ -36,6 +36,8 @@ fn a_node_that_falls_behind_by_max_age_copies_what_the_stream_dropped_before_del
         // Slow enough to fall max_age behind even when a loaded machine pushes the
         // burst slowly.
         c.apply_delay = Duration::from_millis(200);
+        // p stays with its own consumer, whose state the test reads.
+        c.own_partition_consumers = true;
     });
     wait_until_within("two members, both ready", JOIN_WAIT, || {
         agg_metric(&fast, "cluster_members") == 2.0

@@ -293,18 +293,24 @@ pub(crate) fn consumer_state(url: &str, name: &str) -> Option<(u64, u64, u64, u6
 // ---------------------------------------------------------------------------------------
 // Nodes, pushes, answers.
 
-pub(crate) fn node(
-    dir: &TempDir,
-    urls: Vec<String>,
-    name: &str,
-    tweak: impl FnOnce(&mut ClusterConfig),
-) -> InProcessAggregator {
+/// In-process nodes log to the test's output with `HOURGLASS_TEST_LOG=FILTER` (a
+/// `tracing` filter, e.g. `hourglass_aggregator=debug`).
+pub(crate) fn test_log() {
     if let Ok(filter) = std::env::var("HOURGLASS_TEST_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_test_writer()
             .try_init();
     }
+}
+
+pub(crate) fn node(
+    dir: &TempDir,
+    urls: Vec<String>,
+    name: &str,
+    tweak: impl FnOnce(&mut ClusterConfig),
+) -> InProcessAggregator {
+    test_log();
     let mut cluster = ClusterConfig::new(name, urls);
     cluster.partitions = PARTITIONS;
     cluster.heartbeat = HEARTBEAT;

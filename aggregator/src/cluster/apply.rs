@@ -1,8 +1,10 @@
 //! The apply loops: this node's membership heartbeat, and its durable consumers of the
-//! stream — one for the live subject (every node) and one per partition it owns — each
-//! applying messages into the local store with the single aggregator's own push path.
+//! stream — one for the live subject (every node) and one per partition it comes to own,
+//! which catches the partition up and then hands it to the live consumer ([`Joins`]:
+//! one consumer a node in the steady state) — each applying messages into the local
+//! store with the single aggregator's own push path.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -58,6 +60,8 @@ struct Consuming {
     /// This node's one group commit of applied messages ([`GroupCommit`]).
     commit: GroupCommit,
     metrics: Arc<Metrics>,
+    /// The partitions the live consumer carries, and those asking it to.
+    joins: Arc<Joins>,
 }
 
 /// A partition's consumer task and the switch that stops it.
@@ -87,6 +91,7 @@ pub(crate) async fn run(
         commit: GroupCommit::start(Arc::clone(&cluster), Arc::clone(&applier)),
         applier,
         metrics: Arc::clone(&metrics),
+        joins: Arc::default(),
     };
     let mut live = start(&work, LIVE);
     let mut running: HashMap<u32, Task> = HashMap::new();
@@ -142,6 +147,9 @@ pub(crate) async fn run(
             Err(_) => tracing::warn!("cluster: leaving the members timed out"),
         }
     }
+    // Carried partitions stop without taking themselves out of the live consumer's
+    // filter: its next opening sets that back.
+    release_carried(&work);
     for task in running.values() {
         let _ = task.stop.send(true);
     }
@@ -157,6 +165,7 @@ pub(crate) async fn run(
 /// next [`rebalance`]. Returns the new live consumer's task.
 async fn reopen_all(work: &Consuming, live: Task, running: &mut HashMap<u32, Task>) -> Task {
     let barrier = work.cluster.barrier();
+    release_carried(work);
     let subjects: Vec<u32> = running.keys().copied().chain([LIVE]).collect();
     let forget = || {
         for &p in &subjects {
@@ -184,8 +193,14 @@ fn rebalance(work: &Consuming, running: &mut HashMap<u32, Task>) {
     // What this node sees now, even cut off: no members, no partition answered for.
     let report = || {
         let (applying, ready) = membership.counts();
-        work.metrics
-            .cluster_membership(members.len(), applying, ready, membership.pending());
+        let carried = work.cluster.barrier().carried().len();
+        work.metrics.cluster_membership(
+            members.len(),
+            applying,
+            ready,
+            carried,
+            membership.pending(),
+        );
     };
     // Out of the cluster (or not yet in): keep applying what it applies, take nothing new.
     if members.is_empty() {
@@ -289,9 +304,26 @@ fn start(work: &Consuming, p: u32) -> Task {
     let work = work.clone();
     let handle = tokio::spawn(async move {
         loop {
-            let error = tokio::select! {
-                _ = stopped.wait_for(|s| *s) => return,
-                error = consume(&work, p) => error,
+            let ended = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => None,
+                ended = consume(&work, p) => Some(ended),
+            };
+            let error = match ended {
+                None => break,
+                Some(Ended::Failed(error)) => error,
+                // Carried by the live consumer until it drops the partition (opened
+                // again: the partition catches up through its own consumer again) or
+                // this task stops (handed over: out of the live consumer's filter).
+                Some(Ended::Carried(dropped)) => {
+                    let stop = tokio::select! {
+                        _ = stopped.wait_for(|s| *s) => true,
+                        _ = dropped => false,
+                    };
+                    if stop {
+                        break;
+                    }
+                    continue;
+                }
             };
             // Until it is opened again, nothing is vouched for by this consumer: the read
             // barrier refuses, and the partition is left to other owners.
@@ -301,34 +333,54 @@ fn start(work: &Consuming, p: u32) -> Task {
             }
             tracing::warn!(partition = p, error = %error, "applying the cluster stream stopped; resuming");
             tokio::select! {
-                _ = stopped.wait_for(|s| *s) => return,
+                _ = stopped.wait_for(|s| *s) => break,
                 _ = tokio::time::sleep(RETRY_DELAY) => {}
             }
+        }
+        // Stopped (handed over): out of the live consumer's filter, if it was in it.
+        if p != LIVE {
+            leave(&work, p).await;
         }
     });
     Task { stop, handle }
 }
 
-/// Reads and applies one subject's messages until the consumer fails; returns why.
-async fn consume(work: &Consuming, p: u32) -> ClusterError {
+/// How a consume loop ended.
+enum Ended {
+    /// Its consumer failed: why. It is opened again.
+    Failed(ClusterError),
+    /// The partition is carried by the live consumer from now on, until this says it
+    /// dropped it.
+    Carried(tokio::sync::oneshot::Receiver<()>),
+}
+
+/// Reads and applies one subject's messages until the consumer fails (or, for a
+/// partition, until the live consumer carries it: [`join`]); returns why.
+async fn consume(work: &Consuming, p: u32) -> Ended {
     let cluster = &work.cluster;
     let config = cluster.config();
     let (mut subject, mut messages) = match subscribe(work, p).await {
         Ok(subscribed) => subscribed,
-        Err(e) => return e,
+        Err(e) => return Ended::Failed(e),
     };
+    let fail = |subject: &Subject<'_>, detail: String| Ended::Failed(subject.fail(detail));
     // Incomplete and no node could give what is missing: apply what is there, and try
     // the copy again later.
     let retry_copy = (!subject.complete).then(|| tokio::time::Instant::now() + COPY_RETRY);
     let (quiet, stall) = (config.quiet(), config.stall());
     let mut quiet_until = tokio::time::Instant::now() + quiet;
     let mut unreceived = None;
+    let mut joining = None;
     loop {
+        if p == LIVE {
+            adopt_asked(work, &subject.identity);
+        }
         let next = tokio::select! {
             biased;
             next = messages.next() => Some(next),
+            () = work.joins.asked.notified(), if p == LIVE => continue,
             _ = tokio::time::sleep_until(retry_copy.unwrap_or(quiet_until)), if retry_copy.is_some() => {
-                return subject.fail("trying the copy of what the stream no longer keeps again");
+                return fail(&subject, "trying the copy of what the stream no longer keeps again".into());
             }
             _ = tokio::time::sleep_until(quiet_until) => None,
         };
@@ -338,49 +390,323 @@ async fn consume(work: &Consuming, p: u32) -> ClusterError {
         let late = tokio::time::Instant::now().saturating_duration_since(quiet_until);
         if late > stall {
             cluster.distrust(p, &subject.identity);
-            return subject.fail(format!(
-                "this node's loop did not run for {late:?} past its time; opening the consumer again from this node's position"
-            ));
+            return fail(
+                &subject,
+                format!(
+                    "this node's loop did not run for {late:?} past its time; opening the consumer again from this node's position"
+                ),
+            );
         }
         cluster.barrier().running(p);
-        let Some(next) = next else {
-            let (consumer, identity) = (&subject.consumer, &subject.identity);
-            if let Err(detail) = idle(
-                cluster,
-                p,
-                consumer,
-                identity,
-                subject.complete,
-                &mut unreceived,
-            )
-            .await
-            {
-                return subject.fail(detail);
+        let pending = match next {
+            None => {
+                let (consumer, identity) = (&subject.consumer, &subject.identity);
+                if let Err(detail) = idle(
+                    cluster,
+                    p,
+                    consumer,
+                    identity,
+                    subject.complete,
+                    &mut unreceived,
+                )
+                .await
+                {
+                    return fail(&subject, detail);
+                }
+                quiet_until = tokio::time::Instant::now() + quiet;
+                0
             }
-            quiet_until = tokio::time::Instant::now() + quiet;
-            continue;
-        };
-        let first = match next {
-            Some(Ok(message)) => message,
+            Some(Some(Ok(first))) => {
+                let pending = match subject.take(first, &mut messages).await {
+                    Ok(pending) => pending,
+                    Err(e) => return Ended::Failed(e),
+                };
+                quiet_until = tokio::time::Instant::now() + quiet;
+                unreceived = None;
+                cluster.barrier().running(p);
+                // Nothing left to deliver: ready once this node applied every delivery too
+                // (one request, only while not ready yet).
+                if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
+                    match subject.consumer.get_info().await {
+                        Ok(info) => record_outstanding(cluster, p, &info, subject.complete),
+                        Err(e) => return fail(&subject, e.to_string()),
+                    }
+                }
+                pending
+            }
             // The client reconnects by itself; a missed heartbeat and the like end here.
-            Some(Err(e)) => return subject.fail(e),
-            None => return subject.fail("ended"),
+            Some(Some(Err(e))) => return fail(&subject, e.to_string()),
+            Some(None) => return fail(&subject, "ended".into()),
         };
-        let pending = match subject.take(first, &mut messages).await {
-            Ok(pending) => pending,
-            Err(e) => return e,
-        };
-        quiet_until = tokio::time::Instant::now() + quiet;
-        unreceived = None;
-        cluster.barrier().running(p);
-        // Nothing left to deliver: ready once this node applied every delivery too (one
-        // request, only while not ready yet).
-        if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
-            match subject.consumer.get_info().await {
-                Ok(info) => record_outstanding(cluster, p, &info, subject.complete),
-                Err(e) => return subject.fail(e),
-            }
+        if p != LIVE
+            && pending == 0
+            && let Some(dropped) = join(work, &subject, &mut joining).await
+        {
+            return Ended::Carried(dropped);
         }
+    }
+}
+
+/// The live consumer's partitions (DESIGN §10, "one consumer a node"): a partition is
+/// caught up by a consumer of its own (its copy, completeness and guards), then carried
+/// by the live consumer, whose `filter_subjects` gain it, so that the node's steady
+/// state is one replicated consumer, not one a subject.
+#[derive(Default)]
+struct Joins {
+    /// Serializes changes of the live consumer's filter: two joins at once would each
+    /// write back the filter they read.
+    filter: tokio::sync::Mutex<()>,
+    state: std::sync::Mutex<JoinState>,
+    /// Wakes the live consumer's loop for the adoptions asked.
+    asked: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct JoinState {
+    /// The live consumer's instance and consumer while its loop runs: partitions join it.
+    live: Option<(String, PullConsumer)>,
+    /// Partitions asking the live consumer's loop to carry them.
+    asked: Vec<Adoption>,
+    /// The carried partitions, each with the sender whose drop tells its task that the
+    /// live consumer no longer carries it.
+    carried: HashMap<u32, tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A partition's request to be carried by the live consumer.
+struct Adoption {
+    p: u32,
+    /// The live consumer's instance once `p` was in its filter.
+    live: String,
+    /// The stream's last sequence once `p` was in the live consumer's filter: it
+    /// delivers `p`'s messages after it, and `p`'s own consumer applied those up to it.
+    at: u64,
+    reply: tokio::sync::oneshot::Sender<tokio::sync::oneshot::Receiver<()>>,
+}
+
+fn lock(state: &std::sync::Mutex<JoinState>) -> std::sync::MutexGuard<'_, JoinState> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The live consumer carries nothing from now on and takes nothing until it is opened
+/// again: each partition it carried catches up through its own consumer again, not
+/// answered for meanwhile.
+fn release_carried(work: &Consuming) {
+    let mut state = lock(&work.joins.state);
+    state.live = None;
+    state.asked.clear();
+    for (p, dropped) in state.carried.drain() {
+        work.cluster.barrier().drop_carried(p);
+        work.cluster.members().withdraw(p);
+        drop(dropped);
+    }
+}
+
+/// Changes the subjects of `consumer` with `change` (which says whether it changed
+/// them); returns the consumer's state after.
+async fn update_filter(
+    stream: &jetstream::stream::Stream,
+    consumer: &PullConsumer,
+    change: impl FnOnce(&mut BTreeSet<String>) -> bool,
+) -> Result<jetstream::consumer::Info, String> {
+    let info = consumer.get_info().await.map_err(|e| e.to_string())?;
+    let mut config =
+        pull::Config::try_from_consumer_config(info.config.clone()).map_err(|e| e.to_string())?;
+    let mut subjects: BTreeSet<String> = config.filter_subjects.drain(..).collect();
+    if !config.filter_subject.is_empty() {
+        subjects.insert(std::mem::take(&mut config.filter_subject));
+    }
+    if !change(&mut subjects) {
+        return Ok(info);
+    }
+    if subjects.len() == 1 {
+        config.filter_subject = subjects.pop_first().unwrap_or_default();
+    } else {
+        config.filter_subjects = subjects.into_iter().collect();
+    }
+    stream
+        .update_consumer(config)
+        .await
+        .map_err(|e| format!("changing its subjects: {e}"))?;
+    consumer.get_info().await.map_err(|e| e.to_string())
+}
+
+/// Adds partition `p` to the live consumer's filter: the live consumer's instance, and
+/// the stream's last sequence once its leader reported `p` in its filter: every message
+/// of `p` after it is delivered by the live consumer (it could not have looked past one
+/// before it was in the stream), so `p`'s own consumer must apply up to it. (Not the
+/// sequence the consumer reports delivered: that is its stored state, which may trail
+/// what it looked past while `p` was not in its filter.) `None` if the live consumer
+/// does not take partitions now (not running, another join or its opening under way,
+/// or JetStream failed: tried again later).
+async fn join_filter(work: &Consuming, p: u32) -> Option<(String, u64)> {
+    let cluster = &work.cluster;
+    let subject = cluster.config().partition_subject(p);
+    let updated = async {
+        let _filter = work.joins.filter.lock().await;
+        let (live, consumer) = lock(&work.joins.state)
+            .live
+            .clone()
+            .ok_or_else(|| "the live consumer is not running".to_string())?;
+        let stream = cluster
+            .jetstream()
+            .get_stream(&cluster.config().stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = update_filter(&stream, &consumer, |subjects| {
+            subjects.insert(subject.clone())
+        })
+        .await?;
+        let filtered =
+            info.config.filter_subject == subject || info.config.filter_subjects.contains(&subject);
+        if identity(&info) != live || !filtered {
+            return Err("the live consumer was made again meanwhile".to_string());
+        }
+        let last = cluster
+            .stream_last_sequence()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((live, last))
+    };
+    match tokio::time::timeout(filter_timeout(cluster.config()), updated).await {
+        Ok(Ok(joined)) => Some(joined),
+        Ok(Err(e)) => {
+            tracing::debug!(partition = p, error = %e, "cluster: adding a partition to the live consumer");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(
+                partition = p,
+                "cluster: adding a partition to the live consumer timed out"
+            );
+            None
+        }
+    }
+}
+
+/// The longest a change of the live consumer's filter, or a wait for its loop to adopt
+/// a partition, may take: two seconds, and never so long that the consume loop waiting
+/// for it stalls ([`super::ClusterConfig::stall`]).
+fn filter_timeout(config: &super::ClusterConfig) -> Duration {
+    Duration::from_secs(2).min(config.stall() / 4)
+}
+
+/// Partition `subject` (its own consumer, with nothing left to deliver) joins the live
+/// consumer once ready: in its filter first (`joining` keeps where the live consumer
+/// was then), then, once its own consumer applied up to there, adopted by the live
+/// consumer's loop between two batches ([`adopt_asked`]). Returns what tells the task
+/// the live consumer dropped it, once carried.
+async fn join(
+    work: &Consuming,
+    subject: &Subject<'_>,
+    joining: &mut Option<(String, u64)>,
+) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    let (cluster, p) = (&work.cluster, subject.p);
+    if cluster.config().own_partition_consumers
+        || !subject.complete
+        || !cluster.members().is_ready_here(p)
+    {
+        return None;
+    }
+    if joining.is_none() {
+        *joining = Some(join_filter(work, p).await?);
+        // What its own consumer looked at since, applied: where the live consumer was is
+        // usually reached at once (an error here is the next idle check's to act on).
+        let (consumer, identity) = (&subject.consumer, &subject.identity);
+        let _ = idle(cluster, p, consumer, identity, subject.complete, &mut None).await;
+    }
+    let (live, at) = joining.clone()?;
+    if cluster.position(p).applied < at {
+        return None;
+    }
+    let (reply, adopted) = tokio::sync::oneshot::channel();
+    lock(&work.joins.state)
+        .asked
+        .push(Adoption { p, live, at, reply });
+    work.joins.asked.notify_one();
+    match tokio::time::timeout(filter_timeout(cluster.config()), adopted).await {
+        Ok(Ok(dropped)) => Some(dropped),
+        // Refused (the live consumer opened again since) or not taken in time: joined
+        // again from the start.
+        _ => {
+            *joining = None;
+            None
+        }
+    }
+}
+
+/// The live consumer's loop, between two batches, adopts the partitions that asked
+/// ([`join`]) if its instance `live` is the one they joined and each is applied up to
+/// where it joined: from then on its deliveries vouch for them
+/// ([`super::engine::Cluster::adopt_position`]).
+fn adopt_asked(work: &Consuming, live: &str) {
+    let cluster = &work.cluster;
+    let mut state = lock(&work.joins.state);
+    let asked = std::mem::take(&mut state.asked);
+    for adoption in asked {
+        let position = cluster.position(LIVE);
+        let running = state.live.as_ref().is_some_and(|(l, _)| l == live);
+        if !running
+            || adoption.live != live
+            || position.consumer != live
+            || cluster.position(adoption.p).applied < adoption.at
+        {
+            continue;
+        }
+        let p = adoption.p;
+        let (dropped, on_drop) = tokio::sync::oneshot::channel();
+        let at = cluster.adopt_position(p, &position);
+        cluster.barrier().carry(p);
+        cluster.members().set_pending(p, 0);
+        if adoption.reply.send(on_drop).is_err() {
+            // Its task stopped meanwhile.
+            cluster.barrier().drop_carried(p);
+            continue;
+        }
+        state.carried.insert(p, dropped);
+        tracing::debug!(
+            partition = p,
+            applied = at.applied,
+            "partition carried by the live consumer"
+        );
+    }
+}
+
+/// Partition `p`, carried by the live consumer or joining it, is no longer applied here
+/// (handed over): the live consumer no longer records it, and its filter drops it. Its position stays
+/// where the live consumer left it.
+async fn leave(work: &Consuming, p: u32) {
+    lock(&work.joins.state).carried.remove(&p);
+    work.cluster.barrier().drop_carried(p);
+    let cluster = &work.cluster;
+    let subject = cluster.config().partition_subject(p);
+    if lock(&work.joins.state).live.is_none() {
+        // Stopping, or opened again: its opening sets the filter back.
+        return;
+    }
+    let left = async {
+        let _filter = work.joins.filter.lock().await;
+        let Some((_, consumer)) = lock(&work.joins.state).live.clone() else {
+            return Ok(());
+        };
+        let stream = cluster
+            .jetstream()
+            .get_stream(&cluster.config().stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        update_filter(&stream, &consumer, |subjects| subjects.remove(&subject))
+            .await
+            .map(drop)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), left).await {
+        Ok(Ok(())) => {}
+        // Its messages are applied on, harmlessly, until the live consumer's next opening.
+        Ok(Err(e)) => {
+            tracing::warn!(partition = p, error = %e, "cluster: taking a partition out of the live consumer")
+        }
+        Err(_) => tracing::warn!(
+            partition = p,
+            "cluster: taking a partition out of the live consumer timed out"
+        ),
     }
 }
 
@@ -404,6 +730,14 @@ async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Strea
             stream: config.stream.clone(),
             detail: e.to_string(),
         })?;
+    // The live consumer opened again carries no partition: each rejoins through a
+    // consumer of its own, which finds any gap since and copies it (DESIGN §10).
+    let filter = if p == LIVE {
+        release_carried(work);
+        Some(work.joins.filter.lock().await)
+    } else {
+        None
+    };
     let Opened {
         consumer,
         identity,
@@ -413,6 +747,17 @@ async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Strea
     } = open(work, p, &stream, &name, &subject)
         .await
         .map_err(|detail| consumer_error(work, &name, detail))?;
+    if let Some(_filter) = filter {
+        let live = subject.clone();
+        update_filter(&stream, &consumer, |subjects| {
+            let others = subjects.len() > 1 || !subjects.contains(&live);
+            *subjects = BTreeSet::from([live]);
+            others
+        })
+        .await
+        .map_err(|detail| consumer_error(work, &name, detail))?;
+        lock(&work.joins.state).live = Some((identity.clone(), consumer.clone()));
+    }
     let heartbeat = config.pull_heartbeat();
     let messages = consumer
         .stream()
@@ -804,7 +1149,19 @@ fn write_group(cluster: &Cluster, applier: &Writer, group: &[Job]) -> Vec<Vec<Ap
     let synced = applier.store().write_group(&mut || {
         for (job, outcomes) in group.iter().zip(outcomes.iter_mut()) {
             for m in &job.messages {
-                let outcome = apply_one(cluster, applier, job.p, m);
+                // The live consumer delivers the partitions it carries too.
+                let p = if job.p == LIVE {
+                    subject_partition(cluster.config(), m.subject.as_str())
+                } else {
+                    Some(job.p)
+                };
+                let outcome = match p {
+                    Some(p) => apply_one(cluster, applier, p, m),
+                    None => {
+                        tracing::error!(subject = %m.subject, "a cluster message on a subject of no partition; skipped");
+                        Applied::Refused
+                    }
+                };
                 outcomes.push(outcome);
                 if outcome == Applied::Retry {
                     break;
@@ -1329,6 +1686,20 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
         .is_some_and(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// The partition of a subject of the stream ([`LIVE`] for the live subject), or `None`
+/// for a subject of neither.
+fn subject_partition(config: &super::ClusterConfig, subject: &str) -> Option<u32> {
+    if subject == config.live_subject() {
+        return Some(LIVE);
+    }
+    subject
+        .strip_prefix(config.subject_prefix.as_str())?
+        .strip_prefix(".p.")?
+        .parse()
+        .ok()
+        .filter(|&p| p < config.partitions)
+}
+
 /// Decodes and stores one message: a live message's server, live hours and series
 /// index (and the positions it names, for the read barrier), or a partition's snapshots.
 fn apply_one(
@@ -1564,6 +1935,27 @@ mod tests {
             matches!(ended, Some(None)),
             "the stream's end ends the batch"
         );
+    }
+
+    #[test]
+    fn the_live_consumer_applies_each_message_as_its_subjects_partition() {
+        let mut config = super::super::ClusterConfig::new("agg-1", vec![]);
+        config.partitions = 8;
+        assert_eq!(subject_partition(&config, "hourglass.live"), Some(LIVE));
+        assert_eq!(subject_partition(&config, "hourglass.p.0"), Some(0));
+        assert_eq!(subject_partition(&config, "hourglass.p.7"), Some(7));
+        // Past the partition count, malformed, or another prefix: no partition.
+        for subject in [
+            "hourglass.p.8",
+            "hourglass.p.",
+            "hourglass.p.-1",
+            "hourglass.p.1.2",
+            "hourglass.q.1",
+            "other.p.1",
+            "hourglassx.p.1",
+        ] {
+            assert_eq!(subject_partition(&config, subject), None, "{subject}");
+        }
     }
 
     #[test]

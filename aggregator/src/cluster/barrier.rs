@@ -8,8 +8,9 @@
 //!
 //! 1. reads its live consumer's position from JetStream, *after* the question arrived,
 //!    and waits until it has applied the live subject up to the last message delivered
-//!    by then, when nothing was left undelivered (else it asks again once it applied
-//!    more). Every push acknowledged before that read published its live message before
+//!    by then, when nothing was left undelivered or the consumer had looked as far as
+//!    the stream's last message after the question came (else it asks again once it
+//!    applied more). Every push acknowledged before that read published its live message before
 //!    it, so this node's series index now names every acknowledged series;
 //! 2. waits, for each partition it answers for, until it has applied that partition up
 //!    to the highest position the applied live messages name for it: the entry publishes
@@ -48,6 +49,9 @@ pub(crate) struct Barrier {
     /// Whether this node's store holds every live message the stream ever had (applied,
     /// or copied from another node): else its series index may lack series.
     live_complete: std::sync::atomic::AtomicBool,
+    /// The partitions the live consumer carries (DESIGN §10, "one consumer a node"): its
+    /// deliveries vouch for them, so the barrier reads its entry for them.
+    carried: Mutex<BTreeSet<u32>>,
 }
 
 impl Barrier {
@@ -83,6 +87,41 @@ impl Barrier {
         }
     }
 
+    /// Records that the live consumer carries partition `p` from now on: `p`'s own
+    /// consumer no longer runs, and what the live one delivers and looks at stands for it.
+    pub(crate) fn carry(&self, p: u32) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        consumers.remove(&p);
+        self.carried
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p);
+    }
+
+    /// Records that the live consumer no longer carries `p` (handed over, or the live
+    /// consumer opened again: it rejoins through a consumer of its own). Returns whether
+    /// it did.
+    pub(crate) fn drop_carried(&self, p: u32) -> bool {
+        self.carried
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p)
+    }
+
+    /// The partitions the live consumer carries.
+    pub(crate) fn carried(&self) -> BTreeSet<u32> {
+        self.carried
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The subject whose consumer delivers `p`: [`LIVE`] if the live consumer carries it.
+    fn delivering(&self, p: u32) -> u32 {
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        if carried.contains(&p) { LIVE } else { p }
+    }
+
     /// This node's consumer of `p` (or [`LIVE`]), from when it runs. Nothing is known yet
     /// of when what it has to deliver was published ([`Running::fresh`]).
     pub(crate) fn set_consumer(&self, p: u32, consumer: Consumer<pull::Config>, instance: &str) {
@@ -108,6 +147,7 @@ impl Barrier {
 
     /// How long ago the loop of `p`'s consumer last showed it runs.
     fn not_running_for(&self, p: u32) -> Duration {
+        let p = self.delivering(p);
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers
             .get(&p)
@@ -119,6 +159,7 @@ impl Barrier {
     /// earlier time than the one recorded changes nothing, and neither does another
     /// instance than the running one (opened again meanwhile: its backlog is its own).
     pub(crate) fn fresh_since(&self, p: u32, instance: &str, since: SystemTime) {
+        let p = self.delivering(p);
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(running) = consumers.get_mut(&p)
             && running.instance == instance
@@ -129,6 +170,7 @@ impl Barrier {
 
     /// [`Running::fresh`] of `p`'s consumer.
     pub(crate) fn fresh(&self, p: u32) -> Option<SystemTime> {
+        let p = self.delivering(p);
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers.get(&p).and_then(|running| running.fresh)
     }
@@ -140,6 +182,7 @@ impl Barrier {
     }
 
     fn consumer(&self, p: u32) -> Option<Consumer<pull::Config>> {
+        let p = self.delivering(p);
         let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
         consumers.get(&p).map(|running| running.consumer.clone())
     }
@@ -235,8 +278,8 @@ pub(crate) async fn index_caught_up(cluster: &Cluster) -> Result<(), tonic::Stat
         .map_err(tonic::Status::unavailable)
 }
 
-/// Step (1) of the module docs: waits until this node applied every live message
-/// JetStream had delivered when it was asked, with nothing left undelivered.
+/// Step (1) of the module docs: waits until this node applied every live message the
+/// stream held when it was asked ([`caught_up`]).
 async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), String> {
     let behind = |detail: String| {
         format!(
@@ -254,8 +297,9 @@ async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), Stri
 }
 
 /// Waits until this node applied every message of `p` (or [`LIVE`]) JetStream had
-/// delivered when this was called, with nothing left undelivered: then it applied every
-/// message of `p` the stream held at the call. Only this node's own record of the
+/// delivered when this was called, with nothing left undelivered or the consumer's look
+/// as far as the stream's last message after the call: then it applied every message of
+/// `p` the stream held at the call. Only this node's own record of the
 /// deliveries it received and applied ([`vouched`]) says so, never the consumer's ack
 /// floor.
 pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
@@ -263,6 +307,12 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
         .barrier()
         .consumer(p)
         .ok_or_else(|| "its consumer is not running yet".to_string())?;
+    // The stream's last sequence after the call, read once the consumer is found with
+    // messages left: a consumer that looked at least that far, every delivery applied,
+    // has delivered every message the stream held at the call, messages left or not. A
+    // live consumer that carries the node's partitions has messages left most of the
+    // time under load: waiting for none left would refuse questions there.
+    let mut stream_last: Option<u64> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let asked = SystemTime::now();
@@ -286,8 +336,19 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
         // consumer that looked at nothing meanwhile, and may since have looked past what
         // the stream dropped: it vouches for nothing until the loop has seen to it.
         let running = cluster.barrier().not_running_for(p) <= cluster.config().unchecked();
+        if let Vouched::All { .. } = verdict
+            && info.num_pending > 0
+            && running
+            && stream_last.is_none()
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(Ok(last)) = tokio::time::timeout(left, cluster.stream_last_sequence()).await {
+                stream_last = Some(last);
+            }
+        }
+        let through = info.num_pending == 0 || stream_last.is_some_and(|last| verdict.at() >= last);
         if let Vouched::All { at } = verdict
-            && info.num_pending == 0
+            && through
             && running
         {
             // What the consumer looked at is applied only if the stream dropped none of it
@@ -298,8 +359,10 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
                         .into(),
                 );
             }
-            // Nothing was left to deliver: what comes was published after `asked`.
-            cluster.barrier().fresh_since(p, &theirs.consumer, asked);
+            if info.num_pending == 0 {
+                // Nothing was left to deliver: what comes was published after `asked`.
+                cluster.barrier().fresh_since(p, &theirs.consumer, asked);
+            }
             cluster.record_applied(p, at);
             return Ok(());
         }

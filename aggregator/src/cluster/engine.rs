@@ -244,7 +244,21 @@ impl Cluster {
     /// and writes it to the store if it did, under the watch's lock: the store's is never
     /// ahead of the one in memory. A write that fails leaves the store's behind, which is
     /// safe (DESIGN §10); it is logged.
-    fn change_position(&self, p: u32, change: impl FnOnce(&mut StreamPosition) -> bool) {
+    ///
+    /// A change of the live subject's position is a change of every partition the live
+    /// consumer carries too ([`super::barrier::Barrier::carry`]): its deliveries vouch for
+    /// them as for the live subject.
+    fn change_position(&self, p: u32, change: impl Fn(&mut StreamPosition) -> bool) {
+        self.change_one(p, &change);
+        if p == super::LIVE {
+            for q in self.barrier.carried() {
+                self.change_one(q, &change);
+            }
+        }
+    }
+
+    /// [`Self::change_position`] of `p` alone.
+    fn change_one(&self, p: u32, change: &impl Fn(&mut StreamPosition) -> bool) {
         let watch = self.position_of(p);
         off_the_async_threads(|| {
             watch.send_if_modified(|position| {
@@ -296,7 +310,7 @@ impl Cluster {
                     "the stream is another instance than the one this node's position counts in (deleted and made again?): applying it from its start"
                 );
             }
-            self.change_position(p, |position| {
+            self.change_one(p, &|position| {
                 *position = StreamPosition {
                     stream: stream.to_string(),
                     ..StreamPosition::default()
@@ -315,11 +329,26 @@ impl Cluster {
     /// Records that this node applies subject `p` from the consumer instance `consumer`
     /// from now on, none of whose deliveries it received yet.
     pub(crate) fn follow(&self, p: u32, consumer: &str) {
-        self.change_position(p, |position| {
+        self.change_one(p, &|position| {
             position.consumer = consumer.to_string();
             position.delivered = 0;
             true
         });
+    }
+
+    /// Records that the live consumer, at this node's position `live` in the live
+    /// subject, vouches for partition `p` from now on, every message of which up to the
+    /// position of `p` this node had is in the store; returns `p`'s position then. Called
+    /// by the live consumer's loop between two batches, once `p` is in its filter and `p`
+    /// is applied up to where the consumer was when it was added (DESIGN §10).
+    pub(crate) fn adopt_position(&self, p: u32, live: &StreamPosition) -> StreamPosition {
+        self.change_one(p, &|position| {
+            position.consumer = live.consumer.clone();
+            position.delivered = live.delivered;
+            position.applied = position.applied.max(live.applied);
+            true
+        });
+        self.position(p)
     }
 
     /// Records that no consumer instance's deliveries vouch for anything of `p` here any

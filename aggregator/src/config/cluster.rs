@@ -96,6 +96,12 @@ pub struct ClusterConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub apply_delay: Duration,
+    /// For tests, not a setting (never read from the file): this node's partitions stay
+    /// with consumers of their own, never carried by its live consumer (DESIGN §10), so
+    /// that a test can act on the deliveries of one partition's consumer.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub own_partition_consumers: bool,
 }
 
 fn default_stream() -> String {
@@ -153,6 +159,7 @@ impl ClusterConfig {
             peer_cert_file: None,
             peer_key_file: None,
             apply_delay: Duration::ZERO,
+            own_partition_consumers: false,
         }
     }
 

@@ -48,6 +48,8 @@ fn a_node_whose_acknowledgements_were_lost_is_complete_when_reopened_after_max_a
     let a = node(&dir, vec![proxy.url()], "agg-1", |c| {
         c.max_age = max_age;
         c.publish_timeout = Duration::from_secs(2);
+        // p stays with its own consumer, whose state the test reads.
+        c.own_partition_consumers = true;
     });
     let hour = crate::util::this_hour();
     let rt = runtime();
@@ -172,7 +174,11 @@ fn a_delivery_lost_then_dropped_by_max_age_is_never_vouched_for_by_the_ack_floor
     let urls = nats.urls();
     let proxy = Proxy::to(urls[0].trim_start_matches("nats://").parse().unwrap());
     let max_age = Duration::from_secs(10);
-    let tweak = |c: &mut ClusterConfig| c.max_age = max_age;
+    // p stays with its own consumer, whose deliveries the test drops.
+    let tweak = |c: &mut ClusterConfig| {
+        c.max_age = max_age;
+        c.own_partition_consumers = true;
+    };
     let a = node(&dir, vec![proxy.url()], "agg-1", tweak);
     let b = node(&dir, vec![urls[1].clone(), urls[2].clone()], "agg-2", tweak);
     wait_until("two members, both ready", || {
@@ -306,9 +312,11 @@ fn a_consumer_made_again_past_a_gap_is_not_trusted_complete_when_its_mark_is_los
     let urls = nats.urls();
     let proxy = Proxy::to(urls[0].trim_start_matches("nats://").parse().unwrap());
     let max_age = Duration::from_secs(10);
+    // p stays with its own consumer, whose deliveries the test drops.
     let tweak = |c: &mut ClusterConfig| {
         c.max_age = max_age;
         c.publish_timeout = Duration::from_secs(2);
+        c.own_partition_consumers = true;
     };
     let a = node(&dir, vec![proxy.url()], "agg-1", tweak);
     let b = node(&dir, vec![urls[1].clone(), urls[2].clone()], "agg-2", tweak);

@@ -29,7 +29,10 @@ fn a_position_in_a_deleted_stream_is_not_trusted_in_the_stream_made_again() {
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("remade-stream-position");
     let urls = nats.urls();
-    let a = node(&dir, vec![urls[0].clone()], "agg-1", |_| {});
+    // p stays with its own consumer, whose state the test reads.
+    let a = node(&dir, vec![urls[0].clone()], "agg-1", |c| {
+        c.own_partition_consumers = true
+    });
     let hour = crate::util::this_hour();
     let rt = runtime();
     use v1::PushOutcome::Stored;
@@ -87,7 +90,10 @@ fn a_position_in_a_deleted_stream_is_not_trusted_in_the_stream_made_again() {
     assert!(!want.is_empty() && missing == 0, "agg-2 holds M");
 
     // agg-1 starts again on its store.
-    let a = node(&dir, vec![urls[0].clone()], "agg-1", |_| {});
+    // p stays with its own consumer, whose state the test reads.
+    let a = node(&dir, vec![urls[0].clone()], "agg-1", |c| {
+        c.own_partition_consumers = true
+    });
     wait_until("two members, both ready", || {
         agg_metric(&a, "cluster_members") == 2.0
             && agg_metric(&b, "cluster_members") == 2.0
