@@ -27,6 +27,7 @@ use hourglass_rpc::proto::v1::{
 };
 
 mod barrier;
+mod carried;
 mod completeness;
 mod remade_stream;
 

@@ -608,14 +608,16 @@ async fn join(
         return None;
     }
     if joining.is_none() {
-        *joining = Some(join_filter(work, p).await?);
-        // What its own consumer looked at since, applied: where the live consumer was is
-        // usually reached at once (an error here is the next idle check's to act on).
-        let (consumer, identity) = (&subject.consumer, &subject.identity);
-        let _ = idle(cluster, p, consumer, identity, subject.complete, &mut None).await;
+        let joined = join_filter(work, p).await?;
+        tracing::debug!(
+            partition = p,
+            until = joined.1,
+            "partition in the live consumer's filter; its own consumer applies on until its position reaches the stream's last sequence then"
+        );
+        *joining = Some(joined);
     }
     let (live, at) = joining.clone()?;
-    if cluster.position(p).applied < at {
+    if cluster.position(p).applied < at && !delivered_through(cluster, subject, at).await {
         return None;
     }
     let (reply, adopted) = tokio::sync::oneshot::channel();
@@ -634,6 +636,33 @@ async fn join(
     }
 }
 
+/// Whether this node holds every message of `subject`'s partition up to stream sequence
+/// `at`, read after `at` was the stream's last: its own consumer has nothing left to
+/// deliver and this node applied every delivery of it (the one rule), so every message
+/// of the partition the stream held then is applied, unless the stream dropped some
+/// before the consumer reached them (`nothing_aged_out`). Recorded if so. (What the
+/// consumer reports it looked at may trail the stream for a while: seen holding a quiet
+/// partition's join for minutes.)
+async fn delivered_through(cluster: &Cluster, subject: &Subject<'_>, at: u64) -> bool {
+    let p = subject.p;
+    let Ok(info) = subject.consumer.get_info().await else {
+        return false;
+    };
+    let theirs = Delivered::of(&info);
+    let mine = cluster.position(p);
+    let through = theirs.consumer == subject.identity
+        && info.num_pending == 0
+        && matches!(vouched(&theirs, &mine), Vouched::All { .. })
+        && matches!(
+            guard(subject.complete, nothing_aged_out(cluster, p, mine.applied)).await,
+            Ok(true)
+        );
+    if through {
+        cluster.record_applied(p, at);
+    }
+    through
+}
+
 /// The live consumer's loop, between two batches, adopts the partitions that asked
 /// ([`join`]) if its instance `live` is the one they joined and each is applied up to
 /// where it joined: from then on its deliveries vouch for them
@@ -650,6 +679,14 @@ fn adopt_asked(work: &Consuming, live: &str) {
             || position.consumer != live
             || cluster.position(adoption.p).applied < adoption.at
         {
+            tracing::debug!(
+                partition = adoption.p,
+                running,
+                joined = %adoption.live,
+                live,
+                followed = %position.consumer,
+                "a partition's adoption by the live consumer refused; it joins again"
+            );
             continue;
         }
         let p = adoption.p;
