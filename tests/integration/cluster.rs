@@ -29,6 +29,7 @@ use hourglass_rpc::proto::v1::{
 mod barrier;
 mod carried;
 mod completeness;
+mod one_consumer;
 mod remade_stream;
 
 /// Few partitions keep the tests' stream small; the rule is the same for 64.

@@ -2,8 +2,8 @@
 //! server that passes the protocol message by message and drops chosen ones
 //! (acknowledgements, membership renewals, one consumer's deliveries, publications
 //! carrying a given text) while the connection stays healthy, as around a reconnect or a
-//! NATS leader election; and the JetStream, node, push, export and answer helpers those
-//! tests share.
+//! NATS leader election, or ends one consumer's flow of messages; and the JetStream, node,
+//! push, export and answer helpers those tests share.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -38,6 +38,13 @@ pub(crate) struct Drops {
     /// Client → server: publications whose payload contains this text (a consumer update
     /// that marks the store incomplete, say).
     payloads_with: Mutex<Option<String>>,
+    /// Client → server, recorded: each subscription's id by its subject (`SUB`).
+    sids: Mutex<std::collections::HashMap<String, String>>,
+    /// Client → server, recorded: the inbox of each pull consumer's last pull request
+    /// (`$JS.API.CONSUMER.MSG.NEXT.…`), by consumer name.
+    pulls: Mutex<std::collections::HashMap<String, String>>,
+    /// Server → client: protocol messages to pass to the client at the next whole message.
+    injected: Mutex<Vec<u8>>,
 }
 
 /// A TCP proxy on loopback in front of one NATS server that passes the NATS protocol
@@ -121,6 +128,37 @@ impl Proxy {
     pub(crate) fn drop_payloads_with(&self, text: Option<String>) {
         *self.drops.payloads_with.lock().unwrap() = text;
     }
+
+    /// Ends the flow of messages of the pull consumer whose name ends with
+    /// `consumer_suffix`, as the client sees it, without touching the consumer: its last
+    /// pull request is answered "503 No Responders" (the client's message stream gives an
+    /// error, and the node opens the consumer again), as when a NATS server goes away
+    /// under a pull request. The consumer's deliveries pass as before. Returns whether
+    /// such a pull request was seen.
+    pub(crate) fn end_pulls_of(&self, consumer_suffix: &str) -> bool {
+        let inbox = {
+            let pulls = self.drops.pulls.lock().unwrap();
+            pulls
+                .iter()
+                .find(|(name, _)| name.ends_with(consumer_suffix))
+                .map(|(_, inbox)| inbox.clone())
+        };
+        let Some(inbox) = inbox else { return false };
+        let Some(sid) = self.drops.sids.lock().unwrap().get(&inbox).cloned() else {
+            return false;
+        };
+        let header = "NATS/1.0 503\r\n\r\n";
+        let message = format!(
+            "HMSG {inbox} {sid} {len} {len}\r\n{header}\r\n",
+            len = header.len()
+        );
+        self.drops
+            .injected
+            .lock()
+            .unwrap()
+            .extend_from_slice(message.as_bytes());
+        true
+    }
 }
 
 impl Drop for Proxy {
@@ -155,6 +193,10 @@ pub(crate) fn pump(mut from: TcpStream, mut to: TcpStream, drops: &Drops, upstre
             at += len;
         }
         buf.drain(..at);
+        if !upstream {
+            // Between two whole messages: what the test injects for the client.
+            out.append(&mut drops.injected.lock().unwrap());
+        }
         if !out.is_empty() && to.write_all(&out).is_err() {
             return;
         }
@@ -176,6 +218,9 @@ pub(crate) fn frame(buf: &[u8], drops: &Drops, upstream: bool) -> Option<(usize,
     let len = end + 2 + payload.map_or(0, |n| n + 2);
     if buf.len() < len {
         return None;
+    }
+    if upstream {
+        record(&op, &args, drops);
     }
     let dropped = match op.as_str() {
         "PUB" | "HPUB" if upstream => {
@@ -204,6 +249,35 @@ pub(crate) fn frame(buf: &[u8], drops: &Drops, upstream: bool) -> Option<(usize,
         _ => false,
     };
     Some((len, dropped))
+}
+
+/// Records, from a client → server protocol message `op` with `args`, a subscription's
+/// id and a pull request's inbox ([`Proxy::end_pulls_of`]).
+fn record(op: &str, args: &[&str], drops: &Drops) {
+    match (op, args) {
+        // SUB <subject> [queue group] <sid>
+        ("SUB", [subject, .., sid]) => {
+            drops
+                .sids
+                .lock()
+                .unwrap()
+                .insert(subject.to_string(), sid.to_string());
+        }
+        // PUB <subject> <reply> <size>, HPUB <subject> <reply> <header size> <size>
+        ("PUB", [subject, reply, _]) | ("HPUB", [subject, reply, _, _]) => {
+            if let Some(name) = subject
+                .strip_prefix("$JS.API.CONSUMER.MSG.NEXT.")
+                .and_then(|rest| rest.split('.').nth(1))
+            {
+                drops
+                    .pulls
+                    .lock()
+                    .unwrap()
+                    .insert(name.to_string(), reply.to_string());
+            }
+        }
+        _ => {}
+    }
 }
 
 // ---------------------------------------------------------------------------------------
