@@ -465,6 +465,12 @@ struct Joins {
 struct JoinState {
     /// The live consumer's instance and consumer while its loop runs: partitions join it.
     live: Option<(String, PullConsumer)>,
+    /// Counts the changes that took subjects out of the live consumer's filter (each of
+    /// its openings sets it back to the live subject alone, and a partition handed over
+    /// leaves it): a partition added to the filter before one may no longer be in it,
+    /// whether or not the consumer is still the same instance, so a join holds only in
+    /// the epoch it was made in.
+    epoch: u64,
     /// Partitions asking the live consumer's loop to carry them.
     asked: Vec<Adoption>,
     /// The carried partitions, each with the sender whose drop tells its task that the
@@ -477,6 +483,8 @@ struct Adoption {
     p: u32,
     /// The live consumer's instance once `p` was in its filter.
     live: String,
+    /// The filter's [`JoinState::epoch`] when `p` was added to it.
+    epoch: u64,
     /// The stream's last sequence once `p` was in the live consumer's filter: it
     /// delivers `p`'s messages after it, and `p`'s own consumer applied those up to it.
     at: u64,
@@ -493,6 +501,9 @@ fn lock(state: &std::sync::Mutex<JoinState>) -> std::sync::MutexGuard<'_, JoinSt
 fn release_carried(work: &Consuming) {
     let mut state = lock(&work.joins.state);
     state.live = None;
+    // Its opening sets its filter back to the live subject alone: what joined before is
+    // no longer in it.
+    state.epoch += 1;
     state.asked.clear();
     for (p, dropped) in state.carried.drain() {
         work.cluster.barrier().drop_carried(p);
@@ -535,18 +546,23 @@ async fn update_filter(
 /// of `p` after it is delivered by the live consumer (it could not have looked past one
 /// before it was in the stream), so `p`'s own consumer must apply up to it. (Not the
 /// sequence the consumer reports delivered: that is its stored state, which may trail
-/// what it looked past while `p` was not in its filter.) `None` if the live consumer
-/// does not take partitions now (not running, another join or its opening under way,
-/// or JetStream failed: tried again later).
-async fn join_filter(work: &Consuming, p: u32) -> Option<(String, u64)> {
+/// what it looked past while `p` was not in its filter.) With them, the filter's epoch
+/// ([`JoinState::epoch`]) the join holds in. `None` if the live consumer does not take
+/// partitions now (not running, another join or its opening under way, or JetStream
+/// failed: tried again later).
+async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
     let cluster = &work.cluster;
     let subject = cluster.config().partition_subject(p);
     let updated = async {
         let _filter = work.joins.filter.lock().await;
-        let (live, consumer) = lock(&work.joins.state)
-            .live
-            .clone()
-            .ok_or_else(|| "the live consumer is not running".to_string())?;
+        let (live, consumer, epoch) = {
+            let state = lock(&work.joins.state);
+            let (live, consumer) = state
+                .live
+                .clone()
+                .ok_or_else(|| "the live consumer is not running".to_string())?;
+            (live, consumer, state.epoch)
+        };
         let stream = cluster
             .jetstream()
             .get_stream(&cluster.config().stream)
@@ -565,7 +581,11 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<(String, u64)> {
             .stream_last_sequence()
             .await
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>((live, last))
+        Ok::<_, String>(Joined {
+            live,
+            epoch,
+            at: last,
+        })
     };
     match tokio::time::timeout(filter_timeout(cluster.config()), updated).await {
         Ok(Ok(joined)) => Some(joined),
@@ -583,6 +603,17 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<(String, u64)> {
     }
 }
 
+/// A partition in the live consumer's filter, waiting to be adopted ([`join_filter`]).
+#[derive(Clone)]
+struct Joined {
+    /// The live consumer's instance.
+    live: String,
+    /// The filter's [`JoinState::epoch`].
+    epoch: u64,
+    /// The stream's last sequence once the partition was in the filter.
+    at: u64,
+}
+
 /// The longest a change of the live consumer's filter, or a wait for its loop to adopt
 /// a partition, may take: two seconds, and never so long that the consume loop waiting
 /// for it stalls ([`super::ClusterConfig::stall`]).
@@ -598,7 +629,7 @@ fn filter_timeout(config: &super::ClusterConfig) -> Duration {
 async fn join(
     work: &Consuming,
     subject: &Subject<'_>,
-    joining: &mut Option<(String, u64)>,
+    joining: &mut Option<Joined>,
 ) -> Option<tokio::sync::oneshot::Receiver<()>> {
     let (cluster, p) = (&work.cluster, subject.p);
     if cluster.config().own_partition_consumers
@@ -611,24 +642,42 @@ async fn join(
         let joined = join_filter(work, p).await?;
         tracing::debug!(
             partition = p,
-            until = joined.1,
+            until = joined.at,
             "partition in the live consumer's filter; its own consumer applies on until its position reaches the stream's last sequence then"
         );
         *joining = Some(joined);
     }
-    let (live, at) = joining.clone()?;
+    let Joined { live, epoch, at } = joining.clone()?;
+    if lock(&work.joins.state).epoch != epoch {
+        // Taken out of the filter since (the live consumer opened again, or a partition
+        // left it): joined again from the start.
+        *joining = None;
+        return None;
+    }
     if cluster.position(p).applied < at && !delivered_through(cluster, subject, at).await {
         return None;
     }
-    let (reply, adopted) = tokio::sync::oneshot::channel();
-    lock(&work.joins.state)
-        .asked
-        .push(Adoption { p, live, at, reply });
+    let adopted = {
+        let mut state = lock(&work.joins.state);
+        if state.epoch != epoch {
+            *joining = None;
+            return None;
+        }
+        let (reply, adopted) = tokio::sync::oneshot::channel();
+        state.asked.push(Adoption {
+            p,
+            live,
+            epoch,
+            at,
+            reply,
+        });
+        adopted
+    };
     work.joins.asked.notify_one();
     match tokio::time::timeout(filter_timeout(cluster.config()), adopted).await {
         Ok(Ok(dropped)) => Some(dropped),
-        // Refused (the live consumer opened again since) or not taken in time: joined
-        // again from the start.
+        // Refused (the live consumer opened again since, or its filter lost subjects) or
+        // not taken in time: joined again from the start.
         _ => {
             *joining = None;
             None
@@ -674,7 +723,10 @@ fn adopt_asked(work: &Consuming, live: &str) {
     for adoption in asked {
         let position = cluster.position(LIVE);
         let running = state.live.as_ref().is_some_and(|(l, _)| l == live);
+        // The same instance is not enough: each opening sets the filter back, and a
+        // partition that left takes itself out; only a join of this very filter holds.
         if !running
+            || adoption.epoch != state.epoch
             || adoption.live != live
             || position.consumer != live
             || cluster.position(adoption.p).applied < adoption.at
@@ -730,9 +782,20 @@ async fn leave(work: &Consuming, p: u32) {
             .get_stream(&cluster.config().stream)
             .await
             .map_err(|e| e.to_string())?;
-        update_filter(&stream, &consumer, |subjects| subjects.remove(&subject))
-            .await
-            .map(drop)
+        update_filter(&stream, &consumer, |subjects| {
+            let removed = subjects.remove(&subject);
+            if removed {
+                // Out of the filter from now on: a join of `p` made meanwhile (owned
+                // again) holds no more, nor does a carrying of it that began since.
+                let mut state = lock(&work.joins.state);
+                state.epoch += 1;
+                state.carried.remove(&p);
+                work.cluster.barrier().drop_carried(p);
+            }
+            removed
+        })
+        .await
+        .map(drop)
     };
     match tokio::time::timeout(Duration::from_secs(2), left).await {
         Ok(Ok(())) => {}
