@@ -27,7 +27,6 @@ use hourglass_rpc::proto::v1::{
 };
 
 mod barrier;
-mod carried;
 mod completeness;
 mod one_consumer;
 mod remade_stream;
