@@ -585,6 +585,7 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
             live,
             epoch,
             at: last,
+            since: tokio::time::Instant::now(),
         })
     };
     match tokio::time::timeout(filter_timeout(cluster.config()), updated).await {
@@ -612,6 +613,8 @@ struct Joined {
     epoch: u64,
     /// The stream's last sequence once the partition was in the filter.
     at: u64,
+    /// When it was added to the filter.
+    since: tokio::time::Instant,
 }
 
 /// The longest a change of the live consumer's filter, or a wait for its loop to adopt
@@ -647,7 +650,15 @@ async fn join(
         );
         *joining = Some(joined);
     }
-    let Joined { live, epoch, at } = joining.clone()?;
+    let Joined {
+        live,
+        epoch,
+        at,
+        since,
+    } = joining.clone()?;
+    if since.elapsed() < cluster.config().join_hold {
+        return None;
+    }
     if lock(&work.joins.state).epoch != epoch {
         // Taken out of the filter since (the live consumer opened again, or a partition
         // left it): joined again from the start.

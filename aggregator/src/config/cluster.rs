@@ -102,6 +102,12 @@ pub struct ClusterConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub own_partition_consumers: bool,
+    /// Fault injection for tests, not a setting (never read from the file): a partition
+    /// in the live consumer's filter waits this long before it asks to be carried by it,
+    /// so that a test can act while partitions are joining.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub join_hold: Duration,
 }
 
 fn default_stream() -> String {
@@ -160,6 +166,7 @@ impl ClusterConfig {
             peer_key_file: None,
             apply_delay: Duration::ZERO,
             own_partition_consumers: false,
+            join_hold: Duration::ZERO,
         }
     }
 

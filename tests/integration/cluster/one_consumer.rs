@@ -61,8 +61,13 @@ fn a_partition_joining_while_the_live_consumer_opens_again_misses_no_message() {
     let urls = nats.urls();
     let proxy = Proxy::to(urls[0].trim_start_matches("nats://").parse().unwrap());
     // A short max_age: short pull heartbeats and quiet times (a partition's own consumer
-    // checks what it looked at, and joins, within 10 s of opening).
-    let tweak = |c: &mut ClusterConfig| c.max_age = Duration::from_secs(40);
+    // checks what it looked at, and joins, within 10 s of opening). Partitions wait 5 s in
+    // the live consumer's filter before they ask to be carried: the window the test acts
+    // in.
+    let tweak = |c: &mut ClusterConfig| {
+        c.max_age = Duration::from_secs(40);
+        c.join_hold = Duration::from_secs(5);
+    };
     let a = node(&dir, vec![proxy.url()], "agg-1", tweak);
     let b = node(&dir, vec![urls[1].clone()], "agg-2", tweak);
     let all = f64::from(PARTITIONS);
