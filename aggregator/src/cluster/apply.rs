@@ -138,9 +138,19 @@ pub(crate) async fn run(
         }
         rebalance(&work, &mut running);
     }
-    // Leaving: the others move this node's partitions now, not after member_ttl.
-    if let Some(bucket) = &bucket {
-        let me = cluster.members().me().to_string();
+    leave_cluster(&work, bucket.as_ref(), live, running).await;
+}
+
+/// This node leaves the cluster: out of the members (the others move its partitions now,
+/// not after member_ttl), and every consumer stopped.
+async fn leave_cluster(
+    work: &Consuming,
+    bucket: Option<&kv::Store>,
+    live: Task,
+    running: HashMap<u32, Task>,
+) {
+    if let Some(bucket) = bucket {
+        let me = work.cluster.members().me().to_string();
         match tokio::time::timeout(Duration::from_secs(2), bucket.delete(&me)).await {
             Ok(Ok(())) => tracing::info!("left the cluster's members"),
             Ok(Err(e)) => tracing::warn!(error = %e, "cluster: leaving the members"),
@@ -149,7 +159,7 @@ pub(crate) async fn run(
     }
     // Carried partitions stop without taking themselves out of the live consumer's
     // filter: its next opening sets that back.
-    release_carried(&work);
+    release_carried(work);
     for task in running.values() {
         let _ = task.stop.send(true);
     }
@@ -400,38 +410,19 @@ async fn consume(work: &Consuming, p: u32) -> Ended {
         cluster.barrier().running(p);
         let pending = match next {
             None => {
-                let (consumer, identity) = (&subject.consumer, &subject.identity);
-                if let Err(detail) = idle(
-                    cluster,
-                    p,
-                    consumer,
-                    identity,
-                    subject.complete,
-                    &mut unreceived,
-                )
-                .await
-                {
+                if let Err(detail) = subject.idle(&mut unreceived).await {
                     return fail(&subject, detail);
                 }
                 quiet_until = tokio::time::Instant::now() + quiet;
                 0
             }
             Some(Some(Ok(first))) => {
-                let pending = match subject.take(first, &mut messages).await {
+                let pending = match subject.take_and_mark(first, &mut messages).await {
                     Ok(pending) => pending,
                     Err(e) => return Ended::Failed(e),
                 };
                 quiet_until = tokio::time::Instant::now() + quiet;
                 unreceived = None;
-                cluster.barrier().running(p);
-                // Nothing left to deliver: ready once this node applied every delivery too
-                // (one request, only while not ready yet).
-                if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
-                    match subject.consumer.get_info().await {
-                        Ok(info) => record_outstanding(cluster, p, &info, subject.complete),
-                        Err(e) => return fail(&subject, e.to_string()),
-                    }
-                }
                 pending
             }
             // The client reconnects by itself; a missed heartbeat and the like end here.
@@ -992,6 +983,42 @@ impl Subject<'_> {
             Some(ended) => Err(self.fail(ended)),
             None => Ok(pending),
         }
+    }
+
+    /// [`idle`]: the consume loop received nothing for a while.
+    async fn idle(&self, unreceived: &mut Option<u64>) -> Result<(), String> {
+        let cluster = &self.work.cluster;
+        idle(
+            cluster,
+            self.p,
+            &self.consumer,
+            &self.identity,
+            self.complete,
+            unreceived,
+        )
+        .await
+    }
+
+    /// [`Self::take`]; then, with nothing left to deliver, whether the partition is ready:
+    /// ready once this node applied every delivery too (one request, only while not
+    /// ready yet).
+    async fn take_and_mark<S>(
+        &mut self,
+        first: async_nats::jetstream::Message,
+        messages: &mut S,
+    ) -> Result<u64, ClusterError>
+    where
+        S: tokio_stream::Stream<Item = Result<async_nats::jetstream::Message, pull::MessagesError>>
+            + Unpin,
+    {
+        let pending = self.take(first, messages).await?;
+        let (cluster, p) = (&self.work.cluster, self.p);
+        cluster.barrier().running(p);
+        if p != LIVE && pending == 0 && !cluster.members().is_ready_here(p) {
+            let info = self.consumer.get_info().await.map_err(|e| self.fail(e))?;
+            record_outstanding(cluster, p, &info, self.complete);
+        }
+        Ok(pending)
     }
 
     /// Records `batch`, applied with `outcomes`: counts, this node's position, and

@@ -367,27 +367,39 @@ pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> R
             return Ok(());
         }
         if Instant::now() + POLL >= deadline {
-            let mine = cluster.position(p);
-            return Err(match verdict {
-                Vouched::All { .. } if !running => format!(
-                    "its consumer's loop has not run for {:?}",
-                    cluster.barrier().not_running_for(p)
-                ),
-                Vouched::Other { .. } => {
-                    "its consumer was opened again meanwhile: it has yet to receive its deliveries"
-                        .to_string()
-                }
-                _ if info.num_pending > 0 => format!(
-                    "{} messages were still to be delivered and it had applied up to {} of {}",
-                    info.num_pending, mine.applied, theirs.stream_sequence
-                ),
-                _ => format!(
-                    "it had received and applied {} of the {} deliveries of its consumer (a delivery lost on the way is taken up when the consumer is opened again)",
-                    mine.delivered, theirs.consumer_sequence
-                ),
-            });
+            return Err(why_behind(cluster, p, verdict, running, &info));
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Why [`caught_up`] found `p` not caught up, by the last `verdict` on its consumer's
+/// `info` and whether its loop was `running`.
+fn why_behind(
+    cluster: &Cluster,
+    p: u32,
+    verdict: Vouched,
+    running: bool,
+    info: &async_nats::jetstream::consumer::Info,
+) -> String {
+    let (mine, theirs) = (cluster.position(p), Delivered::of(info));
+    match verdict {
+        Vouched::All { .. } if !running => format!(
+            "its consumer's loop has not run for {:?}",
+            cluster.barrier().not_running_for(p)
+        ),
+        Vouched::Other { .. } => {
+            "its consumer was opened again meanwhile: it has yet to receive its deliveries"
+                .to_string()
+        }
+        _ if info.num_pending > 0 => format!(
+            "{} messages were still to be delivered and it had applied up to {} of {}",
+            info.num_pending, mine.applied, theirs.stream_sequence
+        ),
+        _ => format!(
+            "it had received and applied {} of the {} deliveries of its consumer (a delivery lost on the way is taken up when the consumer is opened again)",
+            mine.delivered, theirs.consumer_sequence
+        ),
     }
 }
 

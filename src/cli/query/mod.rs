@@ -161,8 +161,24 @@ async fn ask(
         _ => {}
     }
     let item = items.first().cloned().unwrap_or_default().into_bytes();
+    let reply = ask_one(&mut client, args, selector, &item).await?;
+    let header = describe_selection(args, items.first().map(String::as_str));
+    Ok(present(&header, reply, &item))
+}
+
+/// Asks one question of one selection: a count of distinct items, an item's frequency,
+/// the top K, or one membership lookup.
+async fn ask_one<F: tonic::service::Interceptor>(
+    client: &mut QueryClient<
+        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, F>,
+    >,
+    args: &QueryArgs,
+    selector: v1::Selector,
+    item: &[u8],
+) -> anyhow::Result<Reply> {
+    let grpc = |s| explain(s, &args.aggregator);
     let selector = Some(selector);
-    let reply = match args.question {
+    Ok(match args.question {
         Question::Distinct => Reply::Distinct(
             client
                 .distinct(v1::DistinctRequest { selector })
@@ -174,7 +190,7 @@ async fn ask(
             client
                 .frequency(v1::FrequencyRequest {
                     selector,
-                    item: item.clone(),
+                    item: item.to_vec(),
                 })
                 .await
                 .map_err(grpc)?
@@ -194,16 +210,14 @@ async fn ask(
             client
                 .membership(v1::MembershipRequest {
                     selector,
-                    item: item.clone(),
+                    item: item.to_vec(),
                 })
                 .await
                 .map_err(grpc)?
                 .into_inner(),
         ),
-        Question::Overlap | Question::Retention => unreachable!("asked above"),
-    };
-    let header = describe_selection(args, items.first().map(String::as_str));
-    Ok(present(&header, reply, &item))
+        Question::Overlap | Question::Retention => unreachable!("asked by `ask`"),
+    })
 }
 
 /// A batch of membership answers: JSON `{"answers": [...]}`, each what one lookup prints,
