@@ -1002,15 +1002,11 @@ impl Subject<'_> {
     /// [`Self::take`]; then, with nothing left to deliver, whether the partition is ready:
     /// ready once this node applied every delivery too (one request, only while not
     /// ready yet).
-    async fn take_and_mark<S>(
+    async fn take_and_mark(
         &mut self,
         first: async_nats::jetstream::Message,
-        messages: &mut S,
-    ) -> Result<u64, ClusterError>
-    where
-        S: tokio_stream::Stream<Item = Result<async_nats::jetstream::Message, pull::MessagesError>>
-            + Unpin,
-    {
+        messages: &mut pull::Stream,
+    ) -> Result<u64, ClusterError> {
         let pending = self.take(first, messages).await?;
         let (cluster, p) = (&self.work.cluster, self.p);
         cluster.barrier().running(p);
