@@ -263,26 +263,16 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
     // its live consumer's filter holds the live subject and every partition it applies.
     wait_until(
         "each node's partitions carried by its live consumer",
-        || {
-            nodes.iter().all(|n| {
-                let applying = agg_metric(n, "cluster_partitions_applying");
-                applying > 0.0 && agg_metric(n, "cluster_partitions_carried") == applying
-            })
-        },
+        || nodes.iter().all(|n| crate::natsfaults::all_carried(n)),
     );
     for (n, name) in nodes.iter().zip(["agg-1", "agg-2", "agg-3"]) {
-        let durable =
-            std::fs::read_to_string(std::path::Path::new(&dir.file(name)).join("cluster-consumer"))
-                .unwrap();
-        let info = crate::natsfaults::js_api(
-            &nats.urls()[0],
-            &format!("$JS.API.CONSUMER.INFO.HOURGLASS.{}-live", durable.trim()),
-            "",
-        )
-        .unwrap();
-        let subjects = info["config"]["filter_subjects"].as_array().map(Vec::len);
+        let (_, subjects) = crate::natsfaults::live_consumer(&nats.urls()[0], &dir, name);
         let applying = agg_metric(n, "cluster_partitions_applying");
-        assert_eq!(subjects, Some(applying as usize + 1), "{name}: {info}");
+        assert_eq!(
+            subjects.len(),
+            applying as usize + 1,
+            "{name}: {subjects:?}"
+        );
     }
     let hour = crate::util::this_hour();
     let series = 300u32;

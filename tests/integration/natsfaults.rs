@@ -399,11 +399,44 @@ pub(crate) fn node(
     agg
 }
 
-/// The name of `node`'s durable consumer of partition `p`.
-pub(crate) fn consumer_of(dir: &TempDir, node: &str, p: u32) -> String {
+/// The name prefix of `node`'s durable consumers (`DATA_DIR/cluster-consumer`).
+pub(crate) fn durable_of(dir: &TempDir, node: &str) -> String {
     let path = std::path::Path::new(&dir.file(node)).join("cluster-consumer");
     let name = std::fs::read_to_string(&path).expect("the node's consumer file");
-    format!("{}-p{p}", name.trim())
+    name.trim().to_string()
+}
+
+/// The name of `node`'s durable consumer of partition `p`.
+pub(crate) fn consumer_of(dir: &TempDir, node: &str, p: u32) -> String {
+    format!("{}-p{p}", durable_of(dir, node))
+}
+
+/// The live consumer of `node`'s store, as JetStream reports it: its creation time (which
+/// tells one instance of it from another) and the subjects of its filter.
+pub(crate) fn live_consumer(url: &str, dir: &TempDir, node: &str) -> (String, Vec<String>) {
+    let name = format!("{}-live", durable_of(dir, node));
+    let info = js_api(url, &format!("$JS.API.CONSUMER.INFO.{STREAM}.{name}"), "")
+        .expect("the live consumer's info");
+    let config = &info["config"];
+    let mut subjects: Vec<String> = config["filter_subjects"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(one) = config["filter_subject"].as_str().filter(|s| !s.is_empty()) {
+        subjects.push(one.to_string());
+    }
+    let created = info["created"].as_str().unwrap_or_default().to_string();
+    (created, subjects)
+}
+
+/// Whether `node` applies every partition it applies through its live consumer.
+pub(crate) fn all_carried(node: &dyn AggregatorAddrs) -> bool {
+    let applying = agg_metric(node, "cluster_partitions_applying");
+    applying > 0.0 && agg_metric(node, "cluster_partitions_carried") == applying
 }
 
 pub(crate) fn ready(node: &dyn AggregatorAddrs) -> bool {

@@ -489,6 +489,13 @@ fn lock(state: &std::sync::Mutex<JoinState>) -> std::sync::MutexGuard<'_, JoinSt
 /// The live consumer carries nothing from now on and takes nothing until it is opened
 /// again: each partition it carried catches up through its own consumer again, not
 /// answered for meanwhile.
+/// The live consumer no longer carries `p`: out of both records of it, the loop's
+/// (`state`, whose dropped sender tells `p`'s task) and the barrier's.
+fn uncarry(state: &mut JoinState, cluster: &Cluster, p: u32) {
+    state.carried.remove(&p);
+    cluster.barrier().drop_carried(p);
+}
+
 fn release_carried(work: &Consuming) {
     let mut state = lock(&work.joins.state);
     state.live = None;
@@ -496,17 +503,17 @@ fn release_carried(work: &Consuming) {
     // no longer in it.
     state.epoch += 1;
     state.asked.clear();
-    for (p, dropped) in state.carried.drain() {
-        work.cluster.barrier().drop_carried(p);
+    let carried: Vec<u32> = state.carried.keys().copied().collect();
+    for p in carried {
+        uncarry(&mut state, &work.cluster, p);
         work.cluster.members().withdraw(p);
-        drop(dropped);
     }
 }
 
-/// Changes the subjects of `consumer` with `change` (which says whether it changed
-/// them); returns the consumer's state after.
+/// Changes the subjects of `consumer`, of the cluster's stream, with `change` (which says
+/// whether it changed them); returns the consumer's state after.
 async fn update_filter(
-    stream: &jetstream::stream::Stream,
+    cluster: &Cluster,
     consumer: &PullConsumer,
     change: impl FnOnce(&mut BTreeSet<String>) -> bool,
 ) -> Result<jetstream::consumer::Info, String> {
@@ -525,8 +532,9 @@ async fn update_filter(
     } else {
         config.filter_subjects = subjects.into_iter().collect();
     }
-    stream
-        .update_consumer(config)
+    cluster
+        .jetstream()
+        .update_consumer_on_stream(config, &cluster.config().stream)
         .await
         .map_err(|e| format!("changing its subjects: {e}"))?;
     consumer.get_info().await.map_err(|e| e.to_string())
@@ -554,12 +562,7 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
                 .ok_or_else(|| "the live consumer is not running".to_string())?;
             (live, consumer, state.epoch)
         };
-        let stream = cluster
-            .jetstream()
-            .get_stream(&cluster.config().stream)
-            .await
-            .map_err(|e| e.to_string())?;
-        let info = update_filter(&stream, &consumer, |subjects| {
+        let info = update_filter(cluster, &consumer, |subjects| {
             subjects.insert(subject.clone())
         })
         .await?;
@@ -766,9 +769,8 @@ fn adopt_asked(work: &Consuming, live: &str) {
 /// (handed over): the live consumer no longer records it, and its filter drops it. Its position stays
 /// where the live consumer left it.
 async fn leave(work: &Consuming, p: u32) {
-    lock(&work.joins.state).carried.remove(&p);
-    work.cluster.barrier().drop_carried(p);
     let cluster = &work.cluster;
+    uncarry(&mut lock(&work.joins.state), cluster, p);
     let subject = cluster.config().partition_subject(p);
     if lock(&work.joins.state).live.is_none() {
         // Stopping, or opened again: its opening sets the filter back.
@@ -779,20 +781,14 @@ async fn leave(work: &Consuming, p: u32) {
         let Some((_, consumer)) = lock(&work.joins.state).live.clone() else {
             return Ok(());
         };
-        let stream = cluster
-            .jetstream()
-            .get_stream(&cluster.config().stream)
-            .await
-            .map_err(|e| e.to_string())?;
-        update_filter(&stream, &consumer, |subjects| {
+        update_filter(cluster, &consumer, |subjects| {
             let removed = subjects.remove(&subject);
             if removed {
                 // Out of the filter from now on: a join of `p` made meanwhile (owned
                 // again) holds no more, nor does a carrying of it that began since.
                 let mut state = lock(&work.joins.state);
                 state.epoch += 1;
-                state.carried.remove(&p);
-                work.cluster.barrier().drop_carried(p);
+                uncarry(&mut state, cluster, p);
             }
             removed
         })
@@ -851,7 +847,7 @@ async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Strea
         .map_err(|detail| consumer_error(work, &name, detail))?;
     if let Some(_filter) = filter {
         let live = subject.clone();
-        update_filter(&stream, &consumer, |subjects| {
+        update_filter(&work.cluster, &consumer, |subjects| {
             let others = subjects.len() > 1 || !subjects.contains(&live);
             *subjects = BTreeSet::from([live]);
             others

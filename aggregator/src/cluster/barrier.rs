@@ -99,13 +99,12 @@ impl Barrier {
     }
 
     /// Records that the live consumer no longer carries `p` (handed over, or the live
-    /// consumer opened again: it rejoins through a consumer of its own). Returns whether
-    /// it did.
-    pub(crate) fn drop_carried(&self, p: u32) -> bool {
+    /// consumer opened again: it rejoins through a consumer of its own).
+    pub(crate) fn drop_carried(&self, p: u32) {
         self.carried
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&p)
+            .remove(&p);
     }
 
     /// The partitions the live consumer carries.

@@ -456,10 +456,7 @@ fn an_incomplete_store_with_no_copy_source_still_applies_what_the_stream_has() {
         )),
         vec![Stored]
     );
-    let live_consumer = {
-        let path = std::path::Path::new(&dir.file("agg-1")).join("cluster-consumer");
-        format!("{}-live", std::fs::read_to_string(path).unwrap().trim())
-    };
+    let live_consumer = format!("{}-live", durable_of(&dir, "agg-1"));
     // agg-1's live deliveries are lost; a push through it is published (its live message
     // is in the stream) but not acknowledged.
     proxy.drop_deliveries_of(Some("-live".to_string()));

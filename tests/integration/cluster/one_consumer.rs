@@ -18,31 +18,6 @@ use crate::util::{TempDir, runtime};
 use hourglass_aggregator::cluster::ClusterConfig;
 use hourglass_rpc::proto::v1;
 
-/// The live consumer of `node`'s store, as JetStream reports it: its creation time (which
-/// tells one instance of it from another) and the subjects of its filter.
-fn live_consumer(url: &str, dir: &TempDir, node: &str) -> (String, Vec<String>) {
-    let durable =
-        std::fs::read_to_string(std::path::Path::new(&dir.file(node)).join("cluster-consumer"))
-            .expect("the node's consumer file");
-    let name = format!("{}-live", durable.trim());
-    let info = js_api(url, &format!("$JS.API.CONSUMER.INFO.{STREAM}.{name}"), "")
-        .expect("the live consumer's info");
-    let config = &info["config"];
-    let mut subjects: Vec<String> = config["filter_subjects"]
-        .as_array()
-        .map(|s| {
-            s.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(one) = config["filter_subject"].as_str().filter(|s| !s.is_empty()) {
-        subjects.push(one.to_string());
-    }
-    let created = info["created"].as_str().unwrap_or_default().to_string();
-    (created, subjects)
-}
-
 /// A partition joins the live consumer C in two steps (`join` in `apply.rs`): C's filter
 /// gains it and the stream's last sequence L is read; then, once the partition's own
 /// consumer applied up to L, C's loop adopts it. Every opening of C sets its filter back to
@@ -203,12 +178,6 @@ fn a_partition_joining_while_the_live_consumer_opens_again_misses_no_message() {
          answers over pushes acknowledged since, naming nothing missing: {wrong:?} (q = {q})"
     );
     drop(rt);
-}
-
-/// Whether `node` applies every partition it applies through its live consumer.
-fn all_carried(node: &dyn crate::util::AggregatorAddrs) -> bool {
-    let applying = agg_metric(node, "cluster_partitions_applying");
-    applying > 0.0 && agg_metric(node, "cluster_partitions_carried") == applying
 }
 
 /// agg-1's live consumer carries every partition when its deliveries start to be lost on

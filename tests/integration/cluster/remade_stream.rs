@@ -173,13 +173,7 @@ fn a_node_answers_again_after_the_stream_is_made_again_without_a_new_push() {
     assert!(created.get("error").is_none(), "{created}");
 
     // Premise: the node's consumers of p and of the live subject run on the new stream.
-    let durable = {
-        let path = std::path::Path::new(&dir.file("agg-1")).join("cluster-consumer");
-        std::fs::read_to_string(&path)
-            .expect("consumer file")
-            .trim()
-            .to_string()
-    };
+    let durable = durable_of(&dir, "agg-1");
     let reopened = Instant::now();
     let mut premise = false;
     while reopened.elapsed() < Duration::from_secs(60) {
