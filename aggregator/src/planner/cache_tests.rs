@@ -212,6 +212,10 @@ impl Hourly for ListedEarlier {
         self.inner.write_push(live, batch)
     }
 
+    fn hourly_versions(&self, keys: &[HourKey]) -> Result<Vec<Option<u64>>, StoreError> {
+        self.inner.hourly_versions(keys)
+    }
+
     fn scan_hourly(
         &self,
         series: SeriesId,

@@ -160,6 +160,14 @@ impl Hourly for MemoryStore {
         Ok(outcomes)
     }
 
+    fn hourly_versions(&self, keys: &[HourKey]) -> Result<Vec<Option<u64>>, StoreError> {
+        let inner = self.lock();
+        Ok(keys
+            .iter()
+            .map(|key| inner.hourly.get(key).map(|s| s.version))
+            .collect())
+    }
+
     fn scan_hourly(
         &self,
         series: SeriesId,

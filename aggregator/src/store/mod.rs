@@ -386,6 +386,12 @@ pub trait Hourly {
         self.put_push(Some((server, hours)), &[]).map(drop)
     }
 
+    /// The version held at each of `keys`, in order (`None` where nothing is): a point
+    /// lookup of each, its sketch left packed. What an owner answers the entry of a push
+    /// with in cluster mode, for every push: a scan of the (series, hour) would read (and
+    /// unpack) every server's row before reaching this one's.
+    fn hourly_versions(&self, keys: &[HourKey]) -> Result<Vec<Option<u64>>, StoreError>;
+
     /// Visits the snapshots of `series` in `hours`, across all servers and epochs, in key
     /// order (hour, then server, then epoch), until `visit` returns false.
     fn scan_hourly(

@@ -126,6 +126,35 @@ fn upsert_by_version(store: &dyn Store) {
     assert_eq!(store.put_hourly(&[]).unwrap(), []);
 }
 
+fn hourly_versions_read_each_key_alone(store: &dyn Store) {
+    // Several servers and epochs at one (series, hour), one key written twice.
+    store
+        .put_hourly(&[
+            (key(1, 100, 1, 1), 4, sketch(4).into()),
+            (key(1, 100, 2, 1), 7, sketch(7).into()),
+            (key(1, 100, 2, 2), 9, sketch(9).into()),
+            (key(1, 101, 2, 1), 3, sketch(3).into()),
+        ])
+        .unwrap();
+    store
+        .put_hourly(&[(key(1, 100, 2, 1), 8, sketch(8).into())])
+        .unwrap();
+    let asked = [
+        key(1, 100, 2, 1), // rewritten: the newest version
+        key(1, 100, 3, 1), // another server: nothing
+        key(1, 100, 2, 2),
+        key(1, 101, 2, 1),
+        key(1, 100, 2, 3), // another epoch: nothing
+        key(2, 100, 2, 1), // another series: nothing
+        key(1, 100, 1, 1),
+    ];
+    assert_eq!(
+        store.hourly_versions(&asked).unwrap(),
+        [Some(8), None, Some(9), Some(3), None, None, Some(4)]
+    );
+    assert_eq!(store.hourly_versions(&[]).unwrap(), []);
+}
+
 fn reordering_and_duplicates_are_harmless(store: &dyn Store) {
     // Every order of the same pushes, with retries, ends in the newest snapshot.
     let orders: [&[u64]; 4] = [
@@ -817,6 +846,11 @@ macro_rules! store_suite {
         fn upsert_by_version() {
             let (_dir, store) = $make;
             super::upsert_by_version(&*store);
+        }
+        #[test]
+        fn hourly_versions_read_each_key_alone() {
+            let (_dir, store) = $make;
+            super::hourly_versions_read_each_key_alone(&*store);
         }
         #[test]
         fn reordering_and_duplicates_are_harmless() {

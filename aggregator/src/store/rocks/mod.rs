@@ -776,6 +776,21 @@ impl Hourly for RocksStore {
         Ok(outcomes)
     }
 
+    fn hourly_versions(&self, keys: &[HourKey]) -> Result<Vec<Option<u64>>, StoreError> {
+        let hourly = self.cf(CF_HOURLY);
+        let keys: Vec<[u8; HourKey::LEN]> = keys.iter().map(HourKey::encode).collect();
+        let values = self
+            .db
+            .multi_get_cf(keys.iter().map(|key| (hourly, key.as_slice())));
+        keys.iter()
+            .zip(values)
+            .map(|(key, value)| match value.map_err(engine_error)? {
+                Some(value) => stored_version(key, &value).map(Some),
+                None => Ok(None),
+            })
+            .collect()
+    }
+
     fn scan_hourly(
         &self,
         series: SeriesId,
