@@ -1325,7 +1325,9 @@ impl RocksStore {
     /// The ids remembered. Each entry was read from the store or written to it, so a
     /// panic in another holder leaves none wrong.
     fn remembered_ids(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, u32>> {
-        self.ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.ids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Remembers that `name_key` is `id`'s. At most [`MAX_REMEMBERED_IDS`] are: past
