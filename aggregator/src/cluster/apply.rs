@@ -486,9 +486,6 @@ fn lock(state: &std::sync::Mutex<JoinState>) -> std::sync::MutexGuard<'_, JoinSt
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The live consumer carries nothing from now on and takes nothing until it is opened
-/// again: each partition it carried catches up through its own consumer again, not
-/// answered for meanwhile.
 /// The live consumer no longer carries `p`: out of both records of it, the loop's
 /// (`state`, whose dropped sender tells `p`'s task) and the barrier's.
 fn uncarry(state: &mut JoinState, cluster: &Cluster, p: u32) {
@@ -496,6 +493,9 @@ fn uncarry(state: &mut JoinState, cluster: &Cluster, p: u32) {
     cluster.barrier().drop_carried(p);
 }
 
+/// The live consumer carries nothing from now on and takes nothing until it is opened
+/// again: each partition it carried catches up through its own consumer again, not
+/// answered for meanwhile.
 fn release_carried(work: &Consuming) {
     let mut state = lock(&work.joins.state);
     state.live = None;

@@ -676,9 +676,8 @@ impl RocksStore {
         let hourly = self.cf(CF_HOURLY);
         let meta = self.cf(CF_META);
         let keys: Vec<[u8; HourKey::LEN]> = batch.iter().map(|(key, _, _)| key.encode()).collect();
-        let held = self
-            .db
-            .multi_get_cf(keys.iter().map(|key| (hourly, key.as_slice())));
+        let hour_keys: Vec<HourKey> = batch.iter().map(|(key, _, _)| *key).collect();
+        let held = self.hourly_versions(&hour_keys)?;
 
         let mark = self.next_mark.fetch_add(1, Ordering::Relaxed).to_be_bytes();
         let mut outcomes = Vec::with_capacity(batch.len());
@@ -686,13 +685,7 @@ impl RocksStore {
         // with them, not with what was on disk.
         let mut in_batch: HashMap<[u8; HourKey::LEN], u64> = HashMap::new();
         for (((hour_key, version, sketch), key), held) in batch.iter().zip(&keys).zip(held) {
-            let held_version = match in_batch.get(key) {
-                Some(v) => Some(*v),
-                None => match held.map_err(engine_error)? {
-                    Some(value) => Some(stored_version(key, &value)?),
-                    None => None,
-                },
-            };
+            let held_version = in_batch.get(key).copied().or(held);
             let outcome = put_outcome(held_version, *version);
             if outcome == PutOutcome::Stored {
                 write.put_cf(
