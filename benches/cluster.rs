@@ -35,7 +35,10 @@
 //!
 //! `HOURGLASS_BENCH_BIN=/path/to/hourglass` runs that build's aggregators instead of the
 //! one built with the bench: alternate a saved build and the new one to compare them.
-//! `HOURGLASS_BENCH_PARTITIONS=N` gives the stream N partitions instead of the size's.
+//! `HOURGLASS_BENCH_PARTITIONS=N` gives the stream N partitions instead of the size's;
+//! `HOURGLASS_BENCH_SUBJECTS=N` groups them into N subjects (`cluster.subjects`; by
+//! default the aggregator's, 8, and the setting is not written, so that a build from
+//! before subjects were grouped runs too).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
@@ -65,6 +68,8 @@ struct Sizes {
     /// smoke run takes 8, as each partition a node owns is a durable consumer (a Raft
     /// group of the NATS servers) that takes a while to create on a busy machine.
     partitions: u32,
+    /// The subjects the partitions are grouped into (`cluster.subjects`), if set.
+    subjects: Option<u32>,
     /// The setups run when none is named on the command line. The smoke run leaves the
     /// three-node cluster out: its nodes take ~12 s to agree on members and be ready
     /// (debug build), which would double the smoke run's time.
@@ -83,6 +88,7 @@ const FULL: Sizes = Sizes {
     load: Duration::from_secs(30),
     queries: 50,
     partitions: 64,
+    subjects: None,
     setups: &["single", "engine", "cluster-1", "cluster-3"],
     settle: Duration::from_secs(1),
     three_nodes_of_consumers: true,
@@ -95,6 +101,7 @@ const SMOKE: Sizes = Sizes {
     load: Duration::from_secs(2),
     queries: 5,
     partitions: 8,
+    subjects: None,
     setups: &["single", "engine", "cluster-1"],
     settle: Duration::from_millis(300),
     three_nodes_of_consumers: false,
@@ -417,14 +424,18 @@ impl Node {
 }
 
 /// A setup's `[cluster]` section for node `node`.
-fn cluster_config(nats: &Nats, node: &str, stream: &str, partitions: u32) -> String {
+fn cluster_config(nats: &Nats, node: &str, stream: &str, sizes: &Sizes) -> String {
     let urls: Vec<String> = nats.urls().iter().map(|u| format!("{u:?}")).collect();
+    let subjects = sizes
+        .subjects
+        .map_or(String::new(), |s| format!("subjects = {s}\n"));
     format!(
         "[cluster]\nnode = \"{node}\"\nnats = [{}]\nstream = \"{stream}\"\nsubject_prefix = \"{}\"\n\
-         partitions = {partitions}\nreplicas = 3\nowners = {OWNERS}\nheartbeat = \"{HEARTBEAT}\"\n\
+         partitions = {}\n{subjects}replicas = 3\nowners = {OWNERS}\nheartbeat = \"{HEARTBEAT}\"\n\
          member_ttl = \"{MEMBER_TTL}\"\n",
         urls.join(", "),
         stream.to_lowercase(),
+        sizes.partitions,
     )
 }
 
@@ -975,9 +986,15 @@ struct PushShape {
 }
 
 impl PushShape {
-    /// The push of client 0 as the cluster's entry splits it (one message per partition
-    /// its series fall in, then the live message), or all its bytes as one message.
-    fn of(sketches: &[Vec<Bytes>], partitions: u32, one_message: bool) -> PushShape {
+    /// The push of client 0 as the cluster's entry splits it (one message per subject
+    /// its series' partitions fall in, then the live message), or all its bytes as one
+    /// message.
+    fn of(sketches: &[Vec<Bytes>], sizes: &Sizes, one_message: bool) -> PushShape {
+        let partitions = sizes.partitions;
+        let subjects = sizes
+            .subjects
+            .unwrap_or(hourglass_aggregator::config::DEFAULT_SUBJECTS)
+            .min(partitions);
         use prost::Message;
         let request = push_request(sketches, 0, 500_000, 1);
         if one_message {
@@ -986,7 +1003,7 @@ impl PushShape {
                 live: 0,
             };
         }
-        let mut by_partition: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut by_subject: BTreeMap<u32, usize> = BTreeMap::new();
         for s in &request.snapshots {
             let series = s.series.as_ref().expect("series");
             let name = hourglass_aggregator::store::SeriesName::new(
@@ -1000,10 +1017,10 @@ impl PushShape {
             );
             let p = hourglass_aggregator::cluster::partition(&name, partitions);
             let server = 16; // the server's name and field tags
-            *by_partition.entry(p).or_insert(server) += s.encoded_len() + 3;
+            *by_subject.entry(p % subjects).or_insert(server) += s.encoded_len() + 3;
         }
         PushShape {
-            partitions: by_partition.into_values().collect(),
+            partitions: by_subject.into_values().collect(),
             // The server, live hours and the series index (names, no sketches).
             live: request
                 .snapshots
@@ -1086,7 +1103,7 @@ fn run_engine(
         {
             continue;
         }
-        let shape = PushShape::of(&sketches[0], sizes.partitions, one);
+        let shape = PushShape::of(&sketches[0], sizes, one);
         let before = nats.cpu();
         let stream = format!("BENCH_ENGINE_{i}");
         let (rate, latencies) =
@@ -1272,7 +1289,7 @@ fn run_setup(
     let nodes: Vec<Node> = (1..=nodes_wanted)
         .map(|i| {
             let node = format!("{name}-agg-{i}");
-            let config = nats.map(|n| cluster_config(n, &node, &stream, sizes.partitions));
+            let config = nats.map(|n| cluster_config(n, &node, &stream, sizes));
             Node::start(&dir, &node, config.as_deref())
         })
         .collect();
@@ -1460,7 +1477,7 @@ fn run_setup(
         paced_p99 = paced_latency(sizes, &urls, sketches, hour, pps / 2.0, rt);
         if nodes.len() == 1 {
             let node = nodes.into_iter().next().expect("one node");
-            let config = cluster_config(nats, &format!("{name}-agg-1"), &stream, sizes.partitions);
+            let config = cluster_config(nats, &format!("{name}-agg-1"), &stream, sizes);
             apply_rate = catch_up(sizes, &dir, node, &config, nats, &stream, rt);
         }
     }
@@ -1494,6 +1511,19 @@ fn main() {
             .unwrap_or_else(|| {
                 panic!("HOURGLASS_BENCH_PARTITIONS={partitions:?}: not a partition count")
             });
+    }
+    if let Some(subjects) = std::env::var_os("HOURGLASS_BENCH_SUBJECTS") {
+        sizes.subjects = Some(
+            subjects
+                .to_str()
+                .and_then(|s| s.parse().ok())
+                .filter(|&s| (1..=sizes.partitions).contains(&s))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "HOURGLASS_BENCH_SUBJECTS={subjects:?}: not between 1 and the partitions"
+                    )
+                }),
+        );
     }
     let sizes = &sizes;
     let runs = |part: &str| {

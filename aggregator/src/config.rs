@@ -49,8 +49,8 @@ use thiserror::Error;
 use crate::store::StoreOptions;
 
 mod cluster;
-pub use cluster::ClusterConfig;
 pub(crate) use cluster::server_addrs;
+pub use cluster::{ClusterConfig, DEFAULT_SUBJECTS};
 
 const SECOND: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);

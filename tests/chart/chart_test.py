@@ -753,6 +753,7 @@ def cluster_config():
         "stream": "HOURGLASS",
         "subject_prefix": "hourglass",
         "partitions": 128,
+        "subjects": 16,
         "replicas": 3,
         "owners": 2,
         "max_age": "3d",
@@ -763,8 +764,8 @@ def cluster_config():
         "ca_file": "/etc/hourglass/nats-ca/ca.crt",
         "peer_token_file": "/etc/hourglass/peer-token/query-token",
     }, f"[cluster] is {parsed['cluster']}")
-    expect(all(isinstance(parsed["cluster"][k], int) for k in ("partitions", "replicas", "owners")),
-           "partitions, replicas or owners not written as integers")
+    expect(all(isinstance(parsed["cluster"][k], int) for k in ("partitions", "subjects", "replicas", "owners")),
+           "partitions, subjects, replicas or owners not written as integers")
     rest = {k: v for k, v in parsed.items() if k != "cluster"}
     expected = yaml.safe_load((CHART / "values.yaml").read_text())["aggregator"]["config"]
     expect(rest == expected, f"the other sections are {rest}, not aggregator.config")
@@ -772,6 +773,8 @@ def cluster_config():
     parsed = cluster_toml(render(*cluster("--set", "aggregator.replicas=3", "--set", "aggregator.config.storage.block_cache_mib=null")))
     expect(not {"credentials", "ca_file", "peer_token_file"} & parsed["cluster"].keys(),
            f"[cluster] names files without Secrets: {parsed['cluster']}")
+    # subjects null: left out, so that the node takes the stream's.
+    expect("subjects" not in parsed["cluster"], f"[cluster] names subjects: {parsed['cluster']}")
     expect("block_cache_mib" not in parsed["storage"], "a null key is written in cluster mode")
     expect(parsed["cluster"]["nats"] == ["nats://nats.nats.svc:4222"], "nats")
 

@@ -62,6 +62,7 @@ fn node_with(
     crate::natsfaults::test_log();
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(node, nats.urls());
     cluster.partitions = partitions;
+    cluster.subjects = Some(crate::natsfaults::SUBJECTS);
     // Quick membership, so that a lost node's partitions move within seconds.
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = MEMBER_TTL;
@@ -92,8 +93,9 @@ fn config_file(dir: &TempDir, nats: &NatsCluster, node: &str) -> String {
     std::fs::write(
         &path,
         format!(
-            "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = {PARTITIONS}\nheartbeat = \"{}ms\"\nmember_ttl = \"{}s\"\n",
+            "[cluster]\nnode = \"{node}\"\nnats = [{}]\npartitions = {PARTITIONS}\nsubjects = {}\nheartbeat = \"{}ms\"\nmember_ttl = \"{}s\"\n",
             urls.join(", "),
+            crate::natsfaults::SUBJECTS,
             HEARTBEAT.as_millis(),
             MEMBER_TTL.as_secs()
         ),
@@ -260,19 +262,21 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
         applying == 2.0 * 64.0
     });
     // Then each node applies what it owns through one replicated consumer (DESIGN §10):
-    // its live consumer's filter holds the live subject and every partition it applies.
+    // its live consumer's filter holds the live subject and the subject of every
+    // partition it applies (about 43 of 64 here, in every one of the 3 subjects).
     wait_until(
         "each node's partitions carried by its live consumer",
         || nodes.iter().all(|n| crate::natsfaults::all_carried(n)),
     );
-    for (n, name) in nodes.iter().zip(["agg-1", "agg-2", "agg-3"]) {
-        let (_, subjects) = crate::natsfaults::live_consumer(&nats.urls()[0], &dir, name);
-        let applying = agg_metric(n, "cluster_partitions_applying");
-        assert_eq!(
-            subjects.len(),
-            applying as usize + 1,
-            "{name}: {subjects:?}"
-        );
+    let mut every_subject: Vec<String> = (0..crate::natsfaults::SUBJECTS)
+        .map(crate::natsfaults::subject_of)
+        .chain(["hourglass.live".to_string()])
+        .collect();
+    every_subject.sort();
+    for name in ["agg-1", "agg-2", "agg-3"] {
+        let (_, mut subjects) = crate::natsfaults::live_consumer(&nats.urls()[0], &dir, name);
+        subjects.sort();
+        assert_eq!(subjects, every_subject, "{name}");
     }
     let hour = crate::util::this_hour();
     let series = 300u32;
@@ -565,6 +569,7 @@ fn a_node_cut_off_from_nats_and_the_others_answers_right_or_refuses_and_heals() 
             .collect(),
     );
     cluster.partitions = PARTITIONS;
+    cluster.subjects = Some(crate::natsfaults::SUBJECTS);
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = MEMBER_TTL;
     cluster.peer_timeout = Duration::from_secs(2);
@@ -654,6 +659,7 @@ fn a_push_and_a_question_are_answered_by_the_other_owner_while_one_owner_is_cut_
     let slow_to_forget = |name: &str, nats_urls: Vec<String>, advertise: Option<String>| {
         let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats_urls);
         cluster.partitions = PARTITIONS;
+        cluster.subjects = Some(crate::natsfaults::SUBJECTS);
         cluster.heartbeat = HEARTBEAT;
         cluster.member_ttl = Duration::from_secs(60);
         cluster.peer_timeout = Duration::from_secs(60);
@@ -832,6 +838,7 @@ fn a_new_node_copies_what_the_stream_no_longer_keeps() {
     let short_lived = |name: &str| {
         let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, nats.urls());
         cluster.partitions = PARTITIONS;
+        cluster.subjects = Some(crate::natsfaults::SUBJECTS);
         cluster.heartbeat = HEARTBEAT;
         cluster.member_ttl = MEMBER_TTL;
         cluster.max_age = Duration::from_secs(2);
@@ -1119,6 +1126,13 @@ fn a_node_configured_unlike_the_stream_refuses_to_start() {
         e.contains("8 partitions") && e.contains("cluster.partitions = 16"),
         "{e}"
     );
+    // The first node grouped the 8 partitions into 3 subjects; the others, configured
+    // without subjects, take the stream's (their errors above are not about subjects).
+    let e = start("agg-6", &|c| c.subjects = Some(4));
+    assert!(
+        e.contains("into 3 subjects") && e.contains("cluster.subjects = 4"),
+        "{e}"
+    );
     let e = start("agg-4", &|c| c.subject_prefix = "other".into());
     assert!(
         e.contains("subjects") && e.contains("cluster.subject_prefix"),
@@ -1345,6 +1359,7 @@ fn node_on(
 ) -> InProcessAggregator {
     let mut cluster = hourglass_aggregator::cluster::ClusterConfig::new(name, urls);
     cluster.partitions = PARTITIONS;
+    cluster.subjects = Some(crate::natsfaults::SUBJECTS);
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = MEMBER_TTL;
     tweak(&mut cluster);

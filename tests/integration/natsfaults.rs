@@ -19,6 +19,9 @@ use hourglass_rpc::proto::v1::{
 };
 
 pub(crate) const PARTITIONS: u32 = 8;
+/// The subjects they are grouped into: partition p on subject p mod 3, so that these
+/// tests run with subjects shared by partitions, as a stream of the defaults does.
+pub(crate) const SUBJECTS: u32 = 3;
 pub(crate) const HEARTBEAT: Duration = Duration::from_millis(500);
 pub(crate) const STREAM: &str = "HOURGLASS";
 
@@ -387,6 +390,7 @@ pub(crate) fn node(
     test_log();
     let mut cluster = ClusterConfig::new(name, urls);
     cluster.partitions = PARTITIONS;
+    cluster.subjects = Some(SUBJECTS);
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = Duration::from_secs(120);
     tweak(&mut cluster);
@@ -477,12 +481,25 @@ pub(crate) fn partition_of(page: &str) -> u32 {
     )
 }
 
-/// A page whose series falls in partition `p` (`in_p`) or outside it, other than `not`.
+/// A page whose series falls in partition `p` (`in_p`), or on another subject than
+/// `p`'s (and so in another partition), other than `not`.
 pub(crate) fn page_where(p: u32, in_p: bool, not: &str) -> String {
     (0..1000)
         .map(|i| format!("page-{i}"))
-        .find(|page| page != not && (partition_of(page) == p) == in_p)
+        .find(|page| {
+            let q = partition_of(page);
+            page != not
+                && match in_p {
+                    true => q == p,
+                    false => q % SUBJECTS != p % SUBJECTS,
+                }
+        })
         .expect("a page")
+}
+
+/// The stream's subject of partition `p`.
+pub(crate) fn subject_of(p: u32) -> String {
+    format!("hourglass.p.{}", p % SUBJECTS)
 }
 
 /// A push from web-1 of `visits{page=PAGE}` at `hour`, at `version`.

@@ -464,6 +464,11 @@ struct JoinState {
     epoch: u64,
     /// Partitions asking the live consumer's loop to carry them.
     asked: Vec<Adoption>,
+    /// Partitions joining the live consumer: marked before the stream's last sequence
+    /// their join waits for is read, and applied by the live consumer from then on (its
+    /// subject may be in the filter already for another partition: the live consumer
+    /// applies only the partitions it carries or that are joining it, [`Keep`]).
+    joining: BTreeSet<u32>,
     /// The carried partitions, each with the sender whose drop tells its task that the
     /// live consumer no longer carries it.
     carried: HashMap<u32, tokio::sync::oneshot::Sender<()>>,
@@ -479,6 +484,8 @@ struct Adoption {
     /// The stream's last sequence once `p` was in the live consumer's filter: it
     /// delivers `p`'s messages after it, and `p`'s own consumer applied those up to it.
     at: u64,
+    /// When it asked.
+    asked: tokio::time::Instant,
     reply: tokio::sync::oneshot::Sender<tokio::sync::oneshot::Receiver<()>>,
 }
 
@@ -503,6 +510,7 @@ fn release_carried(work: &Consuming) {
     // no longer in it.
     state.epoch += 1;
     state.asked.clear();
+    state.joining.clear();
     let carried: Vec<u32> = state.carried.keys().copied().collect();
     for p in carried {
         uncarry(&mut state, &work.cluster, p);
@@ -555,11 +563,14 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
     let updated = async {
         let _filter = work.joins.filter.lock().await;
         let (live, consumer, epoch) = {
-            let state = lock(&work.joins.state);
+            let mut state = lock(&work.joins.state);
             let (live, consumer) = state
                 .live
                 .clone()
                 .ok_or_else(|| "the live consumer is not running".to_string())?;
+            // Before the stream's last sequence is read: every message after it reaches
+            // a batch of the live consumer received after this mark, which applies `p`.
+            state.joining.insert(p);
             (live, consumer, state.epoch)
         };
         let info = update_filter(cluster, &consumer, |subjects| {
@@ -674,6 +685,7 @@ async fn join(
             live,
             epoch,
             at,
+            asked: tokio::time::Instant::now(),
             reply,
         });
         adopted
@@ -724,7 +736,19 @@ async fn delivered_through(cluster: &Cluster, subject: &Subject<'_>, at: u64) ->
 fn adopt_asked(work: &Consuming, live: &str) {
     let cluster = &work.cluster;
     let mut state = lock(&work.joins.state);
-    let asked = std::mem::take(&mut state.asked);
+    let hold = cluster.config().adopt_hold;
+    let (asked, held) = std::mem::take(&mut state.asked)
+        .into_iter()
+        .partition::<Vec<_>, _>(|a| a.asked.elapsed() >= hold);
+    if !held.is_empty() {
+        // Wakes the loop once they are due, even with nothing to deliver.
+        let joins = Arc::clone(&work.joins);
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            joins.asked.notify_one();
+        });
+    }
+    state.asked = held;
     for adoption in asked {
         let position = cluster.position(LIVE);
         let running = state.live.as_ref().is_some_and(|(l, _)| l == live);
@@ -735,6 +759,9 @@ fn adopt_asked(work: &Consuming, live: &str) {
             || adoption.live != live
             || position.consumer != live
             || cluster.position(adoption.p).applied < adoption.at
+            // Unmarked since (handed over meanwhile): the live consumer may have passed
+            // over some of its messages.
+            || !state.joining.contains(&adoption.p)
         {
             tracing::debug!(
                 partition = adoption.p,
@@ -747,6 +774,7 @@ fn adopt_asked(work: &Consuming, live: &str) {
             continue;
         }
         let p = adoption.p;
+        state.joining.remove(&p);
         let (dropped, on_drop) = tokio::sync::oneshot::channel();
         let at = cluster.adopt_position(p, &position);
         cluster.barrier().carry(p);
@@ -770,7 +798,11 @@ fn adopt_asked(work: &Consuming, live: &str) {
 /// where the live consumer left it.
 async fn leave(work: &Consuming, p: u32) {
     let cluster = &work.cluster;
-    uncarry(&mut lock(&work.joins.state), cluster, p);
+    {
+        let mut state = lock(&work.joins.state);
+        uncarry(&mut state, cluster, p);
+        state.joining.remove(&p);
+    }
     let subject = cluster.config().partition_subject(p);
     if lock(&work.joins.state).live.is_none() {
         // Stopping, or opened again: its opening sets the filter back.
@@ -782,11 +814,17 @@ async fn leave(work: &Consuming, p: u32) {
             return Ok(());
         };
         update_filter(cluster, &consumer, |subjects| {
-            let removed = subjects.remove(&subject);
+            let mut state = lock(&work.joins.state);
+            // Its subject stays while another partition of it is carried or joining.
+            let shared = state
+                .carried
+                .keys()
+                .chain(&state.joining)
+                .any(|&q| cluster.config().partition_subject(q) == subject);
+            let removed = !shared && subjects.remove(&subject);
             if removed {
                 // Out of the filter from now on: a join of `p` made meanwhile (owned
                 // again) holds no more, nor does a carrying of it that began since.
-                let mut state = lock(&work.joins.state);
                 state.epoch += 1;
                 uncarry(&mut state, cluster, p);
             }
@@ -1192,7 +1230,17 @@ async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applie
     let messages: Vec<async_nats::Message> =
         batch.iter().map(|d| d.message.message.clone()).collect();
     let (done, outcomes) = tokio::sync::oneshot::channel();
-    let job = Job { p, messages, done };
+    // Read once the batch was received, never before (DESIGN §10, a partition joining
+    // the live consumer).
+    let keep = match p {
+        LIVE => Keep::Live(work.joins.applied()),
+        p => Keep::One(p),
+    };
+    let job = Job {
+        keep,
+        messages,
+        done,
+    };
     if work.commit.jobs.send(job).is_err() {
         tracing::error!(
             partition = p,
@@ -1228,7 +1276,8 @@ struct GroupCommit {
 
 /// One consumer's batch for the [`GroupCommit`], and where its outcomes go.
 struct Job {
-    p: u32,
+    /// The partitions whose snapshots it applies.
+    keep: Keep,
     messages: Vec<async_nats::Message>,
     done: tokio::sync::oneshot::Sender<Vec<Applied>>,
 }
@@ -1279,14 +1328,15 @@ fn write_group(cluster: &Cluster, applier: &Writer, group: &[Job]) -> Vec<Vec<Ap
     let synced = applier.store().write_group(&mut || {
         for (job, outcomes) in group.iter().zip(outcomes.iter_mut()) {
             for m in &job.messages {
-                // The live consumer delivers the partitions it carries too.
-                let p = if job.p == LIVE {
-                    subject_partition(cluster.config(), m.subject.as_str())
-                } else {
-                    Some(job.p)
+                // The live consumer delivers the subjects of the partitions it carries too.
+                let live = match &job.keep {
+                    Keep::One(_) => Some(false),
+                    Keep::Live(_) => stream_subject(cluster.config(), m.subject.as_str())
+                        .map(|k| k == LIVE),
                 };
-                let outcome = match p {
-                    Some(p) => apply_one(cluster, applier, p, m),
+                let outcome = match live {
+                    Some(true) => apply_live(cluster, applier, m),
+                    Some(false) => apply_partitions(cluster, applier, &job.keep, m),
                     None => {
                         tracing::error!(subject = %m.subject, "a cluster message on a subject of no partition; skipped");
                         Applied::Refused
@@ -1816,9 +1866,9 @@ fn is_consumer_of(name: &str, node: &str) -> bool {
         .is_some_and(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// The partition of a subject of the stream ([`LIVE`] for the live subject), or `None`
-/// for a subject of neither.
-fn subject_partition(config: &super::ClusterConfig, subject: &str) -> Option<u32> {
+/// Which subject of the stream `subject` is: K of `PREFIX.p.K` ([`LIVE`] for the live
+/// subject), or `None` for a subject of neither.
+fn stream_subject(config: &super::ClusterConfig, subject: &str) -> Option<u32> {
     if subject == config.live_subject() {
         return Some(LIVE);
     }
@@ -1827,57 +1877,112 @@ fn subject_partition(config: &super::ClusterConfig, subject: &str) -> Option<u32
         .strip_prefix(".p.")?
         .parse()
         .ok()
-        .filter(|&p| p < config.partitions)
+        .filter(|&k| k < config.subject_count())
 }
 
-/// Decodes and stores one message: a live message's server, live hours and series
-/// index (and the positions it names, for the read barrier), or a partition's snapshots.
-fn apply_one(
+/// The partitions whose snapshots a batch applies: a partition's own consumer, its own;
+/// the live consumer, those it carries or that are joining it, as they were once the
+/// batch was received ([`Joins::applied`]).
+enum Keep {
+    One(u32),
+    Live(BTreeSet<u32>),
+}
+
+impl Keep {
+    fn keeps(&self, p: u32) -> bool {
+        match self {
+            Keep::One(q) => *q == p,
+            Keep::Live(set) => set.contains(&p),
+        }
+    }
+}
+
+impl Joins {
+    /// The partitions the live consumer applies now: those it carries, and those joining.
+    fn applied(&self) -> BTreeSet<u32> {
+        let state = lock(&self.state);
+        state
+            .carried
+            .keys()
+            .chain(&state.joining)
+            .copied()
+            .collect()
+    }
+}
+
+/// Decodes `message` as a push, or says why it is skipped.
+fn decode(message: &async_nats::Message) -> Result<v1::PushRequest, Applied> {
+    v1::PushRequest::decode(message.payload.as_ref()).map_err(|e| {
+        tracing::error!(subject = %message.subject, error = %e, "a cluster message is not a push; skipped");
+        Applied::Refused
+    })
+}
+
+/// Stores a live message: its server, live hours and series index, and the positions it
+/// names, for the read barrier.
+fn apply_live(cluster: &Cluster, applier: &Writer, message: &async_nats::Message) -> Applied {
+    let request = match decode(message) {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    let subject = message.subject.as_str();
+    let positions = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(super::barrier::POSITIONS_HEADER))
+        .map(|v| super::barrier::parse_positions(v.as_str()))
+        .transpose();
+    let applied = applier.apply_live(request);
+    match positions {
+        Ok(positions) if applied.is_ok() => {
+            let stream = cluster.position(LIVE).stream;
+            cluster
+                .barrier()
+                .require(&stream, &positions.unwrap_or_default());
+        }
+        Ok(_) => {}
+        // Only the read barrier's wait for this push's rows is lost: its series are
+        // indexed all the same.
+        Err(e) => {
+            tracing::error!(subject, error = %e, "a live message's positions header is malformed; ignored")
+        }
+    }
+    outcome(subject, applied)
+}
+
+/// Stores the snapshots of a partition subject's message that belong to the partitions
+/// `keep` names (a subject groups several: the others are another consumer's or another
+/// node's). A snapshot whose partition cannot be told (it would fail the push checks) is
+/// kept, so that the checks refuse and count it.
+fn apply_partitions(
     cluster: &Cluster,
     applier: &Writer,
-    p: u32,
+    keep: &Keep,
     message: &async_nats::Message,
 ) -> Applied {
-    let subject = message.subject.as_str();
-    let request = match v1::PushRequest::decode(message.payload.as_ref()) {
+    let mut request = match decode(message) {
         Ok(request) => request,
-        Err(e) => {
-            tracing::error!(subject, error = %e, "a cluster message is not a push; skipped");
-            return Applied::Refused;
-        }
+        Err(refused) => return refused,
     };
-    let applied = if p == LIVE {
-        let positions = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(super::barrier::POSITIONS_HEADER))
-            .map(|v| super::barrier::parse_positions(v.as_str()))
-            .transpose();
-        let applied = applier.apply_live(request);
-        match positions {
-            Ok(positions) if applied.is_ok() => {
-                let stream = cluster.position(LIVE).stream;
-                cluster
-                    .barrier()
-                    .require(&stream, &positions.unwrap_or_default());
-            }
-            Ok(_) => {}
-            // Only the read barrier's wait for this push's rows is lost: its series are
-            // indexed all the same.
-            Err(e) => {
-                tracing::error!(subject, error = %e, "a live message's positions header is malformed; ignored")
-            }
-        }
-        applied
-    } else {
-        let snapshots = request.snapshots.len() as u64;
-        applier.apply(request).inspect(|()| {
-            applier
-                .metrics()
-                .cluster_applied_snapshots
-                .inc_by(snapshots);
-        })
-    };
+    let partitions = cluster.config().partitions;
+    request
+        .snapshots
+        .retain(|s| crate::write::snapshot_partition(s, partitions).is_none_or(|p| keep.keeps(p)));
+    if request.snapshots.is_empty() {
+        return Applied::Ok;
+    }
+    let snapshots = request.snapshots.len() as u64;
+    let applied = applier.apply(request).inspect(|()| {
+        applier
+            .metrics()
+            .cluster_applied_snapshots
+            .inc_by(snapshots);
+    });
+    outcome(message.subject.as_str(), applied)
+}
+
+/// What became of a message of `subject` the store was given.
+fn outcome(subject: &str, applied: Result<(), tonic::Status>) -> Applied {
     match applied {
         Ok(()) => Applied::Ok,
         Err(status) if is_retryable(status.code()) => {
@@ -2068,15 +2173,17 @@ mod tests {
     }
 
     #[test]
-    fn the_live_consumer_applies_each_message_as_its_subjects_partition() {
+    fn the_live_consumer_tells_each_subject_of_the_stream_by_its_number() {
         let mut config = super::super::ClusterConfig::new("agg-1", vec![]);
         config.partitions = 8;
-        assert_eq!(subject_partition(&config, "hourglass.live"), Some(LIVE));
-        assert_eq!(subject_partition(&config, "hourglass.p.0"), Some(0));
-        assert_eq!(subject_partition(&config, "hourglass.p.7"), Some(7));
-        // Past the partition count, malformed, or another prefix: no partition.
+        config.subjects = Some(3);
+        assert_eq!(stream_subject(&config, "hourglass.live"), Some(LIVE));
+        assert_eq!(stream_subject(&config, "hourglass.p.0"), Some(0));
+        assert_eq!(stream_subject(&config, "hourglass.p.2"), Some(2));
+        // Past the subject count, malformed, or another prefix: no subject of the stream.
         for subject in [
-            "hourglass.p.8",
+            "hourglass.p.3",
+            "hourglass.p.7",
             "hourglass.p.",
             "hourglass.p.-1",
             "hourglass.p.1.2",
@@ -2084,7 +2191,7 @@ mod tests {
             "other.p.1",
             "hourglassx.p.1",
         ] {
-            assert_eq!(subject_partition(&config, subject), None, "{subject}");
+            assert_eq!(stream_subject(&config, subject), None, "{subject}");
         }
     }
 

@@ -12,8 +12,16 @@ use super::ClusterConfig;
 use crate::metrics::PublishStats;
 use crate::store::{Store, StoreError, StreamPosition};
 
-/// The stream's metadata key that records its partition count.
+/// The stream's metadata key that records its partition count when each partition has
+/// a subject of its own (every stream made before subjects were grouped).
 const PARTITIONS_KEY: &str = "hourglass.partitions";
+
+/// The stream's metadata keys when its partitions are grouped into fewer subjects: the
+/// partition count and the subjects. Not [`PARTITIONS_KEY`]: a build that knows only
+/// that key finds no partition count on such a stream and refuses to start on it, where
+/// it would read a subject as one partition's and answer for the others as empty.
+const GROUPED_PARTITIONS_KEY: &str = "hourglass.grouped_partitions";
+const SUBJECTS_KEY: &str = "hourglass.subjects";
 
 /// How long one JetStream request at start-up may take before it is tried again.
 const STARTUP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -62,6 +70,49 @@ pub enum ClusterError {
         /// What the configuration says.
         configured: u32,
     },
+    /// The stream groups its partitions into another number of subjects than the
+    /// configuration's.
+    #[error(
+        "cluster: stream {stream} groups its partitions into {found} subjects but cluster.subjects = {configured}; the subjects are fixed for a stream's life (leave cluster.subjects out to take the stream's)"
+    )]
+    Subjects {
+        /// The stream's name.
+        stream: String,
+        /// What the stream records.
+        found: u32,
+        /// What the configuration says.
+        configured: u32,
+    },
+}
+
+/// The metadata recording a stream's layout: `partitions` grouped into `subjects`.
+fn layout_metadata(partitions: u32, subjects: u32) -> std::collections::HashMap<String, String> {
+    if subjects == partitions {
+        return [(PARTITIONS_KEY.to_string(), partitions.to_string())].into();
+    }
+    [
+        (GROUPED_PARTITIONS_KEY.to_string(), partitions.to_string()),
+        (SUBJECTS_KEY.to_string(), subjects.to_string()),
+    ]
+    .into()
+}
+
+/// A stream's layout from its metadata: its partition count as recorded (`None` if it
+/// records none) and its subjects (one a partition unless it records them grouped).
+fn stream_layout(
+    metadata: &std::collections::HashMap<String, String>,
+) -> (Option<String>, Option<u32>) {
+    match metadata.get(GROUPED_PARTITIONS_KEY) {
+        Some(grouped) => (
+            Some(grouped.clone()),
+            metadata.get(SUBJECTS_KEY).and_then(|s| s.parse().ok()),
+        ),
+        None => {
+            let partitions = metadata.get(PARTITIONS_KEY).cloned();
+            let subjects = partitions.as_deref().and_then(|p| p.parse().ok());
+            (partitions, subjects)
+        }
+    }
 }
 
 /// Why a push could not be published; nothing of it may be acknowledged to the agent.
@@ -119,11 +170,18 @@ struct Positions {
     loaded: std::collections::HashSet<u32>,
 }
 
-/// One message to publish: its partition (or [`super::LIVE`]), subject and encoded push.
+/// One message to publish: the partitions whose snapshots it carries (or
+/// [`super::LIVE`] alone), its subject and its encoded push.
 struct Outgoing {
-    partition: u32,
+    partitions: Vec<u32>,
     subject: String,
     payload: Vec<u8>,
+}
+
+impl Outgoing {
+    fn is_live(&self) -> bool {
+        self.partitions == [super::LIVE]
+    }
 }
 
 /// Runs `f`, which writes to the store (a RocksDB write can wait behind another thread's
@@ -498,7 +556,7 @@ impl Cluster {
 
     /// Creates the stream if it is missing, or checks the one there, retrying while
     /// JetStream has no leader yet.
-    async fn ensure_stream(&self) -> Result<(), ClusterError> {
+    async fn ensure_stream(&mut self) -> Result<(), ClusterError> {
         let c = &self.config;
         let wanted = StreamConfig {
             name: c.stream.clone(),
@@ -507,7 +565,12 @@ impl Cluster {
             storage: StorageType::File,
             max_age: c.max_age,
             discard: DiscardPolicy::Old,
-            metadata: [(PARTITIONS_KEY.to_string(), c.partitions.to_string())].into(),
+            metadata: layout_metadata(
+                c.partitions,
+                c.subjects
+                    .unwrap_or(crate::config::DEFAULT_SUBJECTS)
+                    .min(c.partitions),
+            ),
             description: Some("hourglass: the aggregators' write log (DESIGN §10)".into()),
             ..StreamConfig::default()
         };
@@ -530,15 +593,9 @@ impl Cluster {
                 }
             }
         };
-        let info = stream.cached_info();
-        let found = info.config.metadata.get(PARTITIONS_KEY).cloned();
-        if found.as_deref() != Some(c.partitions.to_string().as_str()) {
-            return Err(ClusterError::Partitions {
-                stream: c.stream.clone(),
-                found: found.unwrap_or_else(|| "an unknown number of".into()),
-                configured: c.partitions,
-            });
-        }
+        let info = stream.cached_info().clone();
+        let subjects = self.check_layout(&info.config.metadata)?;
+        let c = &self.config;
         // A stream made with other settings would silently weaken durability (fewer
         // copies) or miss every publish (other subjects): refuse to start on it.
         let mismatch = |setting: &str, found: String, configured: String| ClusterError::Stream {
@@ -568,10 +625,47 @@ impl Cluster {
         tracing::info!(
             stream = %c.stream,
             partitions = c.partitions,
+            subjects,
             replicas = info.config.num_replicas,
             "cluster stream ready"
         );
+        self.config.subjects = Some(subjects);
         Ok(())
+    }
+
+    /// Checks the stream's layout (`metadata`) against the configuration's: the same
+    /// partitions, and the same subjects if the configuration names them. Returns the
+    /// stream's subjects.
+    fn check_layout(
+        &self,
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<u32, ClusterError> {
+        let c = &self.config;
+        let (partitions, subjects) = stream_layout(metadata);
+        if partitions.as_deref() != Some(c.partitions.to_string().as_str()) {
+            return Err(ClusterError::Partitions {
+                stream: c.stream.clone(),
+                found: partitions.unwrap_or_else(|| "an unknown number of".into()),
+                configured: c.partitions,
+            });
+        }
+        let subjects = subjects
+            .filter(|s| (1..=c.partitions).contains(s))
+            .ok_or_else(|| ClusterError::Stream {
+                stream: c.stream.clone(),
+                detail: format!(
+                    "its metadata {SUBJECTS_KEY} is missing or not between 1 and its {} partitions",
+                    c.partitions
+                ),
+            })?;
+        match c.subjects {
+            Some(configured) if configured != subjects => Err(ClusterError::Subjects {
+                stream: c.stream.clone(),
+                found: subjects,
+                configured,
+            }),
+            _ => Ok(subjects),
+        }
     }
 
     /// Publishes a checked push: `snapshots` (each with its partition) in one message per
@@ -589,7 +683,7 @@ impl Cluster {
         let (partitions, live): (Vec<Outgoing>, Vec<Outgoing>) = self
             .messages(server, live_hours, snapshots)?
             .into_iter()
-            .partition(|m| m.partition != super::LIVE);
+            .partition(|m| !m.is_live());
         let (messages, mut bytes) = (partitions.len() + live.len(), 0);
         // The partitions' messages first; the live message(s) only once JetStream holds
         // them, naming their positions: a node that applied the live message knows how
@@ -641,15 +735,17 @@ impl Cluster {
                 subject: m.subject.clone(),
                 detail: e.to_string(),
             })?;
-            pending.push((m.partition, m.subject, ack));
+            pending.push((m.partitions, m.subject, ack));
         }
-        for (p, subject, ack) in pending {
+        for (partitions, subject, ack) in pending {
             let ack = ack.await.map_err(|e| PublishError::NotAcknowledged {
                 subject,
                 detail: e.to_string(),
             })?;
-            let at = sequences.entry(p).or_insert(0);
-            *at = ack.sequence.max(*at);
+            for p in partitions {
+                let at = sequences.entry(p).or_insert(0);
+                *at = ack.sequence.max(*at);
+            }
         }
         Ok(bytes)
     }
@@ -666,7 +762,7 @@ impl Cluster {
         (bytes > max).then_some((bytes, max))
     }
 
-    /// The messages of one push: per partition, as few as the payload limit allows.
+    /// The messages of one push: per subject, as few as the payload limit allows.
     fn messages(
         &self,
         server: &v1::Server,
@@ -736,8 +832,8 @@ fn entry_bytes(snapshot: &v1::Snapshot) -> usize {
 }
 
 /// The messages of one push for servers whose max_payload is `max`: the snapshots by
-/// partition, and the live message(s) with the server, its live hours and the push's
-/// series index ([`series_index`]).
+/// subject (the partitions it groups, in order), and the live message(s) with the
+/// server, its live hours and the push's series index ([`series_index`]).
 fn split(
     config: &ClusterConfig,
     max: usize,
@@ -746,21 +842,24 @@ fn split(
     snapshots: Vec<(u32, usize, v1::Snapshot)>,
 ) -> Result<Vec<Outgoing>, PublishError> {
     let header = header(server);
-    let mut by_partition: BTreeMap<u32, Vec<(usize, v1::Snapshot)>> = BTreeMap::new();
     let index = series_index(snapshots.iter().map(|(_, i, s)| (*i, s)));
+    let mut by_partition: BTreeMap<u32, Vec<(u32, usize, v1::Snapshot)>> = BTreeMap::new();
     for (p, index, snapshot) in snapshots {
-        by_partition.entry(p).or_default().push((index, snapshot));
+        by_partition
+            .entry(p)
+            .or_default()
+            .push((p, index, snapshot));
+    }
+    let mut by_subject: BTreeMap<u32, Vec<(u32, usize, v1::Snapshot)>> = BTreeMap::new();
+    for (p, group) in by_partition {
+        by_subject
+            .entry(p % config.subject_count())
+            .or_default()
+            .extend(group);
     }
     let mut out = Vec::new();
-    for (p, group) in by_partition {
-        pack(
-            &mut out,
-            max,
-            p,
-            config.partition_subject(p),
-            &header,
-            group,
-        )?;
+    for (k, group) in by_subject {
+        pack(&mut out, max, config.partition_subject(k), &header, group)?;
     }
     // Always, so that every node registers the server and its labels, as a single
     // aggregator does for a push with no snapshots. Only the first carries live hours.
@@ -768,27 +867,24 @@ fn split(
         live_hours: live_hours.to_vec(),
         ..header.clone()
     };
-    pack(
-        &mut out,
-        max,
-        super::LIVE,
-        config.live_subject(),
-        &live,
-        index,
-    )?;
+    let index = index
+        .into_iter()
+        .map(|(i, s)| (super::LIVE, i, s))
+        .collect();
+    pack(&mut out, max, config.live_subject(), &live, index)?;
     Ok(out)
 }
 
-/// Appends `group`'s snapshots to `out` in messages of `first`'s server, as few as `max`
+/// Appends `group`'s snapshots (each with its partition, [`super::LIVE`] for the live
+/// subject's) to `out` in messages of `first`'s server on `subject`, as few as `max`
 /// allows; the first message is `first` itself (with its live hours), the others carry
 /// the server alone. One message even for no snapshots.
 fn pack(
     out: &mut Vec<Outgoing>,
     max: usize,
-    partition: u32,
     subject: String,
     first: &v1::PushRequest,
-    group: Vec<(usize, v1::Snapshot)>,
+    group: Vec<(u32, usize, v1::Snapshot)>,
 ) -> Result<(), PublishError> {
     let header = v1::PushRequest {
         live_hours: vec![],
@@ -796,8 +892,9 @@ fn pack(
     };
     let base = header.encoded_len();
     let mut current = first.clone();
+    let mut partitions: Vec<u32> = Vec::new();
     let mut size = current.encoded_len();
-    for (index, snapshot) in group {
+    for (p, index, snapshot) in group {
         let entry = entry_bytes(&snapshot);
         if base + entry > max {
             return Err(PublishError::TooLarge {
@@ -808,7 +905,7 @@ fn pack(
         }
         if size + entry > max {
             out.push(Outgoing {
-                partition,
+                partitions: std::mem::take(&mut partitions),
                 subject: subject.clone(),
                 payload: std::mem::replace(&mut current, header.clone()).encode_to_vec(),
             });
@@ -816,9 +913,15 @@ fn pack(
         }
         size += entry;
         current.snapshots.push(snapshot);
+        if partitions.last() != Some(&p) {
+            partitions.push(p);
+        }
+    }
+    if partitions.is_empty() {
+        partitions.push(super::LIVE);
     }
     out.push(Outgoing {
-        partition,
+        partitions,
         subject,
         payload: current.encode_to_vec(),
     });
@@ -894,12 +997,25 @@ mod tests {
 
     #[test]
     fn the_split_keeps_every_snapshot_in_order_and_each_message_within_max_payload() {
-        let config = ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()]);
+        for subjects in [None, Some(2)] {
+            let config = ClusterConfig {
+                subjects,
+                ..ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()])
+            };
+            split_keeps_every_snapshot(&config);
+        }
+    }
+
+    /// [`split`] over snapshots of partitions 0 to 2 (version i + 1 in partition i mod
+    /// 3): every snapshot in one message of its partition's subject, those of a subject
+    /// by partition then in push order, each message naming the partitions it carries.
+    fn split_keeps_every_snapshot(config: &ClusterConfig) {
         let base = v1::PushRequest {
             server: Some(server()),
             ..Default::default()
         }
         .encoded_len();
+        let partition = |s: &v1::Snapshot| ((s.version - 1) % 3) as u32;
         // Sizes across the 1- and 2-byte length prefixes (127/128) and the 2/3 (16383/16384).
         let sizes = [
             0usize, 1, 100, 120, 127, 128, 300, 16_000, 16_380, 16_384, 5, 9_000,
@@ -910,31 +1026,87 @@ mod tests {
                 .enumerate()
                 .map(|(i, &n)| ((i % 3) as u32, i, snapshot(i as u64 + 1, n)))
                 .collect();
-            let out = split(&config, max, &server(), &[1, 2], input.clone()).unwrap();
-            let mut got: Vec<(u32, v1::Snapshot)> = Vec::new();
+            let out = split(config, max, &server(), &[1, 2], input.clone()).unwrap();
+            let mut got: Vec<v1::Snapshot> = Vec::new();
             let mut index = Vec::new();
             for m in &out {
                 assert!(m.payload.len() <= max, "{} > {max}", m.payload.len());
                 let r = v1::PushRequest::decode(m.payload.as_slice()).unwrap();
                 assert_eq!(r.server, Some(server()));
                 if m.subject == config.live_subject() {
+                    assert!(m.is_live());
                     assert_eq!(r.live_hours, vec![1, 2]);
                     index.extend(r.snapshots);
                     continue;
                 }
                 assert!(!r.snapshots.is_empty(), "an empty message on {}", m.subject);
-                let p: u32 = m.subject.rsplit('.').next().unwrap().parse().unwrap();
-                got.extend(r.snapshots.into_iter().map(|s| (p, s)));
+                let mut carried: Vec<u32> = r.snapshots.iter().map(partition).collect();
+                carried.dedup();
+                assert_eq!(m.partitions, carried, "{}", m.subject);
+                for &p in &m.partitions {
+                    assert_eq!(m.subject, config.partition_subject(p));
+                }
+                got.extend(r.snapshots);
             }
-            let mut want: Vec<(u32, v1::Snapshot)> =
-                input.into_iter().map(|(p, _, s)| (p, s)).collect();
-            want.sort_by_key(|(p, _)| *p); // stable: push order within a partition
+            let mut want: Vec<v1::Snapshot> = input.into_iter().map(|(_, _, s)| s).collect();
+            // Stable: push order within a partition.
+            want.sort_by_key(|s| (partition(s) % config.subject_count(), partition(s)));
             assert_eq!(got, want, "max {max}");
             // The live message indexes the one series (one day) without its sketch.
             assert_eq!(index.len(), 1, "max {max}");
-            assert_eq!(index[0].series, want[0].1.series);
+            assert_eq!(index[0].series, want[0].series);
             assert!(index[0].sketch.as_ref().unwrap().data.is_empty());
         }
+    }
+
+    /// A stream records its layout so that a node reads it back; one grouping its
+    /// partitions records no `hourglass.partitions`, which a build that knows only that
+    /// key takes as an unknown partition count and refuses.
+    #[test]
+    fn a_streams_layout_reads_back_and_a_grouped_one_hides_its_partitions_from_older_builds() {
+        for (partitions, subjects) in [(64, 64), (64, 8), (8, 3), (1, 1)] {
+            let metadata = layout_metadata(partitions, subjects);
+            assert_eq!(
+                stream_layout(&metadata),
+                (Some(partitions.to_string()), Some(subjects)),
+                "{partitions} in {subjects}"
+            );
+            assert_eq!(
+                metadata.contains_key(PARTITIONS_KEY),
+                partitions == subjects,
+                "{partitions} in {subjects}"
+            );
+        }
+        // A stream made before subjects were grouped: one a partition.
+        let before = [(PARTITIONS_KEY.to_string(), "16".to_string())].into();
+        assert_eq!(stream_layout(&before), (Some("16".into()), Some(16)));
+        assert_eq!(stream_layout(&Default::default()), (None, None));
+    }
+
+    #[test]
+    fn a_push_over_partitions_of_one_subject_is_one_message_naming_them_all() {
+        let config = ClusterConfig {
+            subjects: Some(4),
+            ..ClusterConfig::new("agg-1", vec!["nats://127.0.0.1:4222".into()])
+        };
+        let input: Vec<(u32, usize, v1::Snapshot)> = [9u32, 1, 5, 2, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (p, i, snapshot(i as u64 + 1, 10)))
+            .collect();
+        let out = split(&config, 1 << 20, &server(), &[], input).unwrap();
+        let named: Vec<(&str, &[u32])> = out
+            .iter()
+            .map(|m| (m.subject.as_str(), m.partitions.as_slice()))
+            .collect();
+        assert_eq!(
+            named,
+            vec![
+                ("hourglass.p.1", &[1u32, 5, 9][..]),
+                ("hourglass.p.2", &[2][..]),
+                ("hourglass.live", &[crate::cluster::LIVE][..]),
+            ]
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //!
 //! - **Write** (`engine.rs`): the node an agent pushes to checks the push as a
 //!   single aggregator would, groups the snapshots that passed by partition
-//!   ([`partition`]: `xxh3(series key) mod P`), publishes each group to its partition's
-//!   subject, and the server's name, labels and live hours to the `live` subject; the agent
+//!   ([`partition`]: `xxh3(series key) mod P`), publishes them in one message a subject
+//!   (partition p on subject p mod S, S subjects fixed with the stream), and the server's name, labels and live hours to the `live` subject; the agent
 //!   is answered only after JetStream acknowledged every publish. With the servers'
 //!   `sync_interval: always` and a stream of 3 replicas, an acknowledged snapshot is on
 //!   the disks of a quorum of NATS nodes.
@@ -35,8 +35,10 @@
 //! node = "agg-1"                    # this node's name, unique in the cluster
 //! nats = ["nats://nats-1:4222", "nats://nats-2:4222", "nats://nats-3:4222"]
 //! stream = "HOURGLASS"              # the JetStream stream (created if missing)
-//! subject_prefix = "hourglass"      # its subjects: PREFIX.p.N and PREFIX.live
+//! subject_prefix = "hourglass"      # its subjects: PREFIX.p.K and PREFIX.live
 //! partitions = 64                   # fixed when the stream is created
+//! # subjects = 8                    # partition p on subject p mod subjects; fixed with
+//!                                   # the stream (default: the stream's, 8 for a new one)
 //! replicas = 3                      # copies of the stream (NATS nodes)
 //! max_age = "7d"                    # how long the stream keeps what was published (a
 //!                                   # node missing older messages copies from another)
@@ -111,9 +113,17 @@ impl ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The subject of partition `p`.
+    /// How many subjects the partitions are grouped into: the stream's, once the node
+    /// connected ([`Cluster::connect`] sets `subjects` from the stream).
+    pub(crate) fn subject_count(&self) -> u32 {
+        self.subjects
+            .unwrap_or(self.partitions)
+            .clamp(1, self.partitions.max(1))
+    }
+
+    /// The subject partition `p` is published on: `PREFIX.p.K`, K = p mod the subjects.
     pub(crate) fn partition_subject(&self, p: u32) -> String {
-        format!("{}.p.{p}", self.subject_prefix)
+        format!("{}.p.{}", self.subject_prefix, p % self.subject_count())
     }
 
     /// The subject of liveness declarations (server, labels, live hours).

@@ -22,12 +22,21 @@ pub struct ClusterConfig {
     /// The JetStream stream that carries the write log.
     #[serde(default = "default_stream")]
     pub stream: String,
-    /// The stream's subjects are `PREFIX.p.N` (partition N) and `PREFIX.live`.
+    /// The stream's subjects are `PREFIX.p.K` (the partitions p with p mod `subjects` = K)
+    /// and `PREFIX.live`.
     #[serde(default = "default_subject_prefix")]
     pub subject_prefix: String,
     /// How many partitions the series are spread over; fixed when the stream is created.
     #[serde(default = "default_partitions")]
     pub partitions: u32,
+    /// How many subjects the partitions are grouped into (partition p on subject
+    /// p mod `subjects`): a push is one message a subject it touches, not one a partition,
+    /// and what the cluster costs is mostly per message (DESIGN §10). Fixed when the
+    /// stream is created: by default the stream's own, or [`DEFAULT_SUBJECTS`] (at most
+    /// `partitions`) for a new one; a stream made before subjects were grouped has one a
+    /// partition. A value set here must match the stream's.
+    #[serde(default)]
+    pub subjects: Option<u32>,
     /// Copies JetStream keeps of the stream.
     #[serde(default = "default_replicas")]
     pub replicas: usize,
@@ -108,6 +117,14 @@ pub struct ClusterConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub join_hold: Duration,
+    /// Fault injection for tests, not a setting (never read from the file): the live
+    /// consumer's loop adopts a partition that asked to be carried only this long after
+    /// it asked, applying what it receives meanwhile, so that a test can push between a
+    /// partition's last batch through its own consumer and its adoption. Under the
+    /// longest wait for an adoption (2 s) to be useful.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub adopt_hold: Duration,
 }
 
 fn default_stream() -> String {
@@ -119,6 +136,10 @@ fn default_subject_prefix() -> String {
 fn default_partitions() -> u32 {
     64
 }
+/// The subjects a new stream groups its partitions into, unless `cluster.subjects` says:
+/// a push touching many partitions is then at most this many messages and the live one
+/// (docs/BENCHMARKS.md, "Subjects a stream").
+pub const DEFAULT_SUBJECTS: u32 = 8;
 fn default_replicas() -> usize {
     3
 }
@@ -150,6 +171,7 @@ impl ClusterConfig {
             stream: default_stream(),
             subject_prefix: default_subject_prefix(),
             partitions: default_partitions(),
+            subjects: None,
             replicas: default_replicas(),
             max_age: default_max_age(),
             publish_timeout: default_publish_timeout(),
@@ -167,6 +189,7 @@ impl ClusterConfig {
             apply_delay: Duration::ZERO,
             own_partition_consumers: false,
             join_hold: Duration::ZERO,
+            adopt_hold: Duration::ZERO,
         }
     }
 
@@ -229,6 +252,15 @@ impl ClusterConfig {
                 "cluster.partitions",
                 &self.partitions,
                 "must be between 1 and 4096",
+            ));
+        }
+        if let Some(subjects) = self.subjects
+            && !(1..=self.partitions).contains(&subjects)
+        {
+            return Err(invalid(
+                "cluster.subjects",
+                &subjects,
+                "must be between 1 and cluster.partitions",
             ));
         }
         if !(1..=5).contains(&self.replicas) {

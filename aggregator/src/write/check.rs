@@ -118,6 +118,16 @@ pub(crate) fn check_snapshot(
     })
 }
 
+/// The partition among `partitions` that `snapshot` is stored under in cluster mode
+/// ([`crate::placement::partition`] of its series and kind), or `None` if its series or
+/// sketch kind would fail [`check_snapshot`]. Cheap: it decodes no sketch.
+pub(crate) fn snapshot_partition(snapshot: &v1::Snapshot, partitions: u32) -> Option<u32> {
+    let series = Series::try_from(snapshot.series.as_ref()?).ok()?;
+    let kind = convert::kind(snapshot.sketch.as_ref()?.kind, "sketch.kind").ok()?;
+    let name = SeriesName::new(series.metric(), series.tags().to_vec(), kind);
+    Some(crate::placement::partition(&name, partitions))
+}
+
 /// What the checks of a whole push found ([`super::Writer::checked_request`]).
 pub(crate) struct CheckedPush {
     /// The pushing server.

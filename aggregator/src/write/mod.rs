@@ -39,7 +39,9 @@ use crate::metrics::Metrics;
 use crate::store::{PutOutcome, SeriesName, Store};
 use admit::{PushTarget, admit_push, store_push};
 use check::checked_server;
-pub(crate) use check::{CheckedPush, Rejection, Valid, check_snapshot, checked_labels, reject};
+pub(crate) use check::{
+    CheckedPush, Rejection, Valid, check_snapshot, checked_labels, reject, snapshot_partition,
+};
 pub(crate) use held::{HeldKey, held_versions};
 pub(crate) use ledger::SeriesLedger;
 
@@ -481,6 +483,54 @@ mod tests {
             h.insert(&i.to_le_bytes());
         }
         h.encode()
+    }
+
+    /// A consumer of a subject grouping partitions keeps the snapshots of its partitions
+    /// by [`snapshot_partition`]: it must be the partition the entry published the
+    /// snapshot under (the checked series' `placement::partition`), whatever the order
+    /// of its tags, and `None` for a snapshot the checks refuse.
+    #[test]
+    fn a_snapshots_partition_is_the_one_its_checked_series_is_published_under() {
+        let limits = LimitsConfig::default();
+        let hour = 500_000u32;
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..200u32 {
+            let mut snapshot = v1::Snapshot {
+                series: Some(v1::Series {
+                    metric: "visits".into(),
+                    // Unsorted: the stores and placement sort them.
+                    tags: vec![
+                        v1::Tag {
+                            key: "region".into(),
+                            value: format!("r{}", i % 7),
+                        },
+                        v1::Tag {
+                            key: "page".into(),
+                            value: format!("p{i}"),
+                        },
+                    ],
+                }),
+                hour,
+                epoch: 1,
+                version: 1,
+                sketch: Some(v1::EncodedSketch {
+                    kind: v1::SketchKind::Distinct as i32,
+                    data: hll().into(),
+                }),
+            };
+            let told = snapshot_partition(&snapshot, 16);
+            let checked = check_snapshot(0, &mut snapshot, &limits, &(hour..=hour))
+                .unwrap_or_else(|r| panic!("{}", r.reason));
+            let published = crate::placement::partition(&checked.name, 16);
+            assert_eq!(told, Some(published), "snapshot {i}");
+            seen.insert(published);
+        }
+        assert_eq!(seen.len(), 16, "200 series fall in every partition of 16");
+        let no_series = v1::Snapshot {
+            series: None,
+            ..Default::default()
+        };
+        assert_eq!(snapshot_partition(&no_series, 16), None);
     }
 
     /// The entry checks a push's hours against the clock *when it is pushed* (from the first

@@ -246,6 +246,9 @@ HOURGLASS_CLUSTER_ADVERTISE.
 {{- define "hourglass.aggregator.clusterTable" -}}
 {{- $c := .Values.aggregator.cluster }}
 {{- $table := dict "nats" $c.nats "stream" $c.stream "subject_prefix" $c.subjectPrefix "partitions" $c.partitions "replicas" $c.replicas "owners" $c.owners "max_age" $c.maxAge "publish_timeout" $c.publishTimeout "heartbeat" $c.heartbeat "member_ttl" $c.memberTtl }}
+{{- if not (kindIs "invalid" $c.subjects) }}
+{{- $_ := set $table "subjects" $c.subjects }}
+{{- end }}
 {{- range include "hourglass.aggregator.clusterSecrets" . | fromJsonArray }}
 {{- $_ := set $table .field (printf "%s/%s" .dir .key) }}
 {{- end }}

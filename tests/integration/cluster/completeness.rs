@@ -57,7 +57,7 @@ fn a_node_whose_acknowledgements_were_lost_is_complete_when_reopened_after_max_a
     let page = "lost-acks";
     let p = partition_of(page);
     let other = page_where(p, false, page);
-    let subject = format!("hourglass.p.{p}");
+    let subject = subject_of(p);
     let name = consumer_of(&dir, "agg-1", p);
 
     // A (partition p) and then C (another partition), acknowledged normally.
@@ -193,7 +193,7 @@ fn a_delivery_lost_then_dropped_by_max_age_is_never_vouched_for_by_the_ack_floor
     let page = "lost-delivery";
     let p = partition_of(page);
     let later = page_where(p, true, page);
-    let subject = format!("hourglass.p.{p}");
+    let subject = subject_of(p);
     let name = consumer_of(&dir, "agg-1", p);
 
     // M1 reaches agg-2 (which confirms it) but its delivery to agg-1 is lost.
@@ -333,7 +333,7 @@ fn a_consumer_made_again_past_a_gap_is_not_trusted_complete_when_its_mark_is_los
     let p = partition_of(page);
     let later = page_where(p, true, page);
     let other = page_where(p, false, page);
-    let subject = format!("hourglass.p.{p}");
+    let subject = subject_of(p);
 
     // From now on agg-1 can never mark a store incomplete (the update is lost).
     proxy.drop_payloads_with(Some(MARKED_INCOMPLETE.to_string()));

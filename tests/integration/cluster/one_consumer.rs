@@ -14,9 +14,42 @@ use std::time::{Duration, Instant};
 use crate::faults::{JOIN_WAIT, agg_metric, wait_until, wait_until_within};
 use crate::nats::NatsCluster;
 use crate::natsfaults::*;
-use crate::util::{TempDir, runtime};
+use crate::util::{InProcessAggregator, TempDir, runtime};
 use hourglass_aggregator::cluster::ClusterConfig;
 use hourglass_rpc::proto::v1;
+
+/// agg-1, reaching NATS through a proxy (returned), and agg-2, both configured by
+/// `tweak`, members and ready, with every partition agg-1 applies (all of them: 2 nodes,
+/// 2 owners) carried by its live consumer.
+fn two_nodes_carried(
+    name: &str,
+    tweak: impl Fn(&mut ClusterConfig),
+) -> (
+    NatsCluster,
+    TempDir,
+    Proxy,
+    InProcessAggregator,
+    InProcessAggregator,
+) {
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new(name);
+    let urls = nats.urls();
+    let proxy = Proxy::to(urls[0].trim_start_matches("nats://").parse().unwrap());
+    let a = node(&dir, vec![proxy.url()], "agg-1", &tweak);
+    let b = node(&dir, vec![urls[1].clone()], "agg-2", &tweak);
+    let all = f64::from(PARTITIONS);
+    wait_until(
+        "two members, both ready, agg-1's partitions all carried",
+        || {
+            [&a, &b]
+                .iter()
+                .all(|n| agg_metric(*n, "cluster_members") == 2.0 && ready(*n))
+                && agg_metric(&a, "cluster_partitions_applying") == all
+                && agg_metric(&a, "cluster_partitions_carried") == all
+        },
+    );
+    (nats, dir, proxy, a, b)
+}
 
 /// A partition joins the live consumer C in two steps (`join` in `apply.rs`): C's filter
 /// gains it and the stream's last sequence L is read; then, once the partition's own
@@ -31,10 +64,6 @@ use hourglass_rpc::proto::v1;
 /// from the node's answer, which names nothing missing.
 #[test]
 fn a_partition_joining_while_the_live_consumer_opens_again_misses_no_message() {
-    let nats = NatsCluster::start(3);
-    let dir = TempDir::new("join-across-reopen");
-    let urls = nats.urls();
-    let proxy = Proxy::to(urls[0].trim_start_matches("nats://").parse().unwrap());
     // A short max_age: short pull heartbeats and quiet times (a partition's own consumer
     // checks what it looked at, and joins, within 10 s of opening). Partitions wait 5 s in
     // the live consumer's filter before they ask to be carried: the window the test acts
@@ -42,20 +71,12 @@ fn a_partition_joining_while_the_live_consumer_opens_again_misses_no_message() {
     let tweak = |c: &mut ClusterConfig| {
         c.max_age = Duration::from_secs(40);
         c.join_hold = Duration::from_secs(5);
+        // A subject a partition: a partition joined and not yet carried shows as a
+        // subject more in the live consumer's filter than partitions carried.
+        c.subjects = Some(PARTITIONS);
     };
-    let a = node(&dir, vec![proxy.url()], "agg-1", tweak);
-    let b = node(&dir, vec![urls[1].clone()], "agg-2", tweak);
-    let all = f64::from(PARTITIONS);
-    wait_until(
-        "two members, both ready, agg-1's partitions all carried",
-        || {
-            [&a, &b]
-                .iter()
-                .all(|n| agg_metric(*n, "cluster_members") == 2.0 && ready(*n))
-                && agg_metric(&a, "cluster_partitions_applying") == all
-                && agg_metric(&a, "cluster_partitions_carried") == all
-        },
-    );
+    let (nats, dir, proxy, a, b) = two_nodes_carried("join-across-reopen", tweak);
+    let (urls, all) = (nats.urls(), f64::from(PARTITIONS));
     let carried = || agg_metric(&a, "cluster_partitions_carried");
     let hour = crate::util::this_hour();
     let rt = runtime();
@@ -143,7 +164,7 @@ fn a_partition_joining_while_the_live_consumer_opens_again_misses_no_message() {
     std::thread::sleep(Duration::from_secs(1));
     let (_, subjects) = live_consumer(&urls[1], &dir, "agg-1");
     let missing: Vec<u32> = (0..PARTITIONS)
-        .filter(|p| !subjects.contains(&format!("hourglass.p.{p}")))
+        .filter(|&p| !subjects.contains(&subject_of(p)))
         .collect();
 
     // And what they answer: a push into each partition, acknowledged (agg-2 confirms),
@@ -272,4 +293,100 @@ fn deliveries_of_the_live_consumer_lost_on_the_way_never_leave_a_carried_partiti
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// With partitions grouped into fewer subjects, a partition joining the live consumer C
+/// often finds its subject in C's filter already (brought in by another partition of it,
+/// carried or joining): C then delivers its messages before and after the stream's last
+/// sequence L its join reads, and must apply its snapshots in every batch it receives
+/// after the partition was marked joining: between the last batch of the partition's own
+/// consumer and C's adoption of it, C alone receives its messages, and one C skipped is
+/// taken as applied once C carries the partition: the node answers without it, naming
+/// nothing missing. Here every partition rejoins C while pushes of new series into all of
+/// them flow from two clients (8 partitions in 3 subjects: at least 5 joins find their
+/// subject there; new series of new items, so that a later push cannot cover a lost
+/// one), each adopted a second after it asked; then agg-1's export of everything (the
+/// union of the series) must be agg-2's.
+#[test]
+fn a_partition_joining_while_its_subject_is_in_the_live_consumer_misses_no_message() {
+    let tweak = |c: &mut ClusterConfig| {
+        c.max_age = Duration::from_secs(40);
+        c.join_hold = Duration::from_secs(2);
+        // A second between a partition's last batch through its own consumer and its
+        // adoption, in which C alone receives its messages.
+        c.adopt_hold = Duration::from_secs(1);
+    };
+    let (_nats, _dir, proxy, a, b) = two_nodes_carried("join-shared-subject", tweak);
+    let all = f64::from(PARTITIONS);
+    let carried = || agg_metric(&a, "cluster_partitions_carried");
+    let hour = crate::util::this_hour();
+    let pushing = Arc::new(AtomicBool::new(true));
+    // Each push: 12 new series (every partition, about), through agg-2.
+    let pushers: Vec<_> = (0..2)
+        .map(|client| {
+            let (pushing, grpc) = (Arc::clone(&pushing), b.grpc.clone());
+            std::thread::spawn(move || {
+                let rt = runtime();
+                let mut n = 0u32;
+                while pushing.load(Ordering::SeqCst) {
+                    // Items of their own, so that the export of all series (their union)
+                    // lacks some without any one of them.
+                    let items = |k: u32| {
+                        let first = ((client * 100_000 + n) * 12 + k) * 20;
+                        first..first + 20
+                    };
+                    let mut request = push(&format!("c{client}-{n}-0"), hour, 1, items(0));
+                    for k in 1..12 {
+                        let page = format!("c{client}-{n}-{k}");
+                        request
+                            .snapshots
+                            .extend(push(&page, hour, 1, items(k)).snapshots);
+                    }
+                    rt.block_on(push_until_answered(&grpc, request));
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    // C opened again: every partition rejoins it, one by one, while the pushes go on.
+    assert!(
+        proxy.end_pulls_of("-live"),
+        "premise not reached (not the defect): no pull request of agg-1's live consumer seen"
+    );
+    wait_until("agg-1's live consumer to drop what it carried", || {
+        carried() < all
+    });
+    wait_until_within(
+        "agg-1's partitions all carried again",
+        Duration::from_secs(120),
+        || carried() == all,
+    );
+    // Pushes after every join too, then none.
+    std::thread::sleep(Duration::from_secs(2));
+    pushing.store(false, Ordering::SeqCst);
+    let pushes: u32 = pushers.into_iter().map(|p| p.join().unwrap()).sum();
+    assert!(
+        pushes > 20,
+        "premise not reached (not the defect): {pushes} pushes"
+    );
+    let rt = runtime();
+    let (want, gap) = rt
+        .block_on(export_all(&b.grpc, hour))
+        .expect("agg-2 answers");
+    assert!(!want.is_empty() && gap == 0, "agg-2 holds every push");
+    // Settled, agg-1 answers for everything: the same bytes.
+    let mut answer = rt.block_on(export_all(&a.grpc, hour));
+    let started = Instant::now();
+    while !matches!(&answer, Ok((_, 0))) && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        answer = rt.block_on(export_all(&a.grpc, hour));
+    }
+    assert!(
+        matches!(&answer, Ok((got, 0)) if *got == want),
+        "agg-1 answers without pushes acknowledged while its partitions rejoined a live \
+         consumer already delivering their subjects: {} ({pushes} pushes)",
+        describe(&answer, &want)
+    );
 }

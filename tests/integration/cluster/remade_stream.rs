@@ -38,7 +38,7 @@ fn a_position_in_a_deleted_stream_is_not_trusted_in_the_stream_made_again() {
     use v1::PushOutcome::Stored;
     let page = "new-stream";
     let p = partition_of(page);
-    let subject = format!("hourglass.p.{p}");
+    let subject = subject_of(p);
     let live = "hourglass.live".to_string();
     // The first stream: pushes to every partition, the last one to p, so that agg-1's
     // positions in p and in the live subject are well past what the new stream will hold.
