@@ -62,6 +62,7 @@ fn to_json(s: &v1::StatusResponse) -> serde_json::Value {
     json!({
         "node": s.node,
         "owners": s.owners,
+        "subjects": s.subjects,
         "stream_last_sequence": s.stream_last_sequence,
         "applied_sequence": s.applied_sequence,
         "stream": s.stream.as_ref().map(|st| json!({
@@ -95,8 +96,12 @@ fn to_json(s: &v1::StatusResponse) -> serde_json::Value {
 
 /// The text form: members, then the partitions that need attention.
 fn render(s: &v1::StatusResponse) -> String {
+    let subjects = match s.subjects {
+        0 => String::new(),
+        n => format!(" in {n} subjects"),
+    };
     let mut text = format!(
-        "node {} sees {} members; {} partitions, {} owners each\n",
+        "node {} sees {} members; {} partitions{subjects}, {} owners each\n",
         s.node,
         s.members.len(),
         s.partitions.len(),
@@ -235,8 +240,16 @@ mod tests {
             stream_last_sequence: 9,
             applied_sequence: 7,
             stream: None,
+            subjects: 3,
         };
         let text = render(&status);
+        assert!(
+            text.starts_with(
+                "node agg-1 sees 1 members; 2 partitions in 3 subjects, 2 owners each\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(to_json(&status)["subjects"], json!(3));
         assert!(
             text.contains("1 partitions have no ready node (queries report them missing): 1\n"),
             "{text}"

@@ -6,15 +6,17 @@
 //! - **Write** (`engine.rs`): the node an agent pushes to checks the push as a
 //!   single aggregator would, groups the snapshots that passed by partition
 //!   ([`partition`]: `xxh3(series key) mod P`), publishes them in one message a subject
-//!   (partition p on subject p mod S, S subjects fixed with the stream), and the server's name, labels and live hours to the `live` subject; the agent
-//!   is answered only after JetStream acknowledged every publish. With the servers'
+//!   (partition p on subject p mod S, the S subjects fixed with the stream), and the
+//!   server's name, labels and live hours to the `live` subject; the agent is answered
+//!   only after JetStream acknowledged every publish. With the servers'
 //!   `sync_interval: always` and a stream of 3 replicas, an acknowledged snapshot is on
 //!   the disks of a quorum of NATS nodes.
 //! - **Ownership** (`members.rs`): nodes renew a key each in a JetStream KV bucket every
 //!   `heartbeat`; the keys alive are the members. Each partition's `owners` (2) are the
 //!   members that score highest for it by rendezvous hashing, computed alike by every node.
-//! - **Apply** (`apply.rs`): each node applies the partitions it owns, one durable
-//!   consumer each, with the single aggregator's own path (validation, the version rule)
+//! - **Apply** (`apply.rs`): each node applies the partitions it owns (of each message
+//!   of a subject, the snapshots of those partitions) through the live consumer once
+//!   caught up, with the single aggregator's own path (validation, the version rule)
 //!   into its RocksDB in batches (one write group, one WAL sync, per batch of messages
 //!   received), acknowledging a message only after that write, and says in its
 //!   heartbeat which partitions it is *ready* for (applied to the end of the stream, with

@@ -698,6 +698,7 @@ impl Peer for PeerService {
             members: view.into_values().collect(),
             partitions,
             owners: u32::try_from(self.cluster.config().owners).unwrap_or(u32::MAX),
+            subjects: self.cluster.config().subject_count(),
             stream_last_sequence: info.as_ref().map_or(0, |i| i.state.last_sequence),
             applied_sequence: self.cluster.applied_max(),
             stream: info.as_ref().map(stream_status),
