@@ -1458,7 +1458,7 @@ async fn open(
     let consumer_config = |deliver_policy, complete: bool| {
         consumer_config(config, name, subject, deliver_policy, complete)
     };
-    let (first, instance) = stream_state(stream, config).await?;
+    let (first, instance) = stream_state(stream, &work.cluster).await?;
     let mine = cluster
         .load_position(p, &instance)
         .map_err(|e| format!("reading this store's position: {e}"))?;
@@ -1681,9 +1681,13 @@ async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String>
 /// ([`super::engine::stream_identity`]).
 async fn stream_state(
     stream: &jetstream::stream::Stream,
-    config: &super::ClusterConfig,
+    cluster: &Cluster,
 ) -> Result<(u64, String), String> {
+    let config = cluster.config();
     let info = stream.get_info().await.map_err(|e| e.to_string())?;
+    // Made again with other partitions or subjects? Its subjects are no longer what
+    // this node reads them as.
+    cluster.check_layout_now(&info.config.metadata)?;
     // Edited since this node started? Its guards assume it drops messages only by age.
     if let Err((setting, found, configured)) = super::engine::check_limits(&info.config, config) {
         return Err(format!(

@@ -138,11 +138,20 @@ pub enum PublishError {
         /// The client's error.
         detail: String,
     },
+    /// The stream was made again with another layout than the one this node started on:
+    /// it would publish partitions where the other nodes do not read them.
+    #[error("{0}")]
+    LayoutChanged(String),
 }
 
 /// A connection to the cluster's stream.
 pub struct Cluster {
     config: ClusterConfig,
+    /// Set once a consumer found the stream made again with another layout (partitions,
+    /// subjects) than this node started on ([`Cluster::check_layout_now`]): why. This node
+    /// then publishes nothing and applies nothing until it is restarted, when it takes the
+    /// stream's layout.
+    layout_changed: std::sync::OnceLock<String>,
     /// The series bound's ledger, shared by this node's entry (which refuses a series
     /// over the bound before publishing, as a single aggregator does) and its apply loop.
     ledger: std::sync::Arc<crate::write::SeriesLedger>,
@@ -264,6 +273,7 @@ impl Cluster {
         let mut cluster = Cluster {
             peers,
             config,
+            layout_changed: Default::default(),
             ledger: Default::default(),
             positions: Default::default(),
             store: Default::default(),
@@ -633,6 +643,34 @@ impl Cluster {
         Ok(())
     }
 
+    /// Checks the layout of the stream as it is now (`metadata`: it may have been made
+    /// again since this node started) against the one this node started on. On a
+    /// difference this node stops publishing ([`PublishError::LayoutChanged`]) and the
+    /// error says why; its consumers, which call this when they open, apply nothing.
+    pub(crate) fn check_layout_now(
+        &self,
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<(), String> {
+        let c = &self.config;
+        let (partitions, subjects) = stream_layout(metadata);
+        let mine = (c.partitions.to_string(), c.subject_count());
+        if partitions.as_ref() == Some(&mine.0) && subjects == Some(mine.1) {
+            return Ok(());
+        }
+        let found = match (partitions, subjects) {
+            (Some(p), Some(s)) => format!("{p} partitions in {s} subjects"),
+            _ => "no layout hourglass reads".to_string(),
+        };
+        let why = format!(
+            "the stream {} was made again with {found}, where this node started on {} partitions in {} subjects; it publishes and applies nothing until it is restarted",
+            c.stream, mine.0, mine.1
+        );
+        if self.layout_changed.set(why.clone()).is_ok() {
+            tracing::error!("cluster: {why}");
+        }
+        Err(why)
+    }
+
     /// Checks the stream's layout (`metadata`) against the configuration's: the same
     /// partitions, and the same subjects if the configuration names them. Returns the
     /// stream's subjects.
@@ -679,6 +717,9 @@ impl Cluster {
         live_hours: &[u32],
         snapshots: Vec<(u32, usize, v1::Snapshot)>,
     ) -> Result<PublishStats, PublishError> {
+        if let Some(why) = self.layout_changed.get() {
+            return Err(PublishError::LayoutChanged(why.clone()));
+        }
         let started = Instant::now();
         let (partitions, live): (Vec<Outgoing>, Vec<Outgoing>) = self
             .messages(server, live_hours, snapshots)?

@@ -236,3 +236,149 @@ fn a_node_answers_again_after_the_stream_is_made_again_without_a_new_push() {
     );
     drop(rt);
 }
+
+/// A node takes the stream's layout (how its partitions are grouped into subjects) when
+/// it starts (`ensure_stream` in `engine.rs` sets `cluster.subjects` from the stream's
+/// metadata). A stream made before the grouping has one subject a partition, and a node
+/// leaving `cluster.subjects` out takes that; a node that makes the stream again with the
+/// same configuration groups the partitions into 8 subjects. A node still running on the
+/// old layout (agg-1) would publish partition p (p >= 8) on `hourglass.p.{p}`, a subject
+/// no consumer of the nodes on the new layout delivers, while its live message names p's
+/// position for their read barrier: they would answer for p without the acknowledged
+/// push, naming nothing missing. Its consumers, opening on the stream made again, find
+/// the other layout: from then on it refuses every push (UNAVAILABLE, saying why), and
+/// any push it acknowledged before is in the other nodes' answers or they say they lack
+/// it.
+#[test]
+fn a_running_node_does_not_misread_a_stream_made_again_with_its_partitions_grouped() {
+    const P: u32 = 16;
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("remade-stream-layout");
+    let urls = nats.urls();
+    // The stream as a build before the grouping made it: one subject a partition (asked
+    // again while JetStream has no leader yet).
+    let config = format!(
+        r#"{{"name":"{STREAM}","subjects":["hourglass.>"],"retention":"limits","storage":"file","num_replicas":3,"discard":"old","max_age":{},"metadata":{{"hourglass.partitions":"{P}"}}}}"#,
+        Duration::from_secs(7 * 86_400).as_nanos()
+    );
+    let mut made = Err(String::new());
+    wait_until("JetStream to make the stream", || {
+        made = js_api(
+            &urls[1],
+            &format!("$JS.API.STREAM.CREATE.{STREAM}"),
+            &config,
+        );
+        made.as_ref().is_ok_and(|m| m.get("error").is_none())
+    });
+    // Both nodes with the defaults but for the partition count: cluster.subjects left out.
+    let defaults = |c: &mut hourglass_aggregator::cluster::ClusterConfig| {
+        c.partitions = P;
+        c.subjects = None;
+    };
+    let a = node(&dir, vec![urls[0].clone()], "agg-1", defaults);
+    let hour = crate::util::this_hour();
+    let rt = runtime();
+
+    // The stream is deleted; agg-2, starting, makes it again (8 subjects now).
+    let deleted = js_api(&urls[1], &format!("$JS.API.STREAM.DELETE.{STREAM}"), "")
+        .expect("delete the stream");
+    assert_eq!(deleted["success"].as_bool(), Some(true), "{deleted}");
+    std::thread::sleep(Duration::from_secs(1));
+    let b = node(
+        &dir,
+        vec![urls[1].clone(), urls[2].clone()],
+        "agg-2",
+        defaults,
+    );
+    let c = node(&dir, vec![urls[2].clone()], "agg-3", defaults);
+    let info = js_api(&urls[1], &format!("$JS.API.STREAM.INFO.{STREAM}"), "").expect("info");
+    assert_eq!(
+        info["config"]["metadata"]["hourglass.subjects"].as_str(),
+        Some("8"),
+        "premise (not the defect): the stream made again groups its partitions: {}",
+        info["config"]["metadata"]
+    );
+    let info = js_api(&urls[1], &format!("$JS.API.STREAM.INFO.{STREAM}"), "").expect("info");
+    assert_eq!(
+        info["config"]["metadata"]["hourglass.subjects"].as_str(),
+        Some("8"),
+        "premise (not the defect): the stream made again groups its partitions: {}",
+        info["config"]["metadata"]
+    );
+    wait_until("three members, agg-2 and agg-3 ready", || {
+        [&a, &b, &c]
+            .iter()
+            .all(|n| agg_metric(*n, "cluster_members") == 3.0)
+            && [&b, &c].iter().all(|n| ready(*n))
+    });
+    let partition = |page: &str| {
+        hourglass_aggregator::cluster::partition(
+            &hourglass_aggregator::store::SeriesName::new(
+                "visits",
+                vec![("page".to_string(), page.to_string())],
+                hourglass_sketch::Kind::Distinct,
+            ),
+            P,
+        )
+    };
+    // Pushes through agg-1 of series whose subject moved (p >= 8), until it refuses.
+    let pages = (0..1000)
+        .map(|i| format!("layout-{i}"))
+        .filter(|page| partition(page) >= 8);
+    let started = Instant::now();
+    let mut stored = Vec::new();
+    let mut refusal = None;
+    for page in pages {
+        if started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        let answer = rt.block_on(async {
+            let mut client = hourglass_rpc::proto::v1::collector_client::CollectorClient::new(
+                crate::util::channel(&a.grpc).await,
+            );
+            client.push(push(&page, hour, 1, 0..500)).await
+        });
+        match answer {
+            Ok(r) if r.get_ref().results[0].outcome() == v1::PushOutcome::Stored => {
+                stored.push(page)
+            }
+            Err(s)
+                if s.code() == tonic::Code::Unavailable && s.message().contains("made again") =>
+            {
+                refusal = Some(s.message().to_string());
+                break;
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        refusal.is_some(),
+        "agg-1, started on one subject a partition, still publishes 60 s after the stream \
+         was made again with its {P} partitions in 8 subjects ({} pushes stored)",
+        stored.len()
+    );
+    // What it acknowledged before is in the others' answers, or they say they lack it
+    // (compared with agg-1's answer where it gives one whole, else never empty).
+    for page in &stored {
+        let want = match rt.block_on(export(&a.grpc, page, hour)) {
+            Ok((got, 0)) => got,
+            _ => Vec::new(),
+        };
+        for (node, grpc) in [("agg-2", &b.grpc), ("agg-3", &c.grpc)] {
+            let answer = rt.block_on(export(grpc, page, hour));
+            let fine = match (&answer, want.is_empty()) {
+                (Ok((got, 0)), true) => !got.is_empty(),
+                _ => right_or_honest(&answer, &want),
+            };
+            assert!(
+                fine,
+                "{node} answers for partition {} without a push agg-1 acknowledged on the \
+                 old layout, naming nothing missing: {}",
+                partition(page),
+                describe(&answer, &want)
+            );
+        }
+    }
+    drop(rt);
+}
