@@ -340,7 +340,7 @@ fn each_node_applies_its_partitions_and_answers_for_all() {
     let text = String::from_utf8_lossy(&run.stdout).to_string();
     assert!(run.status.success(), "{text}{}", run.stderr);
     assert!(
-        text.starts_with("node agg-2 sees 3 members; 64 partitions, 2 owners each"),
+        text.starts_with("node agg-2 sees 3 members; 64 partitions in 3 subjects, 2 owners each"),
         "{text}"
     );
     assert!(text.contains("every partition has a ready node"), "{text}");

@@ -467,8 +467,12 @@ struct JoinState {
     /// Partitions joining the live consumer: marked before the stream's last sequence
     /// their join waits for is read, and applied by the live consumer from then on (its
     /// subject may be in the filter already for another partition: the live consumer
-    /// applies only the partitions it carries or that are joining it, [`Keep`]).
-    joining: BTreeSet<u32>,
+    /// applies only the partitions it carries or that are joining it, [`Keep`]). Each
+    /// with its join's number: only that join's adoption takes the partition (one asked
+    /// by a task stopped since must not take a later task's join).
+    joining: BTreeMap<u32, u64>,
+    /// The number of the last join marked.
+    joins: u64,
     /// The carried partitions, each with the sender whose drop tells its task that the
     /// live consumer no longer carries it.
     carried: HashMap<u32, tokio::sync::oneshot::Sender<()>>,
@@ -481,6 +485,8 @@ struct Adoption {
     live: String,
     /// The filter's [`JoinState::epoch`] when `p` was added to it.
     epoch: u64,
+    /// The join's number in [`JoinState::joining`].
+    join: u64,
     /// The stream's last sequence once `p` was in the live consumer's filter: it
     /// delivers `p`'s messages after it, and `p`'s own consumer applied those up to it.
     at: u64,
@@ -570,8 +576,10 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
                 .ok_or_else(|| "the live consumer is not running".to_string())?;
             // Before the stream's last sequence is read: every message after it reaches
             // a batch of the live consumer received after this mark, which applies `p`.
-            state.joining.insert(p);
-            (live, consumer, state.epoch)
+            state.joins += 1;
+            let join = state.joins;
+            state.joining.insert(p, join);
+            (live, consumer, (state.epoch, join))
         };
         let info = update_filter(cluster, &consumer, |subjects| {
             subjects.insert(subject.clone())
@@ -588,7 +596,8 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
             .map_err(|e| e.to_string())?;
         Ok::<_, String>(Joined {
             live,
-            epoch,
+            epoch: epoch.0,
+            join: epoch.1,
             at: last,
             since: tokio::time::Instant::now(),
         })
@@ -616,6 +625,8 @@ struct Joined {
     live: String,
     /// The filter's [`JoinState::epoch`].
     epoch: u64,
+    /// The join's number in [`JoinState::joining`].
+    join: u64,
     /// The stream's last sequence once the partition was in the filter.
     at: u64,
     /// When it was added to the filter.
@@ -658,6 +669,7 @@ async fn join(
     let Joined {
         live,
         epoch,
+        join,
         at,
         since,
     } = joining.clone()?;
@@ -684,6 +696,7 @@ async fn join(
             p,
             live,
             epoch,
+            join,
             at,
             asked: tokio::time::Instant::now(),
             reply,
@@ -759,9 +772,12 @@ fn adopt_asked(work: &Consuming, live: &str) {
             || adoption.live != live
             || position.consumer != live
             || cluster.position(adoption.p).applied < adoption.at
-            // Unmarked since (handed over meanwhile): the live consumer may have passed
-            // over some of its messages.
-            || !state.joining.contains(&adoption.p)
+            // Unmarked since (handed over meanwhile: the live consumer may have passed
+            // over some of its messages), or marked by a later join than this one's.
+            || state.joining.get(&adoption.p) != Some(&adoption.join)
+            // Its task no longer waits (stopped, or gave up): a later join may be under
+            // way, whose own consumer applies on.
+            || adoption.reply.is_closed()
         {
             tracing::debug!(
                 partition = adoption.p,
@@ -819,7 +835,7 @@ async fn leave(work: &Consuming, p: u32) {
             let shared = state
                 .carried
                 .keys()
-                .chain(&state.joining)
+                .chain(state.joining.keys())
                 .any(|&q| cluster.config().partition_subject(q) == subject);
             let removed = !shared && subjects.remove(&subject);
             if removed {
@@ -1908,7 +1924,7 @@ impl Joins {
         state
             .carried
             .keys()
-            .chain(&state.joining)
+            .chain(state.joining.keys())
             .copied()
             .collect()
     }
