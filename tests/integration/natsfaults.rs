@@ -471,13 +471,18 @@ pub(crate) fn hll(items: std::ops::Range<u32>) -> Vec<u8> {
 
 /// The partition of the distinct series `visits{page=PAGE}`.
 pub(crate) fn partition_of(page: &str) -> u32 {
+    partition_among(page, PARTITIONS)
+}
+
+/// The partition of `visits{page=PAGE}` among `partitions`.
+pub(crate) fn partition_among(page: &str, partitions: u32) -> u32 {
     hourglass_aggregator::cluster::partition(
         &hourglass_aggregator::store::SeriesName::new(
             "visits",
             vec![("page".to_string(), page.to_string())],
             hourglass_sketch::Kind::Distinct,
         ),
-        PARTITIONS,
+        partitions,
     )
 }
 

@@ -323,31 +323,7 @@ fn a_partition_joining_while_its_subject_is_in_the_live_consumer_misses_no_messa
     let pushing = Arc::new(AtomicBool::new(true));
     // Each push: 12 new series (every partition, about), through agg-2.
     let pushers: Vec<_> = (0..2)
-        .map(|client| {
-            let (pushing, grpc) = (Arc::clone(&pushing), b.grpc.clone());
-            std::thread::spawn(move || {
-                let rt = runtime();
-                let mut n = 0u32;
-                while pushing.load(Ordering::SeqCst) {
-                    // Items of their own, so that the export of all series (their union)
-                    // lacks some without any one of them.
-                    let items = |k: u32| {
-                        let first = ((client * 100_000 + n) * 12 + k) * 20;
-                        first..first + 20
-                    };
-                    let mut request = push(&format!("c{client}-{n}-0"), hour, 1, items(0));
-                    for k in 1..12 {
-                        let page = format!("c{client}-{n}-{k}");
-                        request
-                            .snapshots
-                            .extend(push(&page, hour, 1, items(k)).snapshots);
-                    }
-                    rt.block_on(push_until_answered(&grpc, request));
-                    n += 1;
-                }
-                n
-            })
-        })
+        .map(|client| push_new_series(client, &b.grpc, hour, Arc::clone(&pushing)))
         .collect();
     std::thread::sleep(Duration::from_secs(1));
     // C opened again: every partition rejoins it, one by one, while the pushes go on.
@@ -389,4 +365,36 @@ fn a_partition_joining_while_its_subject_is_in_the_live_consumer_misses_no_messa
          consumer already delivering their subjects: {} ({pushes} pushes)",
         describe(&answer, &want)
     );
+}
+
+/// Pushes from `client`, through `grpc`, 12 new series at a time, each of 20 items of
+/// its own (so that the export of all series, their union, lacks some without any one
+/// of them), until `pushing` is false; returns how many pushes it made.
+fn push_new_series(
+    client: u32,
+    grpc: &str,
+    hour: u32,
+    pushing: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u32> {
+    let grpc = grpc.to_string();
+    std::thread::spawn(move || {
+        let rt = runtime();
+        let mut n = 0u32;
+        while pushing.load(Ordering::SeqCst) {
+            let items = |k: u32| {
+                let first = ((client * 100_000 + n) * 12 + k) * 20;
+                first..first + 20
+            };
+            let mut request = push(&format!("c{client}-{n}-0"), hour, 1, items(0));
+            for k in 1..12 {
+                let page = format!("c{client}-{n}-{k}");
+                request
+                    .snapshots
+                    .extend(push(&page, hour, 1, items(k)).snapshots);
+            }
+            rt.block_on(push_until_answered(&grpc, request));
+            n += 1;
+        }
+        n
+    })
 }

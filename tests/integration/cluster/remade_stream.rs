@@ -255,21 +255,7 @@ fn a_running_node_does_not_misread_a_stream_made_again_with_its_partitions_group
     let nats = NatsCluster::start(3);
     let dir = TempDir::new("remade-stream-layout");
     let urls = nats.urls();
-    // The stream as a build before the grouping made it: one subject a partition (asked
-    // again while JetStream has no leader yet).
-    let config = format!(
-        r#"{{"name":"{STREAM}","subjects":["hourglass.>"],"retention":"limits","storage":"file","num_replicas":3,"discard":"old","max_age":{},"metadata":{{"hourglass.partitions":"{P}"}}}}"#,
-        Duration::from_secs(7 * 86_400).as_nanos()
-    );
-    let mut made = Err(String::new());
-    wait_until("JetStream to make the stream", || {
-        made = js_api(
-            &urls[1],
-            &format!("$JS.API.STREAM.CREATE.{STREAM}"),
-            &config,
-        );
-        made.as_ref().is_ok_and(|m| m.get("error").is_none())
-    });
+    make_stream_of_one_subject_a_partition(&urls[1], P);
     // Both nodes with the defaults but for the partition count: cluster.subjects left out.
     let defaults = |c: &mut hourglass_aggregator::cluster::ClusterConfig| {
         c.partitions = P;
@@ -304,47 +290,15 @@ fn a_running_node_does_not_misread_a_stream_made_again_with_its_partitions_group
             .all(|n| agg_metric(*n, "cluster_members") == 3.0)
             && [&b, &c].iter().all(|n| ready(*n))
     });
-    let partition = |page: &str| {
-        hourglass_aggregator::cluster::partition(
-            &hourglass_aggregator::store::SeriesName::new(
-                "visits",
-                vec![("page".to_string(), page.to_string())],
-                hourglass_sketch::Kind::Distinct,
-            ),
-            P,
-        )
-    };
+    let partition = |page: &str| partition_among(page, P);
     // Pushes through agg-1 of series whose subject moved (p >= 8), until it refuses.
-    let pages = (0..1000)
-        .map(|i| format!("layout-{i}"))
-        .filter(|page| partition(page) >= 8);
-    let started = Instant::now();
-    let mut stored = Vec::new();
-    let mut refusal = None;
-    for page in pages {
-        if started.elapsed() > Duration::from_secs(60) {
-            break;
-        }
-        let answer = rt.block_on(async {
-            let mut client = hourglass_rpc::proto::v1::collector_client::CollectorClient::new(
-                crate::util::channel(&a.grpc).await,
-            );
-            client.push(push(&page, hour, 1, 0..500)).await
-        });
-        match answer {
-            Ok(r) if r.get_ref().results[0].outcome() == v1::PushOutcome::Stored => {
-                stored.push(page)
-            }
-            Err(s)
-                if s.code() == tonic::Code::Unavailable && s.message().contains("made again") =>
-            {
-                refusal = Some(s.message().to_string());
-                break;
-            }
-            _ => {}
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (stored, refusal) = push_until_refused(
+        &a.grpc,
+        hour,
+        (0..1000)
+            .map(|i| format!("layout-{i}"))
+            .filter(|page| partition(page) >= 8),
+    );
     assert!(
         refusal.is_some(),
         "agg-1, started on one subject a partition, still publishes 60 s after the stream \
@@ -374,4 +328,54 @@ fn a_running_node_does_not_misread_a_stream_made_again_with_its_partitions_group
         }
     }
     drop(rt);
+}
+
+/// Makes the stream through the JetStream API at `url` as a build before the grouping
+/// made it: `partitions` partitions, one subject each (asked again while JetStream has no
+/// leader yet).
+fn make_stream_of_one_subject_a_partition(url: &str, partitions: u32) {
+    let config = format!(
+        r#"{{"name":"{STREAM}","subjects":["hourglass.>"],"retention":"limits","storage":"file","num_replicas":3,"discard":"old","max_age":{},"metadata":{{"hourglass.partitions":"{partitions}"}}}}"#,
+        Duration::from_secs(7 * 86_400).as_nanos()
+    );
+    wait_until("JetStream to make the stream", || {
+        js_api(url, &format!("$JS.API.STREAM.CREATE.{STREAM}"), &config)
+            .is_ok_and(|m| m.get("error").is_none())
+    });
+}
+
+/// Pushes each of `pages` through `grpc`, one at a time, for at most 60 s, until the
+/// node refuses one as on a stream made again: the pages it stored meanwhile, and the
+/// refusal if it came.
+fn push_until_refused(
+    grpc: &str,
+    hour: u32,
+    pages: impl Iterator<Item = String>,
+) -> (Vec<String>, Option<String>) {
+    let rt = runtime();
+    let started = Instant::now();
+    let mut stored = Vec::new();
+    for page in pages {
+        if started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        let answer = rt.block_on(async {
+            let mut client =
+                v1::collector_client::CollectorClient::new(crate::util::channel(grpc).await);
+            client.push(push(&page, hour, 1, 0..500)).await
+        });
+        match answer {
+            Ok(r) if r.get_ref().results[0].outcome() == v1::PushOutcome::Stored => {
+                stored.push(page)
+            }
+            Err(s)
+                if s.code() == tonic::Code::Unavailable && s.message().contains("made again") =>
+            {
+                return (stored, Some(s.message().to_string()));
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (stored, None)
 }
