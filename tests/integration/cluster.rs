@@ -232,7 +232,11 @@ fn a_push_to_one_node_is_answered_by_every_node_byte_identically() {
     assert!(agg_metric(&fresh, "cluster_applied_snapshots_total") > 0.0);
     drop(nodes);
     assert_applied_same("the replaced node 3, alone", &fresh);
-    assert_eq!(agg_metric(&fresh, "cluster_members"), 1.0);
+    // Stopped, the others took their keys out of the members bucket, or they expire
+    // after member_ttl (a removal lost under load).
+    wait_until("the others gone from the members", || {
+        agg_metric(&fresh, "cluster_members") == 1.0
+    });
 }
 
 /// With 3 nodes and 2 owners per partition, each node applies about 2/3 of the

@@ -367,7 +367,8 @@ fn a_partition_joining_while_its_subject_is_in_the_live_consumer_misses_no_messa
     );
 }
 
-/// Pushes from `client`, through `grpc`, 12 new series at a time, each of 20 items of
+/// Pushes from `client`, through `grpc`, 12 new series at a time (a push every 100 ms
+/// or so), each of 20 items of
 /// its own (so that the export of all series, their union, lacks some without any one
 /// of them), until `pushing` is false; returns how many pushes it made.
 fn push_new_series(
@@ -394,6 +395,9 @@ fn push_new_series(
             }
             rt.block_on(push_until_answered(&grpc, request));
             n += 1;
+            // About 10 pushes a second a client: enough in each adoption's second, and a
+            // share of the machine for the tests running beside.
+            std::thread::sleep(Duration::from_millis(100));
         }
         n
     })
