@@ -568,7 +568,7 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
     let subject = cluster.config().partition_subject(p);
     let updated = async {
         let _filter = work.joins.filter.lock().await;
-        let (live, consumer, epoch) = {
+        let (live, consumer, epoch, join) = {
             let mut state = lock(&work.joins.state);
             let (live, consumer) = state
                 .live
@@ -579,7 +579,7 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
             state.joins += 1;
             let join = state.joins;
             state.joining.insert(p, join);
-            (live, consumer, (state.epoch, join))
+            (live, consumer, state.epoch, join)
         };
         let info = update_filter(cluster, &consumer, |subjects| {
             subjects.insert(subject.clone())
@@ -596,8 +596,8 @@ async fn join_filter(work: &Consuming, p: u32) -> Option<Joined> {
             .map_err(|e| e.to_string())?;
         Ok::<_, String>(Joined {
             live,
-            epoch: epoch.0,
-            join: epoch.1,
+            epoch,
+            join,
             at: last,
             since: tokio::time::Instant::now(),
         })
@@ -833,10 +833,8 @@ async fn leave(work: &Consuming, p: u32) {
             let mut state = lock(&work.joins.state);
             // Its subject stays while another partition of it is carried or joining.
             let shared = state
-                .carried
-                .keys()
-                .chain(state.joining.keys())
-                .any(|&q| cluster.config().partition_subject(q) == subject);
+                .applied()
+                .any(|q| cluster.config().partition_subject(q) == subject);
             let removed = !shared && subjects.remove(&subject);
             if removed {
                 // Out of the filter from now on: a join of `p` made meanwhile (owned
@@ -1918,15 +1916,16 @@ impl Keep {
 }
 
 impl Joins {
-    /// The partitions the live consumer applies now: those it carries, and those joining.
+    /// The partitions the live consumer applies now ([`JoinState::applied`]).
     fn applied(&self) -> BTreeSet<u32> {
-        let state = lock(&self.state);
-        state
-            .carried
-            .keys()
-            .chain(state.joining.keys())
-            .copied()
-            .collect()
+        lock(&self.state).applied().collect()
+    }
+}
+
+impl JoinState {
+    /// The partitions the live consumer applies: those it carries, and those joining.
+    fn applied(&self) -> impl Iterator<Item = u32> + '_ {
+        self.carried.keys().chain(self.joining.keys()).copied()
     }
 }
 

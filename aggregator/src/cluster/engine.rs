@@ -707,8 +707,8 @@ impl Cluster {
     }
 
     /// Publishes a checked push: `snapshots` (each with its partition) in one message per
-    /// partition (more when a partition's would exceed the servers' max_payload), and the
-    /// server with its live hours on the live subject. Returns once JetStream acknowledged
+    /// subject their partitions are grouped into (more when a subject's would exceed the
+    /// servers' max_payload), and the server with its live hours on the live subject. Returns once JetStream acknowledged
     /// every message; on error some may have been published, which is harmless (a retry
     /// republishes them and the version rule absorbs the duplicates).
     pub async fn publish(
@@ -884,22 +884,17 @@ fn split(
 ) -> Result<Vec<Outgoing>, PublishError> {
     let header = header(server);
     let index = series_index(snapshots.iter().map(|(_, i, s)| (*i, s)));
-    let mut by_partition: BTreeMap<u32, Vec<(u32, usize, v1::Snapshot)>> = BTreeMap::new();
-    for (p, index, snapshot) in snapshots {
-        by_partition
-            .entry(p)
-            .or_default()
-            .push((p, index, snapshot));
-    }
     let mut by_subject: BTreeMap<u32, Vec<(u32, usize, v1::Snapshot)>> = BTreeMap::new();
-    for (p, group) in by_partition {
+    for snapshot in snapshots {
         by_subject
-            .entry(p % config.subject_count())
+            .entry(snapshot.0 % config.subject_count())
             .or_default()
-            .extend(group);
+            .push(snapshot);
     }
     let mut out = Vec::new();
-    for (k, group) in by_subject {
+    for (k, mut group) in by_subject {
+        // By partition, each in push order (a stable sort).
+        group.sort_by_key(|(p, _, _)| *p);
         pack(&mut out, max, config.partition_subject(k), &header, group)?;
     }
     // Always, so that every node registers the server and its labels, as a single

@@ -30,8 +30,8 @@ pub struct ClusterConfig {
     #[serde(default = "default_partitions")]
     pub partitions: u32,
     /// How many subjects the partitions are grouped into (partition p on subject
-    /// p mod `subjects`): a push is one message a subject it touches, not one a partition,
-    /// and what the cluster costs is mostly per message (DESIGN §10). Fixed when the
+    /// p mod `subjects`): a push is one message a subject it touches, not one a partition
+    /// (DESIGN §10). Fixed when the
     /// stream is created: by default the stream's own, or [`DEFAULT_SUBJECTS`] (at most
     /// `partitions`) for a new one; a stream made before subjects were grouped has one a
     /// partition. A value set here must match the stream's.
@@ -138,7 +138,7 @@ fn default_partitions() -> u32 {
 }
 /// The subjects a new stream groups its partitions into, unless `cluster.subjects` says:
 /// a push touching many partitions is then at most this many messages and the live one
-/// (docs/BENCHMARKS.md, "Subjects a stream").
+/// (docs/BENCHMARKS.md, "Subjects grouping partitions, in turn").
 pub const DEFAULT_SUBJECTS: u32 = 8;
 fn default_replicas() -> usize {
     3

@@ -110,7 +110,7 @@ pub(crate) fn check_snapshot(
     }
     Ok(Valid {
         index: i,
-        name: SeriesName::new(series.metric(), series.tags().to_vec(), kind),
+        name: series_name(&series, kind),
         hour: Hour(snapshot.hour),
         epoch: snapshot.epoch,
         version: snapshot.version,
@@ -124,8 +124,15 @@ pub(crate) fn check_snapshot(
 pub(crate) fn snapshot_partition(snapshot: &v1::Snapshot, partitions: u32) -> Option<u32> {
     let series = Series::try_from(snapshot.series.as_ref()?).ok()?;
     let kind = convert::kind(snapshot.sketch.as_ref()?.kind, "sketch.kind").ok()?;
-    let name = SeriesName::new(series.metric(), series.tags().to_vec(), kind);
-    Some(crate::placement::partition(&name, partitions))
+    Some(crate::placement::partition(
+        &series_name(&series, kind),
+        partitions,
+    ))
+}
+
+/// The stored name of a checked series of sketch kind `kind`.
+fn series_name(series: &Series, kind: hourglass_sketch::Kind) -> SeriesName {
+    SeriesName::new(series.metric(), series.tags().to_vec(), kind)
 }
 
 /// What the checks of a whole push found ([`super::Writer::checked_request`]).

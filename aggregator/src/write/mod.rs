@@ -485,6 +485,23 @@ mod tests {
         h.encode()
     }
 
+    /// A distinct snapshot of `visits` with `tags`, at `hour` and `version` (epoch 1).
+    fn visits(tags: Vec<v1::Tag>, hour: u32, version: u64) -> v1::Snapshot {
+        v1::Snapshot {
+            series: Some(v1::Series {
+                metric: "visits".into(),
+                tags,
+            }),
+            hour,
+            epoch: 1,
+            version,
+            sketch: Some(v1::EncodedSketch {
+                kind: v1::SketchKind::Distinct as i32,
+                data: hll().into(),
+            }),
+        }
+    }
+
     /// A consumer of a subject grouping partitions keeps the snapshots of its partitions
     /// by [`snapshot_partition`]: it must be the partition the entry published the
     /// snapshot under (the checked series' `placement::partition`), whatever the order
@@ -495,29 +512,18 @@ mod tests {
         let hour = 500_000u32;
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..200u32 {
-            let mut snapshot = v1::Snapshot {
-                series: Some(v1::Series {
-                    metric: "visits".into(),
-                    // Unsorted: the stores and placement sort them.
-                    tags: vec![
-                        v1::Tag {
-                            key: "region".into(),
-                            value: format!("r{}", i % 7),
-                        },
-                        v1::Tag {
-                            key: "page".into(),
-                            value: format!("p{i}"),
-                        },
-                    ],
-                }),
-                hour,
-                epoch: 1,
-                version: 1,
-                sketch: Some(v1::EncodedSketch {
-                    kind: v1::SketchKind::Distinct as i32,
-                    data: hll().into(),
-                }),
-            };
+            // Unsorted tags: the stores and placement sort them.
+            let tags = vec![
+                v1::Tag {
+                    key: "region".into(),
+                    value: format!("r{}", i % 7),
+                },
+                v1::Tag {
+                    key: "page".into(),
+                    value: format!("p{i}"),
+                },
+            ];
+            let mut snapshot = visits(tags, hour, 1);
             let told = snapshot_partition(&snapshot, 16);
             let checked = check_snapshot(0, &mut snapshot, &limits, &(hour..=hour))
                 .unwrap_or_else(|r| panic!("{}", r.reason));
@@ -576,22 +582,11 @@ mod tests {
                 name: "web-1".into(),
                 labels: vec![],
             }),
-            snapshots: vec![v1::Snapshot {
-                series: Some(v1::Series {
-                    metric: "visits".into(),
-                    tags: vec![],
-                }),
-                hour,
-                epoch: 1,
-                version: 3,
-                sketch: Some(v1::EncodedSketch {
-                    kind: v1::SketchKind::Distinct as i32,
-                    data: hll().into(),
-                }),
-            }],
+            snapshots: vec![visits(vec![], hour, 3)],
             live_hours: vec![hour],
         };
-        // What the apply loop does with the partition's message (apply.rs, `apply_one`).
+        // What the apply loop does with the partition's message (apply.rs,
+        // `apply_partitions`).
         let applied = owner.apply(push);
         assert!(
             applied.is_ok(),
