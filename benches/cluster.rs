@@ -1303,6 +1303,11 @@ fn run_setup(
     let cpu_before: Vec<f64> = nodes.iter().map(Node::cpu).collect();
     let nats_before = nats.map(Nats::cpu).unwrap_or_default();
     let bench_before = cpu_seconds(std::process::id());
+    // On stderr, for a profiler to start on (BENCHMARKS.md, "What bounds it next").
+    eprintln!(
+        "   {name}: the load begins ({:.0} s)",
+        sizes.load.as_secs_f64()
+    );
     let load = rt.block_on(load(sizes, &urls, sketches, hour, None));
     let load_end = Instant::now();
     let cpu_load: Vec<f64> = nodes

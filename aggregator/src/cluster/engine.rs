@@ -317,29 +317,35 @@ impl Cluster {
     /// consumer carries too ([`super::barrier::Barrier::carry`]): its deliveries vouch for
     /// them as for the live subject.
     fn change_position(&self, p: u32, change: impl Fn(&mut StreamPosition) -> bool) {
-        self.change_one(p, &change);
-        if p == super::LIVE {
-            for q in self.barrier.carried() {
-                self.change_one(q, &change);
+        // One hand-over of the runtime's thread for all of them, not one each (the live
+        // consumer carries some 40 partitions of 64 on 3 nodes).
+        off_the_async_threads(|| {
+            self.change_here(p, &change);
+            if p == super::LIVE {
+                for q in self.barrier.carried() {
+                    self.change_here(q, &change);
+                }
             }
-        }
+        });
     }
 
     /// [`Self::change_position`] of `p` alone.
     fn change_one(&self, p: u32, change: &impl Fn(&mut StreamPosition) -> bool) {
-        let watch = self.position_of(p);
-        off_the_async_threads(|| {
-            watch.send_if_modified(|position| {
-                if !change(position) {
-                    return false;
-                }
-                if let Some(store) = self.store.get()
-                    && let Err(e) = store.put_stream_position(p, position)
-                {
-                    tracing::warn!(partition = p, error = %e, "cluster: recording this node's position in the stream");
-                }
-                true
-            })
+        off_the_async_threads(|| self.change_here(p, change));
+    }
+
+    /// [`Self::change_one`] on this thread, whatever it is.
+    fn change_here(&self, p: u32, change: &impl Fn(&mut StreamPosition) -> bool) {
+        self.position_of(p).send_if_modified(|position| {
+            if !change(position) {
+                return false;
+            }
+            if let Some(store) = self.store.get()
+                && let Err(e) = store.put_stream_position(p, position)
+            {
+                tracing::warn!(partition = p, error = %e, "cluster: recording this node's position in the stream");
+            }
+            true
         });
     }
 
