@@ -1929,9 +1929,11 @@ impl JoinState {
     }
 }
 
-/// Decodes `message` as a push, or says why it is skipped.
+/// Decodes `message` as a push, or says why it is skipped. From the payload as `Bytes`
+/// (a reference count, not a copy), so that the sketches are slices of it: decoded from a
+/// byte slice, each was copied into a buffer of its own, every message on every node.
 fn decode(message: &async_nats::Message) -> Result<v1::PushRequest, Applied> {
-    v1::PushRequest::decode(message.payload.as_ref()).map_err(|e| {
+    v1::PushRequest::decode(message.payload.clone()).map_err(|e| {
         tracing::error!(subject = %message.subject, error = %e, "a cluster message is not a push; skipped");
         Applied::Refused
     })
