@@ -40,7 +40,9 @@
 //! subject_prefix = "hourglass"      # its subjects: PREFIX.p.K and PREFIX.live
 //! partitions = 64                   # fixed when the stream is created
 //! # subjects = 8                    # partition p on subject p mod subjects; fixed with
-//!                                   # the stream (default: the stream's, 8 for a new one)
+//!                                   # the stream (default: the stream's, 8 for a new one;
+//!                                   # fewer: fewer messages a push, but a node catching
+//!                                   # up reads a subject once a partition of it it owns)
 //! replicas = 3                      # copies of the stream (NATS nodes)
 //! max_age = "7d"                    # how long the stream keeps what was published (a
 //!                                   # node missing older messages copies from another)
