@@ -166,10 +166,22 @@ fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
     if total == 0.0 {
         return f64::NAN;
     }
-    buckets
-        .iter()
-        .find(|(_, c)| *c >= q * total)
-        .map_or(f64::NAN, |b| b.0)
+    // Within the bucket that holds the rank, linearly between its bounds, as Prometheus's
+    // `histogram_quantile` does: its upper bound alone printed 64.0 ms for every node.
+    let rank = q * total;
+    let mut below = (0.0, 0.0);
+    for &(le, count) in &buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return below.0;
+            }
+            let (lower, counted) = below;
+            return lower
+                + (le - lower) * (rank - counted) / (count - counted).max(f64::MIN_POSITIVE);
+        }
+        below = (le, count);
+    }
+    f64::NAN
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.
