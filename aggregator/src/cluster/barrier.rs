@@ -10,8 +10,12 @@
 //!    and waits until it has applied the live subject up to the last message delivered
 //!    by then, when nothing was left undelivered or the consumer had looked as far as
 //!    the stream's last message after the question came (else it asks again once it
-//!    applied more). Every push acknowledged before that read published its live message before
-//!    it, so this node's series index now names every acknowledged series;
+//!    applied more); and then until it has applied the live subject up to the last live
+//!    message the stream's *leader* holds (a consumer reports from its own server's copy
+//!    of the stream, which may not hold yet what the leader acknowledged: a follower
+//!    outside the quorum, or one catching up after a restart). Every push acknowledged
+//!    before that read published its live message before it, so this node's series
+//!    index now names every acknowledged series;
 //! 2. waits, for each partition it answers for, until it has applied that partition up
 //!    to the highest position the applied live messages name for it: the entry publishes
 //!    a push's live message only after JetStream acknowledged its partitions' messages,
@@ -292,7 +296,26 @@ async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), Stri
                 .into(),
         ));
     }
-    caught_up(cluster, LIVE, deadline).await.map_err(behind)
+    caught_up(cluster, LIVE, deadline).await.map_err(behind)?;
+    // The consumer reports from its leader's copy of the stream, which may not hold yet
+    // what the stream's leader acknowledged (a follower outside the quorum that committed
+    // it, or one catching up after a restart): its "nothing left" then passes over the
+    // newest live messages, and a push answered STORED would be missing here. So the
+    // last live message the stream's leader holds now must be applied too.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let live = cluster.config().live_subject();
+    let last = tokio::time::timeout(left, cluster.last_sequence_of(&live))
+        .await
+        .map_err(|_| behind("JetStream did not answer in time".into()))?
+        .map_err(|e| behind(e.to_string()))?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if cluster.wait_applied(LIVE, last, left).await {
+        return Ok(());
+    }
+    Err(behind(format!(
+        "it has applied the live subject up to sequence {}, the stream holds it up to {last}",
+        cluster.position(LIVE).applied
+    )))
 }
 
 /// Waits until this node applied every message of `p` (or [`LIVE`]) JetStream had

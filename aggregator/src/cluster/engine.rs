@@ -530,6 +530,28 @@ impl Cluster {
         Ok(self.stream_state().await?.last_sequence)
     }
 
+    /// The stream sequence of the last message on `subject`, as the stream's leader holds
+    /// it now (0 if it holds none): unlike a consumer's report, never read from a replica
+    /// of the stream that is behind its leader.
+    pub(crate) async fn last_sequence_of(&self, subject: &str) -> Result<u64, ClusterError> {
+        let error = |detail: String| ClusterError::Stream {
+            stream: self.config.stream.clone(),
+            detail,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&self.config.stream)
+            .await
+            .map_err(|e| error(e.to_string()))?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(message.sequence),
+            Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(0)
+            }
+            Err(e) => Err(error(e.to_string())),
+        }
+    }
+
     /// The stream's first sequence, as JetStream reports it now: the messages before it
     /// are gone (`max_age`).
     pub(crate) async fn stream_first_sequence(&self) -> Result<u64, ClusterError> {
