@@ -157,6 +157,9 @@ pub struct Metrics {
     pub(crate) cluster_pending: Gauge,
     /// Cluster mode: snapshots of owned partitions applied to this node's store.
     pub(crate) cluster_applied_snapshots: Counter,
+    /// Cluster mode: stream messages read once for all the partitions of their subject
+    /// catching up together.
+    pub(crate) cluster_caught_up_messages: Counter,
     /// Cluster mode: live members as this node last read them.
     pub(crate) cluster_members: Gauge,
     /// Cluster mode: partitions this node applies.
@@ -227,6 +230,7 @@ impl Metrics {
             cluster_applied_sequence: Gauge::default(),
             cluster_pending: Gauge::default(),
             cluster_applied_snapshots: Counter::default(),
+            cluster_caught_up_messages: Counter::default(),
             cluster_members: Gauge::default(),
             cluster_partitions_applying: Gauge::default(),
             cluster_partitions_ready: Gauge::default(),
@@ -452,6 +456,11 @@ impl Metrics {
             "cluster_applied_snapshots",
             "Cluster mode: snapshots of the partitions this node owns applied to its store",
             self.cluster_applied_snapshots.clone(),
+        );
+        r.register(
+            "cluster_caught_up_messages",
+            "Cluster mode: stream messages read once for all the partitions of their subject catching up together (a wiped store, a long stop)",
+            self.cluster_caught_up_messages.clone(),
         );
         r.register(
             "cluster_members",

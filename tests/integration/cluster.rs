@@ -66,6 +66,7 @@ fn node_with(
     // Quick membership, so that a lost node's partitions move within seconds.
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = MEMBER_TTL;
+    cluster.catch_up_behind = crate::natsfaults::CATCH_UP_BEHIND;
     let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
         data_dir: dir.file(data).into(),
         cluster: Some(cluster),
@@ -223,13 +224,21 @@ fn a_push_to_one_node_is_answered_by_every_node_byte_identically() {
     );
 
     // A node replaced by one with an empty data dir (same name) applies its partitions
-    // from the stream's start with consumers of its own, instead of resuming where the
-    // old store was; once the others are gone it answers everything from its own store.
+    // from the stream's start, instead of resuming where the old store was: each subject
+    // read once for the partitions of it the node owns (DESIGN §10, "catching up by
+    // subject"), then through consumers of its own; once the others are gone it answers
+    // everything from its own store.
     let mut nodes = nodes;
     drop(nodes.remove(2));
     let fresh = node(&dir, &nats, "agg-3", "agg-3-replaced");
     wait_applied(&[&fresh]);
     assert!(agg_metric(&fresh, "cluster_applied_snapshots_total") > 0.0);
+    let published = agg_metric(&nodes[0], "cluster_published_messages_total");
+    let read = agg_metric(&fresh, "cluster_caught_up_messages_total");
+    assert!(
+        read > 0.0 && read < published,
+        "the replaced node read {read} messages by subject of the {published} published"
+    );
     drop(nodes);
     assert_applied_same("the replaced node 3, alone", &fresh);
     // Stopped, the others took their keys out of the members bucket, or they expire

@@ -381,6 +381,10 @@ pub(crate) fn test_log() {
     }
 }
 
+/// How far behind (stream messages) a test node's partitions catch up by subject (a
+/// node's default, 4096, is more than the tests' streams hold).
+pub(crate) const CATCH_UP_BEHIND: u64 = 4;
+
 pub(crate) fn node(
     dir: &TempDir,
     urls: Vec<String>,
@@ -393,6 +397,8 @@ pub(crate) fn node(
     cluster.subjects = Some(SUBJECTS);
     cluster.heartbeat = HEARTBEAT;
     cluster.member_ttl = Duration::from_secs(120);
+    // The tests' streams are small: a node behind by this much catches up by subject.
+    cluster.catch_up_behind = CATCH_UP_BEHIND;
     tweak(&mut cluster);
     let agg = InProcessAggregator::start_with(hourglass_aggregator::Config {
         data_dir: dir.file(name).into(),

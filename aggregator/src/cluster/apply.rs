@@ -21,6 +21,8 @@ use tokio_stream::StreamExt;
 
 use super::barrier::{Delivered, Vouched, identity, nothing_aged_out, vouched};
 use super::{Cluster, ClusterError, LIVE};
+
+mod catch_up;
 use crate::metrics::{ApplyLabel, Metrics};
 use crate::write::Writer;
 
@@ -62,6 +64,8 @@ struct Consuming {
     metrics: Arc<Metrics>,
     /// The partitions the live consumer carries, and those asking it to.
     joins: Arc<Joins>,
+    /// The partitions waiting to catch up, by subject ([`catch_up::Gates`]).
+    gates: Arc<catch_up::Gates>,
 }
 
 /// A partition's consumer task and the switch that stops it.
@@ -92,6 +96,7 @@ pub(crate) async fn run(
         applier,
         metrics: Arc::clone(&metrics),
         joins: Arc::default(),
+        gates: Arc::default(),
     };
     let mut live = start(&work, LIVE);
     let mut running: HashMap<u32, Task> = HashMap::new();
@@ -369,6 +374,9 @@ enum Ended {
 async fn consume(work: &Consuming, p: u32) -> Ended {
     let cluster = &work.cluster;
     let config = cluster.config();
+    if p != LIVE {
+        catch_up::by_subject(work, p).await;
+    }
     let (mut subject, mut messages) = match subscribe(work, p).await {
         Ok(subscribed) => subscribed,
         Err(e) => return Ended::Failed(e),
@@ -863,13 +871,11 @@ async fn leave(work: &Consuming, p: u32) {
 /// Opens `p`'s consumer ([`open`]) and its flow of messages.
 async fn subscribe(work: &Consuming, p: u32) -> Result<(Subject<'_>, pull::Stream), ClusterError> {
     let config = work.cluster.config();
-    let (subject, name) = if p == LIVE {
-        (config.live_subject(), format!("{}-live", work.durable))
+    let subject = config.subject(p);
+    let name = if p == LIVE {
+        format!("{}-live", work.durable)
     } else {
-        (
-            config.partition_subject(p),
-            format!("{}-p{p}", work.durable),
-        )
+        format!("{}-p{p}", work.durable)
     };
     let stream = work
         .cluster
@@ -1009,7 +1015,7 @@ impl Subject<'_> {
             }
             Err(detail) => return Err(self.fail(detail)),
         }
-        let outcomes = apply_in_place(self.work, p, &self.name, &batch).await;
+        let outcomes = apply_in_place(self.work, Applies::Subject(p), &self.name, &batch).await;
         let stall = cluster.config().stall();
         // Stalled: this consumer's deliveries vouch for nothing more (before these
         // messages are recorded, so that no reader takes what it looked at meanwhile as
@@ -1212,7 +1218,12 @@ fn in_sequence(
 /// Applies `batch` in order, retrying in place from the first message the store could
 /// not take (with those after it), so that the position recorded as applied never passes
 /// a message not applied. Returns each message's outcome (never [`Applied::Retry`]).
-async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]) -> Vec<Applied> {
+async fn apply_in_place(
+    work: &Consuming,
+    applies: Applies<'_>,
+    name: &str,
+    batch: &[Delivery],
+) -> Vec<Applied> {
     let mut outcomes = Vec::with_capacity(batch.len());
     loop {
         let rest = &batch[outcomes.len()..];
@@ -1220,7 +1231,7 @@ async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]
         if !delay.is_zero() {
             tokio::time::sleep(delay * u32::try_from(rest.len()).unwrap_or(u32::MAX)).await;
         }
-        let applied = apply_batch(work, p, rest).await;
+        let applied = apply_batch(work, applies, rest).await;
         // It stops at the first message to retry: those after it are retried with it.
         let retry = applied.iter().position(|o| *o == Applied::Retry);
         outcomes.extend(applied.into_iter().take(retry.unwrap_or(usize::MAX)));
@@ -1240,15 +1251,19 @@ async fn apply_in_place(work: &Consuming, p: u32, name: &str, batch: &[Delivery]
 /// Applies `batch` through this node's [`GroupCommit`], in one write group of the store with
 /// whatever the node's other consumers apply at the same time (one WAL sync at its end):
 /// each message's outcome, in order. A failed sync makes every message [`Applied::Retry`].
-async fn apply_batch(work: &Consuming, p: u32, batch: &[Delivery]) -> Vec<Applied> {
+async fn apply_batch(work: &Consuming, applies: Applies<'_>, batch: &[Delivery]) -> Vec<Applied> {
     let messages: Vec<async_nats::Message> =
         batch.iter().map(|d| d.message.message.clone()).collect();
     let (done, outcomes) = tokio::sync::oneshot::channel();
     // Read once the batch was received, never before (DESIGN §10, a partition joining
     // the live consumer).
-    let keep = match p {
-        LIVE => Keep::Live(work.joins.applied()),
-        p => Keep::One(p),
+    let (p, keep) = match applies {
+        Applies::Subject(LIVE) => (LIVE, Keep::Live(work.joins.applied())),
+        Applies::Subject(p) => (p, Keep::One(p)),
+        Applies::Partitions(set) => (
+            set.first().copied().unwrap_or(LIVE),
+            Keep::Many(set.clone()),
+        ),
     };
     let job = Job {
         keep,
@@ -1344,7 +1359,7 @@ fn write_group(cluster: &Cluster, applier: &Writer, group: &[Job]) -> Vec<Vec<Ap
             for m in &job.messages {
                 // The live consumer delivers the subjects of the partitions it carries too.
                 let live = match &job.keep {
-                    Keep::One(_) => Some(false),
+                    Keep::One(_) | Keep::Many(_) => Some(false),
                     Keep::Live(_) => stream_subject(cluster.config(), m.subject.as_str())
                         .map(|k| k == LIVE),
                 };
@@ -1904,13 +1919,24 @@ fn stream_subject(config: &super::ClusterConfig, subject: &str) -> Option<u32> {
 enum Keep {
     One(u32),
     Live(BTreeSet<u32>),
+    /// A read of one partition subject for the partitions of it catching up together
+    /// ([`catch_up`]).
+    Many(BTreeSet<u32>),
+}
+
+/// What a batch is applied for: a subject's consumer (a partition's own, or [`LIVE`]),
+/// or the partitions of one subject catching up together ([`catch_up`]).
+#[derive(Clone, Copy)]
+enum Applies<'a> {
+    Subject(u32),
+    Partitions(&'a BTreeSet<u32>),
 }
 
 impl Keep {
     fn keeps(&self, p: u32) -> bool {
         match self {
             Keep::One(q) => *q == p,
-            Keep::Live(set) => set.contains(&p),
+            Keep::Live(set) | Keep::Many(set) => set.contains(&p),
         }
     }
 }

@@ -296,35 +296,42 @@ async fn live_caught_up(cluster: &Cluster, deadline: Instant) -> Result<(), Stri
                 .into(),
         ));
     }
-    caught_up(cluster, LIVE, deadline).await.map_err(behind)?;
-    // The consumer reports from its leader's copy of the stream, which may not hold yet
-    // what the stream's leader acknowledged (a follower outside the quorum that committed
-    // it, or one catching up after a restart): its "nothing left" then passes over the
-    // newest live messages, and a push answered STORED would be missing here. So the
-    // last live message the stream's leader holds now must be applied too.
-    let left = deadline.saturating_duration_since(Instant::now());
-    let live = cluster.config().live_subject();
-    let last = tokio::time::timeout(left, cluster.last_sequence_of(&live))
-        .await
-        .map_err(|_| behind("JetStream did not answer in time".into()))?
-        .map_err(|e| behind(e.to_string()))?;
-    let left = deadline.saturating_duration_since(Instant::now());
-    if cluster.wait_applied(LIVE, last, left).await {
-        return Ok(());
-    }
-    Err(behind(format!(
-        "it has applied the live subject up to sequence {}, the stream holds it up to {last}",
-        cluster.position(LIVE).applied
-    )))
+    caught_up(cluster, LIVE, deadline).await.map_err(behind)
 }
 
-/// Waits until this node applied every message of `p` (or [`LIVE`]) JetStream had
+/// Waits until this node applied every message of `p` (or [`LIVE`]) the stream held
+/// when this was called: every delivery of its consumer up to then
+/// ([`consumer_caught_up`]), and up to the last message of its subject the stream's
+/// *leader* holds. A consumer reports from its own server's copy of the stream, which
+/// may not hold yet what the leader acknowledged (a follower outside the quorum that
+/// committed it, or one catching up after a restart): its "nothing left" then passes
+/// over the newest messages (it once let a node answer without a push another node had
+/// answered STORED).
+pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
+    consumer_caught_up(cluster, p, deadline).await?;
+    let subject = cluster.config().subject(p);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let last = tokio::time::timeout(left, cluster.last_sequence_of(&subject))
+        .await
+        .map_err(|_| "JetStream did not answer in time".to_string())?
+        .map_err(|e| e.to_string())?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if cluster.wait_applied(p, last, left).await {
+        return Ok(());
+    }
+    Err(format!(
+        "it has applied {subject} up to sequence {}, the stream's leader holds it up to {last}",
+        cluster.position(p).applied
+    ))
+}
+
+/// Waits until this node applied every message of `p` (or [`LIVE`]) its consumer had
 /// delivered when this was called, with nothing left undelivered or the consumer's look
 /// as far as the stream's last message after the call: then it applied every message of
 /// `p` the stream held at the call. Only this node's own record of the
 /// deliveries it received and applied ([`vouched`]) says so, never the consumer's ack
 /// floor.
-pub(crate) async fn caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
+async fn consumer_caught_up(cluster: &Cluster, p: u32, deadline: Instant) -> Result<(), String> {
     let consumer = cluster
         .barrier()
         .consumer(p)

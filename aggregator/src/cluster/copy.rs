@@ -59,29 +59,11 @@ pub(crate) async fn serve(
         subjects.push(LIVE);
     }
     let mut applied = HashMap::new();
-    let config = cluster.config();
     for p in subjects {
         let behind = |e: String| Status::unavailable(format!("node {me}, partition {p}: {e}"));
         super::barrier::caught_up(cluster, p, deadline)
             .await
             .map_err(behind)?;
-        // And applied up to the last message of its subject the stream's leader holds:
-        // the consumer's report comes from its own server's copy of the stream, which may
-        // lag the leader's (as for the read barrier's live step).
-        let subject = match p {
-            LIVE => config.live_subject(),
-            p => config.partition_subject(p),
-        };
-        let held = cluster
-            .last_sequence_of(&subject)
-            .await
-            .map_err(|e| behind(e.to_string()))?;
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if !cluster.wait_applied(p, held, left).await {
-            return Err(behind(format!(
-                "not applied up to {held}, the last message of {subject} the stream holds"
-            )));
-        }
         applied.insert(p, last);
     }
     let count = cluster.config().partitions;

@@ -455,6 +455,24 @@ impl Cluster {
         });
     }
 
+    /// Records that every message of partition `p`'s subject up to stream `sequence` of
+    /// the stream instance `stream` is applied for `p`, read in order from the stream by
+    /// no consumer instance `p`'s position names (a catch-up of its subject): the
+    /// position no longer names one, so that `p`'s own consumer is made again to start
+    /// right after it. Nothing changes if `p`'s position counts in another instance or is
+    /// already that far.
+    pub(crate) fn record_read(&self, p: u32, stream: &str, sequence: u64) {
+        self.change_one(p, &|position| {
+            if position.stream != stream || sequence <= position.applied {
+                return false;
+            }
+            position.applied = sequence;
+            position.consumer.clear();
+            position.delivered = 0;
+            true
+        });
+    }
+
     /// Records that every message of partition `p` (or [`super::LIVE`]) up to stream
     /// `sequence` is in the store.
     pub(crate) fn record_applied(&self, p: u32, sequence: u64) {

@@ -134,6 +134,16 @@ impl ClusterConfig {
     pub(crate) fn live_subject(&self) -> String {
         format!("{}.live", self.subject_prefix)
     }
+
+    /// The subject `p` is applied from: the live subject for [`LIVE`], else the
+    /// partition's.
+    pub(crate) fn subject(&self, p: u32) -> String {
+        if p == LIVE {
+            self.live_subject()
+        } else {
+            self.partition_subject(p)
+        }
+    }
 }
 
 pub use crate::placement::partition;

@@ -105,9 +105,17 @@ pub struct ClusterConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub apply_delay: Duration,
+    /// For tests, not a setting (never read from the file): the partitions of a subject
+    /// catch up together from one read of it (DESIGN §10, "catching up by subject") when
+    /// they are at least this many stream messages behind its last message (else each
+    /// through its own consumer).
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub catch_up_behind: u64,
     /// For tests, not a setting (never read from the file): this node's partitions stay
-    /// with consumers of their own, never carried by its live consumer (DESIGN §10), so
-    /// that a test can act on the deliveries of one partition's consumer.
+    /// with consumers of their own, never carried by its live consumer nor caught up by
+    /// subject (DESIGN §10), so that a test can act on the deliveries of one partition's
+    /// consumer.
     #[serde(skip)]
     #[doc(hidden)]
     pub own_partition_consumers: bool,
@@ -187,6 +195,7 @@ impl ClusterConfig {
             peer_cert_file: None,
             peer_key_file: None,
             apply_delay: Duration::ZERO,
+            catch_up_behind: 4096,
             own_partition_consumers: false,
             join_hold: Duration::ZERO,
             adopt_hold: Duration::ZERO,
