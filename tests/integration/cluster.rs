@@ -27,6 +27,7 @@ use hourglass_rpc::proto::v1::{
 };
 
 mod barrier;
+mod catch_up;
 mod completeness;
 mod one_consumer;
 mod remade_stream;

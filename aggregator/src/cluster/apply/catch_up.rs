@@ -104,9 +104,21 @@ pub(super) async fn by_subject(work: &Consuming, p: u32) {
         return;
     }
     let k = p % config.subject_count();
+    let subject = config.partition_subject(p);
+    // A partition not far behind (a consumer opened again after a brief failure) goes
+    // on at once, without waiting for a read of its subject in progress.
+    let far = match Ends::of(work, &subject).await {
+        Ok(ends) => work
+            .cluster
+            .load_position(p, &ends.instance)
+            .is_ok_and(|position| ends.far_behind(work, position.applied)),
+        Err(_) => false,
+    };
+    if !far {
+        return;
+    }
     let waiting = work.gates.wait(k, p);
     let _reading = waiting.gate.read.lock().await;
-    let subject = config.partition_subject(p);
     let started = Instant::now();
     match read(work, k, &subject, &waiting.gate).await {
         Ok(None) => {}
@@ -141,29 +153,59 @@ impl Default for Behind {
     }
 }
 
+/// The stream as a read of one subject starts from it.
+struct Ends {
+    stream: jetstream::stream::Stream,
+    /// The stream's first sequence: the messages before it are gone (max_age).
+    first: u64,
+    /// The stream's instance ([`crate::cluster::engine::stream_identity`]).
+    instance: String,
+    /// The last message of the subject the stream's leader holds.
+    last: u64,
+}
+
+impl Ends {
+    async fn of(work: &Consuming, subject: &str) -> Result<Ends, String> {
+        let cluster = &work.cluster;
+        let stream = cluster
+            .jetstream()
+            .get_stream(&cluster.config().stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (first, instance) = stream_state(&stream, cluster).await?;
+        let last = cluster
+            .last_sequence_of(subject)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Ends {
+            stream,
+            first,
+            instance,
+            last,
+        })
+    }
+
+    /// Whether a partition applied up to `applied` is read for: at least
+    /// `catch_up_behind` before the subject's last message, and not before the stream's
+    /// first (a store that lacks what the stream dropped copies it first, through its own
+    /// consumer's opening).
+    fn far_behind(&self, work: &Consuming, applied: u64) -> bool {
+        applied.saturating_add(1) >= self.first
+            && applied.saturating_add(work.cluster.config().catch_up_behind) <= self.last
+    }
+}
+
 impl Behind {
-    /// Adds the partitions waiting at `gate` whose position in the stream instance
-    /// `instance` is at least `catch_up_behind` before `last` and not before the stream's
-    /// `first` message (a store that lacks what the stream dropped copies it first,
-    /// through its own consumer's opening).
-    fn add(
-        &mut self,
-        work: &Consuming,
-        gate: &Gate,
-        instance: &str,
-        first: u64,
-        last: u64,
-    ) -> Result<(), String> {
+    /// Adds the partitions waiting at `gate` whose position is [`Ends::far_behind`].
+    fn add(&mut self, work: &Consuming, gate: &Gate, ends: &Ends) -> Result<(), String> {
         let waiting = lock(&gate.waiting).clone();
         for q in waiting.difference(&self.partitions.clone()) {
             let applied = work
                 .cluster
-                .load_position(*q, instance)
+                .load_position(*q, &ends.instance)
                 .map_err(|e| format!("reading this store's position: {e}"))?
                 .applied;
-            if applied.saturating_add(1) >= first
-                && applied.saturating_add(work.cluster.config().catch_up_behind) <= last
-            {
+            if ends.far_behind(work, applied) {
                 self.partitions.insert(*q);
                 self.from = self.from.min(applied);
             }
@@ -189,27 +231,24 @@ async fn read(
     subject: &str,
     gate: &Gate,
 ) -> Result<Option<Read>, String> {
-    let cluster = &work.cluster;
-    let config = cluster.config();
-    let stream = cluster
-        .jetstream()
-        .get_stream(&config.stream)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (first, instance) = stream_state(&stream, cluster).await?;
-    let last = cluster
-        .last_sequence_of(subject)
-        .await
-        .map_err(|e| e.to_string())?;
+    let config = work.cluster.config();
+    // Again, once this task holds the gate: a read before may have caught it up.
+    let ends = Ends::of(work, subject).await?;
     let mut behind = Behind::default();
-    behind.add(work, gate, &instance, first, last)?;
+    behind.add(work, gate, &ends)?;
     if behind.partitions.is_empty() {
         return Ok(None);
     }
     // The tasks of a node's partitions start together (a start, a wiped store): the
     // others of this subject come to the gate right after this one.
     tokio::time::sleep(GATHER).await;
-    behind.add(work, gate, &instance, first, last)?;
+    behind.add(work, gate, &ends)?;
+    let Ends {
+        stream,
+        instance,
+        last,
+        ..
+    } = ends;
     let (behind, from) = (behind.partitions, behind.from);
     let name = format!("{}-catch-up-{k}", work.durable);
     // One left by a process stopped mid-read is this store's: made again from here.
@@ -230,6 +269,9 @@ async fn read(
             // agreed on it, so its numbering never starts over in a restart or a leader
             // change (one acknowledgement a batch, of its last delivery).
             ack_policy: AckPolicy::All,
+            // Told, as JetStream makes a consumer without a durable name on one server
+            // (R1) on a limits stream otherwise, whatever the stream's replicas.
+            num_replicas: config.replicas,
             ack_wait: super::ACK_WAIT,
             max_ack_pending: super::MAX_ACK_PENDING,
             inactive_threshold: READ_INACTIVE,
