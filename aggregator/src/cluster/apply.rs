@@ -21,10 +21,10 @@ use tokio_stream::StreamExt;
 
 use super::barrier::{Delivered, Vouched, identity, nothing_aged_out, vouched};
 use super::{Cluster, ClusterError, LIVE};
-
-mod catch_up;
 use crate::metrics::{ApplyLabel, Metrics};
 use crate::write::Writer;
+
+mod catch_up;
 
 /// How long JetStream waits for an acknowledgement before it redelivers.
 const ACK_WAIT: Duration = Duration::from_secs(60);
