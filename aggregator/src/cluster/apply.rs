@@ -1701,15 +1701,15 @@ async fn finish_opening(
 }
 
 /// The stream's first sequence: messages before it are gone (max_age).
-async fn stream_first(stream: &jetstream::stream::Stream) -> Result<u64, String> {
+async fn stream_first<I>(stream: &jetstream::stream::Stream<I>) -> Result<u64, String> {
     let info = stream.get_info().await.map_err(|e| e.to_string())?;
     Ok(info.state.first_sequence)
 }
 
 /// The stream's first sequence and the identity of its instance
 /// ([`super::engine::stream_identity`]).
-async fn stream_state(
-    stream: &jetstream::stream::Stream,
+async fn stream_state<I>(
+    stream: &jetstream::stream::Stream<I>,
     cluster: &Cluster,
 ) -> Result<(u64, String), String> {
     let config = cluster.config();

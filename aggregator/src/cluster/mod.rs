@@ -41,8 +41,7 @@
 //! partitions = 64                   # fixed when the stream is created
 //! # subjects = 8                    # partition p on subject p mod subjects; fixed with
 //!                                   # the stream (default: the stream's, 8 for a new one;
-//!                                   # fewer: fewer messages a push, but a node catching
-//!                                   # up reads a subject once a partition of it it owns)
+//!                                   # fewer: fewer messages a push)
 //! replicas = 3                      # copies of the stream (NATS nodes)
 //! max_age = "7d"                    # how long the stream keeps what was published (a
 //!                                   # node missing older messages copies from another)

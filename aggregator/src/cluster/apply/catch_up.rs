@@ -155,7 +155,7 @@ impl Default for Behind {
 
 /// The stream as a read of one subject starts from it.
 struct Ends {
-    stream: jetstream::stream::Stream,
+    stream: jetstream::stream::Stream<()>,
     /// The stream's first sequence: the messages before it are gone (max_age).
     first: u64,
     /// The stream's instance ([`crate::cluster::engine::stream_identity`]).
@@ -169,7 +169,7 @@ impl Ends {
         let cluster = &work.cluster;
         let stream = cluster
             .jetstream()
-            .get_stream(&cluster.config().stream)
+            .get_stream_no_info(&cluster.config().stream)
             .await
             .map_err(|e| e.to_string())?;
         let (first, instance) = stream_state(&stream, cluster).await?;
@@ -310,7 +310,7 @@ async fn read(
 /// A read of one subject for some of its partitions, as far as it got.
 struct Reading<'a> {
     work: &'a Consuming,
-    stream: &'a jetstream::stream::Stream,
+    stream: &'a jetstream::stream::Stream<()>,
     /// The stream instance the positions count in.
     instance: &'a str,
     /// The read's consumer.
